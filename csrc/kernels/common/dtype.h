@@ -1,0 +1,95 @@
+// Scalar types shared by the CPU and CUDA kernels, with no torch dependency.
+//
+// Half-precision inputs cross the glue boundary as 16-bit storage types (`f16`, `bf16`). Kernels read them
+// through `to_float`, so every kernel template is written once for `float`, `f16` and `bf16` and always
+// accumulates in float32.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define SPECDEC_HD __host__ __device__ __forceinline__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#else
+#define SPECDEC_HD inline
+#endif
+
+namespace specdec {
+
+// IEEE binary16, stored as raw bits (layout-compatible with at::Half and __half).
+struct f16 {
+  uint16_t bits;
+};
+// bfloat16, stored as raw bits (layout-compatible with at::BFloat16 and __nv_bfloat16).
+struct bf16 {
+  uint16_t bits;
+};
+
+SPECDEC_HD float bits_to_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+
+SPECDEC_HD uint32_t float_to_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+#endif
+}
+
+SPECDEC_HD float to_float(float x) { return x; }
+
+SPECDEC_HD float to_float(bf16 x) { return bits_to_float(static_cast<uint32_t>(x.bits) << 16); }
+
+SPECDEC_HD float to_float(f16 x) {
+#if defined(__CUDA_ARCH__)
+  __half_raw raw;
+  raw.x = x.bits;
+  return __half2float(__half(raw));
+#else
+  // Exact binary16 -> binary32 conversion, including subnormals, infinities and NaN.
+  const uint32_t sign = static_cast<uint32_t>(x.bits & 0x8000u) << 16;
+  uint32_t exponent = (x.bits >> 10) & 0x1fu;
+  uint32_t mantissa = x.bits & 0x3ffu;
+  if (exponent == 0x1fu) return bits_to_float(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0) {
+    if (mantissa == 0) return bits_to_float(sign);
+    // Subnormal: renormalise.
+    exponent = 127 - 15 + 1;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    mantissa &= 0x3ffu;
+    return bits_to_float(sign | (exponent << 23) | (mantissa << 13));
+  }
+  return bits_to_float(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
+#endif
+}
+
+// Maps a float to an unsigned key with the same order (NaN excluded): larger float <=> larger key.
+// Used by radix selection (top-k / top-p thresholds) on both devices.
+SPECDEC_HD uint32_t order_key(float f) {
+  const uint32_t u = float_to_bits(f == 0.0f ? 0.0f : f);  // -0.0 and +0.0 compare equal, so share a key
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+SPECDEC_HD float key_to_float(uint32_t key) {
+  return bits_to_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+SPECDEC_HD bool is_nan(float f) { return f != f; }
+SPECDEC_HD bool is_pos_inf(float f) { return f == bits_to_float(0x7f800000u); }
+SPECDEC_HD float neg_inf() { return bits_to_float(0xff800000u); }
+
+}  // namespace specdec

@@ -1,0 +1,33 @@
+// Per-row validation status written by every kernel that reads data-dependent indices or values.
+//
+// Kernels never read out of bounds, whatever the data: a row that fails validation writes a status here and
+// fills its outputs with sentinels (-1 indices, 0 lengths, false masks). The glue then either raises an error
+// naming the argument, batch row and node (validate=true) or leaves the sentinels (validate=false). Keeping one
+// status per row (instead of one global flag) makes the reported error deterministic on both devices: the glue
+// reports the lowest failing row.
+#pragma once
+
+#include <cstdint>
+
+namespace specdec {
+
+enum StatusCode : int64_t {
+  kOk = 0,
+  kRootNotMinusOne = 1,       // parents[b, 0] != -1; value = parents[b, 0]
+  kParentNotEarlier = 2,      // parents[b, node] not in [0, node); value = parents[b, node]
+  kTokenOutOfRange = 3,       // tokens[b, node] not in [0, vocab); value = the token
+  kNonFiniteLogits = 4,       // logits[b, node, :] holds NaN or +inf; value = first offending vocabulary index
+  kNoValidToken = 5,          // logits[b, node, :] is all -inf; value = -1
+  kBadTemperature = 6,        // temperature[b] negative or NaN; value = 0
+  kBadTopP = 7,               // top_p[b] not in (0, 1]; value = 0
+  kBadDraftProb = 8,          // draft_probs[b, node, token] negative or NaN; value = the token
+};
+
+// One row's status: `code` (a StatusCode), the tree `node` (or logits row) it concerns, and the offending value.
+struct RowStatus {
+  int64_t code;
+  int64_t node;
+  int64_t value;
+};
+
+}  // namespace specdec

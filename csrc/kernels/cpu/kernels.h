@@ -1,0 +1,28 @@
+// CPU kernels: plain C++ over raw pointers (no torch). Each processes the batch rows [row_begin, row_end), so
+// callers parallelise over rows (the glue uses at::parallel_for; the C++ tests and benchmarks call it directly).
+// Semantics: common/params.h; executable specification: specdec_ext/ops/reference.py.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/dtype.h"
+#include "../common/params.h"
+
+namespace specdec::cpu {
+
+void BuildTree(const BuildTreeParams& p, int64_t row_begin, int64_t row_end);
+void TreeAncestorMask(const TreeMaskParams& p, int64_t row_begin, int64_t row_end);
+
+// T is float, f16 or bf16.
+template <typename T>
+void VerifyTreeGreedy(const VerifyTreeGreedyParams<T>& p, int64_t row_begin, int64_t row_end);
+template <typename T>
+void VerifyTreeSampling(const VerifyTreeSamplingParams<T>& p, int64_t row_begin, int64_t row_end);
+template <typename T>
+void VerifyTreeTypical(const VerifyTreeTypicalParams<T>& p, int64_t row_begin, int64_t row_end);
+template <typename T>
+void SampleTokens(const SampleTokensParams<T>& p, int64_t row_begin, int64_t row_end);
+template <typename T>
+void ExpandTreeStep(const ExpandTreeStepParams<T>& p, int64_t row_begin, int64_t row_end);
+
+}  // namespace specdec::cpu

@@ -1,0 +1,30 @@
+// CUDA kernel launchers: raw device pointers (no torch), enqueued on `stream`, no host synchronisation.
+// Semantics: common/params.h; executable specification: specdec_ext/ops/reference.py. Every launcher handles
+// B >= 1 and any N, V the CPU kernels handle, and never reads or writes out of bounds whatever the data.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "../common/dtype.h"
+#include "../common/params.h"
+
+namespace specdec::cuda {
+
+void LaunchBuildTree(const BuildTreeParams& p, cudaStream_t stream);
+void LaunchTreeAncestorMask(const TreeMaskParams& p, cudaStream_t stream);
+
+// T is float, f16 or bf16 (explicitly instantiated in the .cu files).
+template <typename T>
+void LaunchVerifyTreeGreedy(const VerifyTreeGreedyParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchVerifyTreeSampling(const VerifyTreeSamplingParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchVerifyTreeTypical(const VerifyTreeTypicalParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchSampleTokens(const SampleTokensParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchExpandTreeStep(const ExpandTreeStepParams<T>& p, cudaStream_t stream);
+
+}  // namespace specdec::cuda

@@ -1,0 +1,55 @@
+#include "checks.h"
+
+namespace specdec::glue {
+
+namespace {
+
+// Same wording as specdec_ext/ops/reference.py:status_message (tests compare them).
+std::string status_message(const char* op, int64_t b, const RowStatus& s) {
+  std::ostringstream m;
+  m << op << ": ";
+  const std::string where = s.node >= 0 ? "logits[" + std::to_string(b) + ", " + std::to_string(s.node)
+                                        : "logits[" + std::to_string(b);
+  switch (s.code) {
+    case kRootNotMinusOne:
+      m << "parents[" << b << ", 0] must be -1 (node 0 is the root), got " << s.value;
+      break;
+    case kParentNotEarlier:
+      m << "parents[" << b << ", " << s.node << "] = " << s.value << " is not an earlier node: expected 0 <= parent < "
+        << s.node << " (nodes are topologically ordered and only node 0 is a root)";
+      break;
+    case kTokenOutOfRange:
+      m << "tokens[" << b << ", " << s.node << "] = " << s.value << " is out of range for the vocabulary";
+      break;
+    case kNonFiniteLogits:
+      m << where << ", " << s.value << "] is NaN or +inf";
+      break;
+    case kNoValidToken:
+      m << where << "] is -inf everywhere: no token can be chosen";
+      break;
+    case kBadTemperature:
+      m << "temperature[" << b << "] must be >= 0 (0 = greedy)";
+      break;
+    case kBadTopP:
+      m << "top_p[" << b << "] must be in (0, 1]";
+      break;
+    case kBadDraftProb:
+      m << "draft_probs[" << b << ", " << s.node << ", " << s.value << "] is negative or NaN";
+      break;
+    default:
+      m << "row " << b << ": unknown status " << s.code;
+  }
+  return m.str();
+}
+
+}  // namespace
+
+void raise_on_bad_status(const char* op, const at::Tensor& status) {
+  const at::Tensor host = status.device().is_cpu() ? status : status.to(at::kCPU);
+  const auto* rows = reinterpret_cast<const RowStatus*>(host.const_data_ptr<int64_t>());
+  for (int64_t b = 0; b < host.size(0); ++b) {
+    if (rows[b].code != kOk) TORCH_CHECK_VALUE(false, status_message(op, b, rows[b]));
+  }
+}
+
+}  // namespace specdec::glue

@@ -1,0 +1,345 @@
+// Thin glue shared by both backends: argument checks, output allocation, dtype dispatch and status reporting.
+//
+// Each op is written once as `<op>_impl<Backend>(...)`. A backend is a struct with one static template per kernel
+// (`Backend::verify_tree_greedy(params)` etc.) that runs it: CpuBackend (ops_cpu.cpp) parallelises rows with
+// at::parallel_for, CudaBackend (ops_cuda.cu) launches on the current stream. The backends register these
+// functions for their dispatch key.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <optional>
+#include <tuple>
+
+#include "../kernels/common/dtype.h"
+#include "../kernels/common/params.h"
+#include "checks.h"
+
+namespace specdec::glue {
+
+using at::Tensor;
+
+// Runs `body` with `scalar_t` set to the kernel storage type (float, f16 or bf16) of `dtype`.
+#define SPECDEC_DISPATCH_FLOAT(dtype, op, ...)                                   \
+  [&] {                                                                          \
+    switch (dtype) {                                                             \
+      case at::kFloat: {                                                         \
+        using scalar_t = float;                                                  \
+        return __VA_ARGS__();                                                    \
+      }                                                                          \
+      case at::kHalf: {                                                          \
+        using scalar_t = ::specdec::f16;                                         \
+        return __VA_ARGS__();                                                    \
+      }                                                                          \
+      case at::kBFloat16: {                                                      \
+        using scalar_t = ::specdec::bf16;                                        \
+        return __VA_ARGS__();                                                    \
+      }                                                                          \
+      default:                                                                   \
+        TORCH_CHECK(false, op, ": unsupported float dtype ", dtype);             \
+    }                                                                            \
+  }()
+
+template <typename T>
+const T* float_ptr(const Tensor& t) {
+  return reinterpret_cast<const T*>(t.const_data_ptr());
+}
+
+// parents [B, N] (and optionally tokens [B, N]): int64, on `ref`'s device; returned contiguous.
+inline Tensor checked_index_matrix(const char* op, const char* name, const Tensor& t, int64_t B, int64_t N,
+                                   const Tensor& ref, const char* ref_name) {
+  check_dtype(op, name, t, at::kLong);
+  check_same_device(op, name, t, ref, ref_name);
+  check_shape(op, name, t, {B, N}, "[B, N]");
+  return t.contiguous();
+}
+
+// A per-row parameter vector [B] of `dtype`, returned contiguous.
+inline Tensor checked_row_vector(const char* op, const char* name, const Tensor& t, int64_t B, at::ScalarType dtype,
+                                 const Tensor& ref, const char* ref_name) {
+  check_dtype(op, name, t, dtype);
+  check_same_device(op, name, t, ref, ref_name);
+  check_shape(op, name, t, {B}, "[B]");
+  return t.contiguous();
+}
+
+inline void check_tree_args(const char* op, const Tensor& parents) {
+  check_dim(op, "parents", parents, 2, "[B, N]");
+  check_dtype(op, "parents", parents, at::kLong);
+  TORCH_CHECK(parents.size(0) >= 1 && parents.size(1) >= 1, op, ": parents must be non-empty [B, N], got ",
+              shape_str(parents));
+}
+
+// Tree topology -------------------------------------------------------------------------------------------------
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> build_tree_impl(const Tensor& parents_in,
+                                                                           const Tensor& prefix_lens_in,
+                                                                           bool validate) {
+  constexpr const char* op = "build_tree";
+  check_tree_args(op, parents_in);
+  const int64_t B = parents_in.size(0), N = parents_in.size(1);
+  const Tensor parents = parents_in.contiguous();
+  const Tensor prefix_lens = checked_row_vector(op, "prefix_lens", prefix_lens_in, B, at::kLong, parents, "parents");
+  c10::OptionalDeviceGuard guard(parents.device());
+  auto opts = parents.options();
+  Tensor depth = at::empty({B, N}, opts), position_ids = at::empty({B, N}, opts);
+  Tensor first_child = at::empty({B, N}, opts), next_sibling = at::empty({B, N}, opts);
+  Tensor paths = at::empty({B, N, N}, opts), num_leaves = at::empty({B}, opts);
+  Tensor status = new_status(B, parents);
+  BuildTreeParams p{parents.const_data_ptr<int64_t>(), prefix_lens.const_data_ptr<int64_t>(), B, N,
+                    depth.data_ptr<int64_t>(), position_ids.data_ptr<int64_t>(), first_child.data_ptr<int64_t>(),
+                    next_sibling.data_ptr<int64_t>(), paths.data_ptr<int64_t>(), num_leaves.data_ptr<int64_t>(),
+                    status_ptr(status)};
+  Backend::build_tree(p);
+  if (validate) raise_on_bad_status(op, status);
+  return {depth, position_ids, first_child, next_sibling, paths, num_leaves};
+}
+
+template <class Backend>
+Tensor tree_ancestor_mask_impl(const Tensor& parents_in, bool packed, bool validate) {
+  constexpr const char* op = "tree_ancestor_mask";
+  check_tree_args(op, parents_in);
+  const int64_t B = parents_in.size(0), N = parents_in.size(1);
+  const Tensor parents = parents_in.contiguous();
+  c10::OptionalDeviceGuard guard(parents.device());
+  Tensor mask = packed ? at::empty({B, N, packed_mask_words(N)}, parents.options().dtype(at::kInt))
+                       : at::empty({B, N, N}, parents.options().dtype(at::kBool));
+  Tensor status = new_status(B, parents);
+  TreeMaskParams p{parents.const_data_ptr<int64_t>(), B, N, packed ? nullptr : mask.data_ptr<bool>(),
+                   packed ? mask.data_ptr<int32_t>() : nullptr, status_ptr(status)};
+  Backend::tree_ancestor_mask(p);
+  if (validate) raise_on_bad_status(op, status);
+  return mask;
+}
+
+// Verification --------------------------------------------------------------------------------------------------
+
+struct VerifyArgs {
+  Tensor tokens, parents;
+  int64_t B, N, V;
+  Tensor accepted, accept_len, next_token, status;
+
+  VerifyOutputs outputs() {
+    return {accepted.data_ptr<int64_t>(), accept_len.data_ptr<int64_t>(), next_token.data_ptr<int64_t>(),
+            status_ptr(status)};
+  }
+  std::tuple<Tensor, Tensor, Tensor> result() const { return {accepted, accept_len, next_token}; }
+};
+
+inline VerifyArgs check_verify_args(const char* op, const Tensor& logits, const Tensor& tokens,
+                                    const Tensor& parents) {
+  check_dim(op, "logits", logits, 3, "[B, N, V]");
+  check_float(op, "logits", logits);
+  check_unit_last_stride(op, "logits", logits);
+  const int64_t B = logits.size(0), N = logits.size(1), V = logits.size(2);
+  TORCH_CHECK(B >= 1 && N >= 1 && V >= 1, op, ": logits must be non-empty [B, N, V], got ", shape_str(logits));
+  VerifyArgs a;
+  a.B = B;
+  a.N = N;
+  a.V = V;
+  a.tokens = checked_index_matrix(op, "tokens", tokens, B, N, logits, "logits");
+  a.parents = checked_index_matrix(op, "parents", parents, B, N, logits, "logits");
+  auto opts = logits.options().dtype(at::kLong);
+  a.accepted = at::empty({B, N}, opts);
+  a.accept_len = at::empty({B}, opts);
+  a.next_token = at::empty({B}, opts);
+  a.status = new_status(B, logits);
+  return a;
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor> verify_tree_greedy_impl(const Tensor& logits, const Tensor& tokens,
+                                                           const Tensor& parents, bool validate) {
+  constexpr const char* op = "verify_tree_greedy";
+  VerifyArgs a = check_verify_args(op, logits, tokens, parents);
+  c10::OptionalDeviceGuard guard(logits.device());
+  SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
+    VerifyTreeGreedyParams<scalar_t> p{float_ptr<scalar_t>(logits), logits.stride(0), logits.stride(1),
+                                       a.tokens.const_data_ptr<int64_t>(), a.parents.const_data_ptr<int64_t>(),
+                                       a.B, a.N, a.V, a.outputs()};
+    Backend::verify_tree_greedy(p);
+  });
+  if (validate) raise_on_bad_status(op, a.status);
+  return a.result();
+}
+
+inline SamplingParams checked_sampling(const char* op, Tensor& temperature, Tensor& top_k, Tensor& top_p, int64_t B,
+                                       const Tensor& ref) {
+  temperature = checked_row_vector(op, "temperature", temperature, B, at::kFloat, ref, "logits");
+  top_k = checked_row_vector(op, "top_k", top_k, B, at::kLong, ref, "logits");
+  top_p = checked_row_vector(op, "top_p", top_p, B, at::kFloat, ref, "logits");
+  return {temperature.const_data_ptr<float>(), top_k.const_data_ptr<int64_t>(), top_p.const_data_ptr<float>()};
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor> verify_tree_sampling_impl(const Tensor& logits, const Tensor& tokens,
+                                                             const Tensor& parents,
+                                                             const std::optional<Tensor>& draft_probs,
+                                                             const Tensor& uniforms_in, const Tensor& temperature_in,
+                                                             const Tensor& top_k_in, const Tensor& top_p_in,
+                                                             bool validate) {
+  constexpr const char* op = "verify_tree_sampling";
+  VerifyArgs a = check_verify_args(op, logits, tokens, parents);
+  Tensor temperature = temperature_in, top_k = top_k_in, top_p = top_p_in;
+  const SamplingParams sampling = checked_sampling(op, temperature, top_k, top_p, a.B, logits);
+  check_dtype(op, "uniforms", uniforms_in, at::kFloat);
+  check_same_device(op, "uniforms", uniforms_in, logits, "logits");
+  check_shape(op, "uniforms", uniforms_in, {a.B, a.N}, "[B, N]");
+  const Tensor uniforms = uniforms_in.contiguous();
+  const float* q = nullptr;
+  int64_t q_stride_b = 0, q_stride_n = 0;
+  Tensor workspace;
+  if (draft_probs.has_value()) {
+    const Tensor& d = *draft_probs;
+    check_dtype(op, "draft_probs", d, at::kFloat);
+    check_same_device(op, "draft_probs", d, logits, "logits");
+    check_shape(op, "draft_probs", d, {a.B, a.N, a.V}, "[B, N, V]");
+    check_unit_last_stride(op, "draft_probs", d);
+    q = d.const_data_ptr<float>();
+    q_stride_b = d.stride(0);
+    q_stride_n = d.stride(1);
+    workspace = at::empty({a.B, a.V}, logits.options().dtype(at::kFloat));
+  }
+  c10::OptionalDeviceGuard guard(logits.device());
+  SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
+    VerifyTreeSamplingParams<scalar_t> p{float_ptr<scalar_t>(logits),
+                                         logits.stride(0),
+                                         logits.stride(1),
+                                         q,
+                                         q_stride_b,
+                                         q_stride_n,
+                                         a.tokens.const_data_ptr<int64_t>(),
+                                         a.parents.const_data_ptr<int64_t>(),
+                                         uniforms.const_data_ptr<float>(),
+                                         sampling,
+                                         a.B,
+                                         a.N,
+                                         a.V,
+                                         workspace.defined() ? workspace.data_ptr<float>() : nullptr,
+                                         a.outputs()};
+    Backend::verify_tree_sampling(p);
+  });
+  if (validate) raise_on_bad_status(op, a.status);
+  return a.result();
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor> verify_tree_typical_impl(const Tensor& logits, const Tensor& tokens,
+                                                            const Tensor& parents, const Tensor& uniforms_in,
+                                                            const Tensor& temperature_in, double posterior_threshold,
+                                                            double posterior_alpha, bool validate) {
+  constexpr const char* op = "verify_tree_typical";
+  VerifyArgs a = check_verify_args(op, logits, tokens, parents);
+  const Tensor uniforms = checked_row_vector(op, "uniforms", uniforms_in, a.B, at::kFloat, logits, "logits");
+  const Tensor temperature =
+      checked_row_vector(op, "temperature", temperature_in, a.B, at::kFloat, logits, "logits");
+  TORCH_CHECK(posterior_threshold >= 0 && posterior_threshold <= 1, op,
+              ": posterior_threshold must be in [0, 1], got ", posterior_threshold);
+  TORCH_CHECK(posterior_alpha >= 0 && posterior_alpha <= 1, op, ": posterior_alpha must be in [0, 1], got ",
+              posterior_alpha);
+  c10::OptionalDeviceGuard guard(logits.device());
+  SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
+    VerifyTreeTypicalParams<scalar_t> p{float_ptr<scalar_t>(logits),
+                                        logits.stride(0),
+                                        logits.stride(1),
+                                        a.tokens.const_data_ptr<int64_t>(),
+                                        a.parents.const_data_ptr<int64_t>(),
+                                        uniforms.const_data_ptr<float>(),
+                                        temperature.const_data_ptr<float>(),
+                                        static_cast<float>(posterior_threshold),
+                                        static_cast<float>(posterior_alpha),
+                                        a.B,
+                                        a.N,
+                                        a.V,
+                                        a.outputs()};
+    Backend::verify_tree_typical(p);
+  });
+  if (validate) raise_on_bad_status(op, a.status);
+  return a.result();
+}
+
+// Draft sampling ------------------------------------------------------------------------------------------------
+
+template <class Backend>
+std::tuple<Tensor, Tensor> sample_tokens_impl(const Tensor& logits, const Tensor& uniforms_in,
+                                              const Tensor& temperature_in, const Tensor& top_k_in,
+                                              const Tensor& top_p_in, bool validate) {
+  constexpr const char* op = "sample_tokens";
+  check_dim(op, "logits", logits, 2, "[R, V]");
+  check_float(op, "logits", logits);
+  check_unit_last_stride(op, "logits", logits);
+  const int64_t R = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(R >= 1 && V >= 1, op, ": logits must be non-empty [R, V], got ", shape_str(logits));
+  const Tensor uniforms = checked_row_vector(op, "uniforms", uniforms_in, R, at::kFloat, logits, "logits");
+  Tensor temperature = temperature_in, top_k = top_k_in, top_p = top_p_in;
+  const SamplingParams sampling = checked_sampling(op, temperature, top_k, top_p, R, logits);
+  c10::OptionalDeviceGuard guard(logits.device());
+  Tensor tokens = at::empty({R}, logits.options().dtype(at::kLong));
+  Tensor probs = at::empty({R, V}, logits.options().dtype(at::kFloat));
+  Tensor status = new_status(R, logits);
+  SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
+    SampleTokensParams<scalar_t> p{float_ptr<scalar_t>(logits), logits.stride(0), uniforms.const_data_ptr<float>(),
+                                   sampling, R, V, tokens.data_ptr<int64_t>(), probs.data_ptr<float>(),
+                                   status_ptr(status)};
+    Backend::sample_tokens(p);
+  });
+  if (validate) raise_on_bad_status(op, status);
+  return {tokens, probs};
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor> expand_tree_step_impl(const Tensor& logits, const Tensor& parent_scores_in,
+                                                         int64_t top_k, int64_t num_select, bool validate) {
+  constexpr const char* op = "expand_tree_step";
+  check_dim(op, "logits", logits, 3, "[B, F, V]");
+  check_float(op, "logits", logits);
+  check_unit_last_stride(op, "logits", logits);
+  const int64_t B = logits.size(0), F = logits.size(1), V = logits.size(2);
+  TORCH_CHECK(B >= 1 && F >= 1 && V >= 1, op, ": logits must be non-empty [B, F, V], got ", shape_str(logits));
+  check_dtype(op, "parent_scores", parent_scores_in, at::kFloat);
+  check_same_device(op, "parent_scores", parent_scores_in, logits, "logits");
+  check_shape(op, "parent_scores", parent_scores_in, {B, F}, "[B, F]");
+  TORCH_CHECK(top_k >= 1 && top_k <= V, op, ": top_k must be in [1, V = ", V, "], got ", top_k);
+  TORCH_CHECK(num_select >= 1 && num_select <= F * top_k, op, ": num_select must be in [1, F * top_k = ",
+              F * top_k, "], got ", num_select);
+  const Tensor parent_scores = parent_scores_in.contiguous();
+  c10::OptionalDeviceGuard guard(logits.device());
+  Tensor cand_tokens = at::empty({B, F, top_k}, logits.options().dtype(at::kLong));
+  Tensor cand_scores = at::empty({B, F, top_k}, logits.options().dtype(at::kFloat));
+  Tensor selected = at::empty({B, num_select}, logits.options().dtype(at::kLong));
+  Tensor status = new_status(B, logits);
+  SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
+    ExpandTreeStepParams<scalar_t> p{float_ptr<scalar_t>(logits),
+                                     logits.stride(0),
+                                     logits.stride(1),
+                                     parent_scores.const_data_ptr<float>(),
+                                     B,
+                                     F,
+                                     V,
+                                     top_k,
+                                     num_select,
+                                     cand_tokens.data_ptr<int64_t>(),
+                                     cand_scores.data_ptr<float>(),
+                                     selected.data_ptr<int64_t>(),
+                                     status_ptr(status)};
+    Backend::expand_tree_step(p);
+  });
+  if (validate) raise_on_bad_status(op, status);
+  return {cand_tokens, cand_scores, selected};
+}
+
+// Registers every op's implementation for one dispatch key: `SPECDEC_REGISTER_BACKEND(CPU, CpuBackend)`.
+#define SPECDEC_REGISTER_BACKEND(KEY, BACKEND)                                                        \
+  TORCH_LIBRARY_IMPL(specdec_ext, KEY, m) {                                                           \
+    m.impl("build_tree", &::specdec::glue::build_tree_impl<BACKEND>);                                 \
+    m.impl("tree_ancestor_mask", &::specdec::glue::tree_ancestor_mask_impl<BACKEND>);                 \
+    m.impl("verify_tree_greedy", &::specdec::glue::verify_tree_greedy_impl<BACKEND>);                 \
+    m.impl("verify_tree_sampling", &::specdec::glue::verify_tree_sampling_impl<BACKEND>);             \
+    m.impl("verify_tree_typical", &::specdec::glue::verify_tree_typical_impl<BACKEND>);               \
+    m.impl("sample_tokens", &::specdec::glue::sample_tokens_impl<BACKEND>);                           \
+    m.impl("expand_tree_step", &::specdec::glue::expand_tree_step_impl<BACKEND>);                     \
+  }
+
+}  // namespace specdec::glue

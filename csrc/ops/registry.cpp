@@ -1,0 +1,59 @@
+// The one op registry: every schema of specdec_ext lives here, and nowhere else.
+//
+// Implementations attach by dispatch key in ops_cpu.cpp and (in a CUDA build) ops_cuda.cu, so a CPU-only build
+// still has every schema. Fakes (meta implementations for torch.compile) are registered in Python:
+// specdec_ext/ops/fakes.py. Argument names are public API: they appear in error messages and keyword calls.
+#include <Python.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(specdec_ext, m) {
+  // Tree topology from parents[B, N].
+  m.def(
+      "build_tree(Tensor parents, Tensor prefix_lens, bool validate=True) -> (Tensor depth, Tensor position_ids, "
+      "Tensor first_child, Tensor next_sibling, Tensor retrieve_paths, Tensor num_leaves)");
+  m.def("tree_ancestor_mask(Tensor parents, bool packed=False, bool validate=True) -> Tensor");
+
+  // Verification of a draft tree (a chain is a width-1 tree) against target logits[B, N, V].
+  m.def(
+      "verify_tree_greedy(Tensor logits, Tensor tokens, Tensor parents, bool validate=True) -> (Tensor accepted, "
+      "Tensor accept_len, Tensor next_token)");
+  m.def(
+      "verify_tree_sampling(Tensor logits, Tensor tokens, Tensor parents, Tensor? draft_probs, Tensor uniforms, "
+      "Tensor temperature, Tensor top_k, Tensor top_p, bool validate=True) -> (Tensor accepted, Tensor accept_len, "
+      "Tensor next_token)");
+  m.def(
+      "verify_tree_typical(Tensor logits, Tensor tokens, Tensor parents, Tensor uniforms, Tensor temperature, "
+      "float posterior_threshold, float posterior_alpha, bool validate=True) -> (Tensor accepted, "
+      "Tensor accept_len, Tensor next_token)");
+
+  // Fused draft sampling.
+  m.def(
+      "sample_tokens(Tensor logits, Tensor uniforms, Tensor temperature, Tensor top_k, Tensor top_p, "
+      "bool validate=True) -> (Tensor tokens, Tensor probs)");
+  m.def(
+      "expand_tree_step(Tensor logits, Tensor parent_scores, int top_k, int num_select, bool validate=True) -> "
+      "(Tensor cand_tokens, Tensor cand_scores, Tensor selected)");
+}
+
+// A plain Python module so that `import specdec_ext._C` loads the library (and runs the registrations above).
+namespace {
+
+PyObject* built_with_cuda(PyObject*, PyObject*) {
+#ifdef SPECDEC_WITH_CUDA
+  Py_RETURN_TRUE;
+#else
+  Py_RETURN_FALSE;
+#endif
+}
+
+PyMethodDef module_methods[] = {
+    {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when this build contains the CUDA kernels."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "specdec_ext kernels (ops live in torch.ops.specdec_ext)",
+                          -1, module_methods};
+
+}  // namespace
+
+extern "C" PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module_def); }

@@ -1,0 +1,161 @@
+"""Typed wrappers over ``torch.ops.specdec_ext.*``.
+
+Shapes use B = batch rows, N = tree nodes per row (node 0 is the root, the last accepted token), V = vocabulary,
+F = frontier nodes, R = rows to sample. Token ids and indices are int64; float inputs may be float32, float16 or
+bfloat16 (accumulation is float32). Sampling parameters may be given as Python numbers (applied to every row) or as
+``[B]`` tensors. Randomness is an input: pass ``uniforms`` drawn from your own ``torch.Generator``.
+
+With ``validate=True`` (the default) invalid data raises ``ValueError`` naming the argument, row and node; on CUDA
+that check reads back one small status tensor (a device synchronisation). ``validate=False`` skips it: kernels stay
+memory-safe and give the invalid row sentinel outputs (-1 indices, 0 lengths, false masks) instead.
+
+The executable specification of every op is :mod:`specdec_ext.ops.reference`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from specdec_ext.ops import fakes as _fakes  # noqa: F401  (registers the fake implementations)
+
+__all__ = [
+    "TreeInfo",
+    "Verification",
+    "build_tree",
+    "tree_ancestor_mask",
+    "verify_tree_greedy",
+    "verify_tree_sampling",
+    "verify_tree_typical",
+    "sample_tokens",
+    "expand_tree_step",
+    "chain_parents",
+]
+
+_ops = torch.ops.specdec_ext
+
+
+class TreeInfo(NamedTuple):
+    depth: torch.Tensor  # [B, N] int64, root 0
+    position_ids: torch.Tensor  # [B, N] int64, prefix_lens + depth
+    first_child: torch.Tensor  # [B, N] int64, -1 for leaves
+    next_sibling: torch.Tensor  # [B, N] int64, -1 for the last child
+    retrieve_paths: torch.Tensor  # [B, N, N] int64, root-to-leaf paths padded with -1
+    num_leaves: torch.Tensor  # [B] int64
+
+
+class Verification(NamedTuple):
+    accepted: torch.Tensor  # [B, N] int64: accepted path node indices, root first, padded with -1
+    accept_len: torch.Tensor  # [B] int64: accepted draft tokens (root excluded)
+    next_token: torch.Tensor  # [B] int64: correction or bonus token
+
+
+def _per_row(value, rows: int, dtype: torch.dtype, device: torch.device, name: str) -> torch.Tensor:
+    """A Python number or a [rows] tensor, as a contiguous [rows] tensor of ``dtype`` on ``device``."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            return value.to(device=device, dtype=dtype).expand(rows).contiguous()
+        if value.shape != (rows,):
+            raise ValueError(f"{name} must be a number or a tensor of shape [{rows}], got {tuple(value.shape)}")
+        return value.to(device=device, dtype=dtype).contiguous()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
+    return torch.full((rows,), value, dtype=dtype, device=device)
+
+
+def chain_parents(batch: int, length: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """``parents[B, length]`` of a chain (width-1 tree): node i's parent is i - 1."""
+    return torch.arange(-1, length - 1, device=device, dtype=torch.int64).expand(batch, length).contiguous()
+
+
+def build_tree(parents: torch.Tensor, prefix_lens: torch.Tensor | int = 0, validate: bool = True) -> TreeInfo:
+    """Tree topology from ``parents[B, N]`` (int64) and ``prefix_lens[B]`` (tokens in the KV cache before the root).
+
+    Returns depth, position ids (prefix_lens + depth), first-child / next-sibling lists, root-to-leaf retrieve
+    paths ``[B, N, N]`` (leaves in increasing node order) and leaf counts.
+    """
+    prefix = _per_row(prefix_lens, parents.shape[0] if parents.dim() == 2 else 0, torch.int64, parents.device,
+                      "prefix_lens")
+    return TreeInfo(*_ops.build_tree(parents, prefix, validate))
+
+
+def tree_ancestor_mask(parents: torch.Tensor, packed: bool = False, validate: bool = True) -> torch.Tensor:
+    """Ancestor-or-self mask of each tree node: dense bool ``[B, N, N]``, or bit-packed int32 ``[B, N, ceil(N/32)]``
+    (bit ``j % 32`` of word ``j // 32``, least significant first; ``.view(torch.uint8)`` gives FlashInfer's
+    little-endian packed layout per row)."""
+    return _ops.tree_ancestor_mask(parents, packed, validate)
+
+
+def verify_tree_greedy(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                       validate: bool = True) -> Verification:
+    """Greedy verification of draft trees.
+
+    logits ``[B, N, V]`` (target logits at every node; rows may be strided, the vocabulary must be contiguous),
+    tokens ``[B, N]``, parents ``[B, N]``. Follows, from the root, the first child whose token equals the target
+    argmax; ``next_token`` is the argmax at the last accepted node.
+    """
+    return Verification(*_ops.verify_tree_greedy(logits, tokens, parents, validate))
+
+
+def verify_tree_sampling(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                         uniforms: torch.Tensor, draft_probs: torch.Tensor | None = None,
+                         temperature: float | torch.Tensor = 1.0, top_k: int | torch.Tensor = 0,
+                         top_p: float | torch.Tensor = 1.0, validate: bool = True) -> Verification:
+    """Lossless verification by recursive rejection sampling (chains and trees).
+
+    ``draft_probs[B, N, V]`` (float32): row u is the distribution node u's children were drafted from (i.i.d.
+    samples, SpecInfer multi-draft); ``None`` for deterministic drafts (e.g. top-k children), where a rejected
+    sibling's token is removed from the residual. Temperature, top-k and top-p shape the target distribution inside
+    the op (temperature 0 = greedy). ``uniforms[B, N]`` in [0, 1): column c >= 1 decides node c, column 0 draws
+    the next token.
+    """
+    B = logits.shape[0]
+    dev = logits.device
+    return Verification(*_ops.verify_tree_sampling(
+        logits, tokens, parents, draft_probs, uniforms,
+        _per_row(temperature, B, torch.float32, dev, "temperature"), _per_row(top_k, B, torch.int64, dev, "top_k"),
+        _per_row(top_p, B, torch.float32, dev, "top_p"), validate))
+
+
+def verify_tree_typical(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                        uniforms: torch.Tensor, temperature: float | torch.Tensor = 0.7,
+                        posterior_threshold: float = 0.09, posterior_alpha: float = 0.3,
+                        validate: bool = True) -> Verification:
+    """Medusa typical acceptance. LOSSY: the output does not follow the target distribution exactly.
+
+    A node is acceptable when the target probability of its token at its parent exceeds
+    ``min(posterior_threshold, posterior_alpha * exp(-entropy))``; the deepest fully acceptable path wins (ties:
+    lowest node index) and ``next_token`` is sampled at its end with ``uniforms[B]``.
+    """
+    B = logits.shape[0]
+    return Verification(*_ops.verify_tree_typical(
+        logits, tokens, parents, uniforms, _per_row(temperature, B, torch.float32, logits.device, "temperature"),
+        float(posterior_threshold), float(posterior_alpha), validate))
+
+
+def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float | torch.Tensor = 1.0,
+                  top_k: int | torch.Tensor = 0, top_p: float | torch.Tensor = 1.0,
+                  validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused temperature / top-k / top-p sampling of one token per row of ``logits[R, V]``.
+
+    Returns ``tokens[R]`` (int64) and ``probs[R, V]`` (float32, the filtered distribution each token was drawn
+    from: pass it to :func:`verify_tree_sampling` as ``draft_probs``).
+    """
+    R = logits.shape[0]
+    dev = logits.device
+    return _ops.sample_tokens(logits, uniforms, _per_row(temperature, R, torch.float32, dev, "temperature"),
+                              _per_row(top_k, R, torch.int64, dev, "top_k"),
+                              _per_row(top_p, R, torch.float32, dev, "top_p"), validate)
+
+
+def expand_tree_step(logits: torch.Tensor, parent_scores: torch.Tensor, top_k: int, num_select: int,
+                     validate: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One EAGLE-2 dynamic-tree expansion step over a frontier of F nodes.
+
+    ``logits[B, F, V]`` are the drafter's logits at the frontier, ``parent_scores[B, F]`` (float32) their cumulative
+    log-probabilities. Returns ``cand_tokens[B, F, top_k]`` (each node's top_k tokens), ``cand_scores[B, F, top_k]``
+    (parent score + log-softmax) and ``selected[B, num_select]``: flat candidate indices ``f * top_k + j`` of the
+    best scores, best first. The new frontier's parent is ``selected // top_k``.
+    """
+    return _ops.expand_tree_step(logits, parent_scores, int(top_k), int(num_select), validate)

@@ -1,0 +1,58 @@
+"""Fake (meta) implementations: output shapes and dtypes of every op, for torch.compile and opcheck."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _long(like: torch.Tensor, *shape: int) -> torch.Tensor:
+    return like.new_empty(shape, dtype=torch.int64)
+
+
+@torch.library.register_fake("specdec_ext::build_tree")
+def _build_tree(parents, prefix_lens, validate=True):
+    B, N = parents.shape
+    return (_long(parents, B, N), _long(parents, B, N), _long(parents, B, N), _long(parents, B, N),
+            _long(parents, B, N, N), _long(parents, B))
+
+
+@torch.library.register_fake("specdec_ext::tree_ancestor_mask")
+def _tree_ancestor_mask(parents, packed=False, validate=True):
+    B, N = parents.shape
+    if packed:
+        return parents.new_empty((B, N, (N + 31) // 32), dtype=torch.int32)
+    return parents.new_empty((B, N, N), dtype=torch.bool)
+
+
+def _verification(logits):
+    B, N = logits.shape[0], logits.shape[1]
+    return _long(logits, B, N), _long(logits, B), _long(logits, B)
+
+
+@torch.library.register_fake("specdec_ext::verify_tree_greedy")
+def _verify_tree_greedy(logits, tokens, parents, validate=True):
+    return _verification(logits)
+
+
+@torch.library.register_fake("specdec_ext::verify_tree_sampling")
+def _verify_tree_sampling(logits, tokens, parents, draft_probs, uniforms, temperature, top_k, top_p, validate=True):
+    return _verification(logits)
+
+
+@torch.library.register_fake("specdec_ext::verify_tree_typical")
+def _verify_tree_typical(logits, tokens, parents, uniforms, temperature, posterior_threshold, posterior_alpha,
+                         validate=True):
+    return _verification(logits)
+
+
+@torch.library.register_fake("specdec_ext::sample_tokens")
+def _sample_tokens(logits, uniforms, temperature, top_k, top_p, validate=True):
+    R, V = logits.shape
+    return _long(logits, R), logits.new_empty((R, V), dtype=torch.float32)
+
+
+@torch.library.register_fake("specdec_ext::expand_tree_step")
+def _expand_tree_step(logits, parent_scores, top_k, num_select, validate=True):
+    B, F = logits.shape[0], logits.shape[1]
+    return (_long(logits, B, F, top_k), logits.new_empty((B, F, top_k), dtype=torch.float32),
+            _long(logits, B, num_select))

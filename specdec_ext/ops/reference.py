@@ -1,0 +1,456 @@
+"""Executable specification of every op: plain PyTorch, written for clarity, not speed.
+
+Tests, benchmarks and documentation compare the C++ and CUDA kernels against these functions. Each mirrors the
+schema of ``torch.ops.specdec_ext.<name>`` (same arguments, same outputs) and the conventions of
+``csrc/kernels/common/params.h``:
+
+* ``parents[B, N]`` (int64) describes a tree per row: node 0 is the root (parent -1), every other node's parent is
+  an earlier node. Children are visited in increasing node index.
+* Verification outputs ``accepted[B, N]`` (accepted path, root first, padded with -1), ``accept_len[B]`` (accepted
+  draft tokens, root excluded) and ``next_token[B]`` (correction or bonus token).
+* Randomness is an input (``uniforms``), so every implementation draws the same tokens.
+* Invalid data (a malformed tree, an out-of-range token, NaN logits, bad sampling parameters) raises ``ValueError``
+  when ``validate`` is true; otherwise the row gets sentinel outputs (-1 indices, 0 lengths, false masks).
+
+Everything is computed in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Status codes, as in csrc/kernels/common/status.h.
+OK = 0
+ROOT_NOT_MINUS_ONE = 1
+PARENT_NOT_EARLIER = 2
+TOKEN_OUT_OF_RANGE = 3
+NON_FINITE_LOGITS = 4
+NO_VALID_TOKEN = 5
+BAD_TEMPERATURE = 6
+BAD_TOP_P = 7
+BAD_DRAFT_PROB = 8
+
+
+class _RowError(Exception):
+    """A validation failure inside one row: (code, node, value)."""
+
+    def __init__(self, code: int, node: int, value: int):
+        super().__init__(code, node, value)
+        self.code, self.node, self.value = code, node, value
+
+
+def status_message(op: str, row: int, code: int, node: int, value: int) -> str:
+    """The error text shared by the reference and the C++ glue (csrc/ops/checks.h keeps the same wording)."""
+    b = row
+    if code == ROOT_NOT_MINUS_ONE:
+        return f"{op}: parents[{b}, 0] must be -1 (node 0 is the root), got {value}"
+    if code == PARENT_NOT_EARLIER:
+        return (f"{op}: parents[{b}, {node}] = {value} is not an earlier node: expected 0 <= parent < {node} "
+                "(nodes are topologically ordered and only node 0 is a root)")
+    if code == TOKEN_OUT_OF_RANGE:
+        return f"{op}: tokens[{b}, {node}] = {value} is out of range for the vocabulary"
+    # node < 0 marks a 2-D logits matrix (sample_tokens), where the batch row is the logits row.
+    where = f"logits[{b}, {node}" if node >= 0 else f"logits[{b}"
+    if code == NON_FINITE_LOGITS:
+        return f"{op}: {where}, {value}] is NaN or +inf"
+    if code == NO_VALID_TOKEN:
+        return f"{op}: {where}] is -inf everywhere: no token can be chosen"
+    if code == BAD_TEMPERATURE:
+        return f"{op}: temperature[{b}] must be >= 0 (0 = greedy)"
+    if code == BAD_TOP_P:
+        return f"{op}: top_p[{b}] must be in (0, 1]"
+    if code == BAD_DRAFT_PROB:
+        return f"{op}: draft_probs[{b}, {node}, {value}] is negative or NaN"
+    return f"{op}: row {b}: unknown status {code}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tree validation and topology.
+
+
+def _check_tree_row(parents_row: list[int]) -> None:
+    if parents_row[0] != -1:
+        raise _RowError(ROOT_NOT_MINUS_ONE, 0, parents_row[0])
+    for i in range(1, len(parents_row)):
+        if not 0 <= parents_row[i] < i:
+            raise _RowError(PARENT_NOT_EARLIER, i, parents_row[i])
+
+
+def _children(parents_row: list[int], node: int) -> list[int]:
+    return [c for c in range(node + 1, len(parents_row)) if parents_row[c] == node]
+
+
+def _depths(parents_row: list[int]) -> list[int]:
+    depth = [0] * len(parents_row)
+    for i in range(1, len(parents_row)):
+        depth[i] = depth[parents_row[i]] + 1
+    return depth
+
+
+def _raise(op: str, row: int, err: _RowError) -> None:
+    raise ValueError(status_message(op, row, err.code, err.node, err.value))
+
+
+def build_tree(parents: torch.Tensor, prefix_lens: torch.Tensor, validate: bool = True):
+    """Topology of each row's tree.
+
+    Returns ``depth[B, N]``, ``position_ids[B, N]`` (prefix_lens + depth), ``first_child[B, N]``,
+    ``next_sibling[B, N]``, ``retrieve_paths[B, N, N]`` (row l < num_leaves: the root-to-leaf path of the l-th leaf
+    in increasing node order, padded with -1) and ``num_leaves[B]``; all int64.
+    """
+    B, N = parents.shape
+    depth = torch.full((B, N), -1, dtype=torch.int64)
+    position_ids = torch.full((B, N), -1, dtype=torch.int64)
+    first_child = torch.full((B, N), -1, dtype=torch.int64)
+    next_sibling = torch.full((B, N), -1, dtype=torch.int64)
+    paths = torch.full((B, N, N), -1, dtype=torch.int64)
+    num_leaves = torch.zeros(B, dtype=torch.int64)
+    for b in range(B):
+        row = parents[b].tolist()
+        try:
+            _check_tree_row(row)
+        except _RowError as err:
+            if validate:
+                _raise("build_tree", b, err)
+            continue
+        d = _depths(row)
+        depth[b] = torch.tensor(d)
+        position_ids[b] = int(prefix_lens[b]) + torch.tensor(d)
+        leaf = 0
+        for i in range(N):
+            kids = _children(row, i)
+            if kids:
+                first_child[b, i] = kids[0]
+                for a, c in zip(kids, kids[1:]):
+                    next_sibling[b, a] = c
+            else:
+                path, node = [], i
+                while node != -1:
+                    path.append(node)
+                    node = row[node]
+                paths[b, leaf, : len(path)] = torch.tensor(path[::-1])
+                leaf += 1
+        num_leaves[b] = leaf
+    dev = parents.device
+    return (depth.to(dev), position_ids.to(dev), first_child.to(dev), next_sibling.to(dev), paths.to(dev),
+            num_leaves.to(dev))
+
+
+def tree_ancestor_mask(parents: torch.Tensor, packed: bool = False, validate: bool = True) -> torch.Tensor:
+    """``mask[b, i, j]`` is true when node j is node i or one of its ancestors.
+
+    Dense: bool ``[B, N, N]``. Packed: int32 ``[B, N, ceil(N / 32)]``, bit ``j % 32`` of word ``j // 32``, least
+    significant bit first (a little-endian uint8 view is FlashInfer's ``bitorder="little"``).
+    """
+    B, N = parents.shape
+    dense = torch.zeros(B, N, N, dtype=torch.bool)
+    for b in range(B):
+        row = parents[b].tolist()
+        try:
+            _check_tree_row(row)
+        except _RowError as err:
+            if validate:
+                _raise("tree_ancestor_mask", b, err)
+            continue
+        for i in range(N):
+            node = i
+            while node != -1:
+                dense[b, i, node] = True
+                node = row[node]
+    if not packed:
+        return dense.to(parents.device)
+    W = (N + 31) // 32
+    padded = torch.zeros(B, N, W * 32, dtype=torch.int64)
+    padded[..., :N] = dense.to(torch.int64)
+    weights = (2 ** torch.arange(32, dtype=torch.int64))
+    words = (padded.view(B, N, W, 32) * weights).sum(-1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # reinterpret as signed
+    return words.to(parents.device)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Target distributions.
+
+
+def _check_logits_row(x: torch.Tensor, node: int) -> None:
+    bad = torch.isnan(x) | (x == math.inf)
+    if bool(bad.any()):
+        raise _RowError(NON_FINITE_LOGITS, node, int(bad.nonzero()[0, 0]))
+    if bool((x == -math.inf).all()):
+        raise _RowError(NO_VALID_TOKEN, node, -1)
+
+
+def _check_sampling_params(temperature: float, top_p: float | None) -> None:
+    if not temperature >= 0:  # also catches NaN
+        raise _RowError(BAD_TEMPERATURE, 0, 0)
+    if top_p is not None and not 0 < top_p <= 1:
+        raise _RowError(BAD_TOP_P, 0, 0)
+
+
+def _first_argmax(x: torch.Tensor) -> int:
+    return int((x == x.max()).nonzero()[0, 0])
+
+
+def filtered_weights(logits_row: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Unnormalised target weights ``w`` of one row (``w / w.sum()`` is the distribution), as in params.h.
+
+    temperature 0 gives one-hot weights on the first argmax. Otherwise ``x = logits / temperature``; top-k keeps
+    ``x >= k-th largest x``; ``w = exp(x - max x)`` on kept tokens; top-p then keeps ``x >= x_m`` where ``m`` is the
+    first position, in descending-x order, at which the running sum of ``w`` reaches ``top_p * sum(w)``. Ties at
+    either threshold are kept.
+    """
+    x = logits_row.float()
+    V = x.numel()
+    if temperature == 0:
+        w = torch.zeros(V)
+        w[_first_argmax(x)] = 1.0
+        return w
+    x = x / torch.tensor(temperature, dtype=torch.float32)
+    keep = torch.ones(V, dtype=torch.bool)
+    if 0 < top_k < V:
+        kth = torch.sort(x, descending=True).values[top_k - 1]
+        keep &= x >= kth
+    w = torch.where(keep, torch.exp(x - x.max()), torch.zeros(()))
+    if top_p < 1:
+        order = torch.sort(torch.where(keep, x, torch.tensor(-math.inf)), descending=True, stable=True).indices
+        running = torch.cumsum(w[order], 0)
+        hit = (running >= top_p * w.sum()).nonzero()
+        # If rounding leaves the running sum short of top_p * sum(w), every kept token stays.
+        m = int(hit[0, 0]) if hit.numel() else int(keep.sum()) - 1
+        keep &= x >= x[order[m]]
+        w = torch.where(keep, w, torch.zeros(()))
+    return w
+
+
+def _inverse_cdf(w: torch.Tensor, u: float) -> int:
+    """First token whose running sum of ``w`` exceeds ``u * sum(w)``; the last positive token if none does."""
+    running = torch.cumsum(w, 0)
+    hit = (running > u * float(w.sum())).nonzero()
+    if hit.numel():
+        return int(hit[0, 0])
+    return int((w > 0).nonzero()[-1, 0])
+
+
+def _verify_outputs(B: int, N: int):
+    return (torch.full((B, N), -1, dtype=torch.int64), torch.zeros(B, dtype=torch.int64),
+            torch.full((B,), -1, dtype=torch.int64))
+
+
+def _check_tokens(tokens_row: list[int], V: int) -> None:
+    for i in range(1, len(tokens_row)):
+        if not 0 <= tokens_row[i] < V:
+            raise _RowError(TOKEN_OUT_OF_RANGE, i, tokens_row[i])
+
+
+def _to_device(dev, *tensors):
+    return tuple(t.to(dev) for t in tensors)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Verification.
+
+
+def verify_tree_greedy(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, validate: bool = True):
+    """Greedy verification: from the root, follow the first child (in sibling order) whose token equals the
+    target's argmax (first maximum) at the current node; next_token is the argmax at the last accepted node."""
+    B, N, V = logits.shape
+    accepted, accept_len, next_token = _verify_outputs(B, N)
+    for b in range(B):
+        prow, trow = parents[b].tolist(), tokens[b].tolist()
+        try:
+            _check_tree_row(prow)
+            _check_tokens(trow, V)
+            node, path = 0, [0]
+            while True:
+                x = logits[b, node].float().cpu()
+                _check_logits_row(x, node)
+                best = _first_argmax(x)
+                nxt = next((c for c in _children(prow, node) if trow[c] == best), None)
+                if nxt is None:
+                    break
+                node = nxt
+                path.append(node)
+        except _RowError as err:
+            if validate:
+                _raise("verify_tree_greedy", b, err)
+            continue
+        accepted[b, : len(path)] = torch.tensor(path)
+        accept_len[b] = len(path) - 1
+        next_token[b] = best
+    return _to_device(logits.device, accepted, accept_len, next_token)
+
+
+def verify_tree_sampling(logits, tokens, parents, draft_probs, uniforms, temperature, top_k, top_p,
+                         validate: bool = True):
+    """Lossless recursive rejection sampling over the tree; see ``VerifyTreeSamplingParams`` in params.h.
+
+    ``draft_probs[B, N, V]`` (float32) row u is the distribution u's children were drafted from (i.i.d.), or None
+    for deterministic drafts (q = one-hot of the drafted token). ``uniforms[B, N]``: column c >= 1 decides node c,
+    column 0 draws next_token.
+    """
+    B, N, V = logits.shape
+    accepted, accept_len, next_token = _verify_outputs(B, N)
+    for b in range(B):
+        prow, trow = parents[b].tolist(), tokens[b].tolist()
+        T, k, p = float(temperature[b]), int(top_k[b]), float(top_p[b])
+        u = uniforms[b].float().cpu()
+        try:
+            _check_sampling_params(T, p)
+            _check_tree_row(prow)
+            _check_tokens(trow, V)
+            node, path = 0, [0]
+            while True:
+                x = logits[b, node].float().cpu()
+                _check_logits_row(x, node)
+                target = filtered_weights(x, T, k, p)
+                r = target.clone()
+                q = None if draft_probs is None else draft_probs[b, node].float().cpu()
+                moved = False
+                for c in _children(prow, node):
+                    tok = trow[c]
+                    qx = 1.0 if q is None else float(q[tok])
+                    if not qx >= 0:
+                        raise _RowError(BAD_DRAFT_PROB, node, tok)
+                    # accept iff u * q(x) < r(x) / sum(r), i.e. u * q(x) * sum(r) < r(x) (r kept unnormalised)
+                    if float(u[c]) * qx * float(r.sum()) < float(r[tok]):
+                        node, moved = c, True
+                        path.append(c)
+                        break
+                    if q is None:
+                        r[tok] = 0.0
+                    else:
+                        r = torch.clamp(r - q * r.sum(), min=0.0)
+                    if not float(r.sum()) > 0:
+                        r = target.clone()
+                if not moved:
+                    break
+        except _RowError as err:
+            if validate:
+                _raise("verify_tree_sampling", b, err)
+            continue
+        accepted[b, : len(path)] = torch.tensor(path)
+        accept_len[b] = len(path) - 1
+        next_token[b] = _inverse_cdf(r, float(u[0]))
+    return _to_device(logits.device, accepted, accept_len, next_token)
+
+
+def typical_threshold(logits_row: torch.Tensor, temperature: float, posterior_threshold: float,
+                      posterior_alpha: float) -> tuple[torch.Tensor, float]:
+    """Medusa's typical-acceptance rule at one node: returns (p, threshold) with p = softmax(logits / T) (one-hot
+    argmax at T = 0) and threshold = min(posterior_threshold, posterior_alpha * exp(-entropy(p)))."""
+    w = filtered_weights(logits_row, temperature, 0, 1.0)
+    p = w / w.sum()
+    nz = p > 0
+    entropy = float(-(p[nz] * torch.log(p[nz])).sum())
+    return p, min(posterior_threshold, posterior_alpha * math.exp(-entropy))
+
+
+def verify_tree_typical(logits, tokens, parents, uniforms, temperature, posterior_threshold: float,
+                        posterior_alpha: float, validate: bool = True):
+    """Medusa typical acceptance (lossy): the deepest node whose whole root path passes the typical rule (ties:
+    lowest node index); next_token is drawn from p at that node by inverse CDF with ``uniforms[b]``."""
+    B, N, V = logits.shape
+    accepted, accept_len, next_token = _verify_outputs(B, N)
+    for b in range(B):
+        prow, trow = parents[b].tolist(), tokens[b].tolist()
+        T = float(temperature[b])
+        try:
+            _check_sampling_params(T, None)
+            _check_tree_row(prow)
+            _check_tokens(trow, V)
+            ok = [False] * N
+            ok[0] = True
+            dist = {}
+            for c in range(1, N):
+                par = prow[c]
+                if not ok[par]:
+                    continue
+                if par not in dist:
+                    x = logits[b, par].float().cpu()
+                    _check_logits_row(x, par)
+                    dist[par] = typical_threshold(x, T, posterior_threshold, posterior_alpha)
+                p, thr = dist[par]
+                ok[c] = float(p[trow[c]]) > thr
+            depth = _depths(prow)
+            last = max(range(N), key=lambda i: (ok[i] and depth[i], -i))
+            if last not in dist:
+                x = logits[b, last].float().cpu()
+                _check_logits_row(x, last)
+                dist[last] = typical_threshold(x, T, posterior_threshold, posterior_alpha)
+        except _RowError as err:
+            if validate:
+                _raise("verify_tree_typical", b, err)
+            continue
+        path, node = [], last
+        while node != -1:
+            path.append(node)
+            node = prow[node]
+        accepted[b, : len(path)] = torch.tensor(path[::-1])
+        accept_len[b] = len(path) - 1
+        next_token[b] = _inverse_cdf(dist[last][0], float(uniforms[b]))
+    return _to_device(logits.device, accepted, accept_len, next_token)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Draft sampling.
+
+
+def sample_tokens(logits, uniforms, temperature, top_k, top_p, validate: bool = True):
+    """One token per row of ``logits[R, V]`` from the filtered distribution (inverse CDF with ``uniforms[R]``),
+    and that distribution as float32 ``probs[R, V]``. Invalid rows (validate=False): token -1, probs 0."""
+    R, V = logits.shape
+    tokens = torch.full((R,), -1, dtype=torch.int64)
+    probs = torch.zeros(R, V, dtype=torch.float32)
+    for r in range(R):
+        T, k, p = float(temperature[r]), int(top_k[r]), float(top_p[r])
+        try:
+            _check_sampling_params(T, p)
+            x = logits[r].float().cpu()
+            _check_logits_row(x, 0)
+        except _RowError as err:
+            if err.code in (NON_FINITE_LOGITS, NO_VALID_TOKEN):
+                err.node = -1
+            if validate:
+                raise ValueError(status_message("sample_tokens", r, err.code, err.node, err.value)) from None
+            continue
+        w = filtered_weights(x, T, k, p)
+        tokens[r] = _inverse_cdf(w, float(uniforms[r]))
+        probs[r] = w / w.sum()
+    return _to_device(logits.device, tokens, probs)
+
+
+def _top_k_desc(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest values, descending, ties broken by lower index."""
+    return torch.sort(values, descending=True, stable=True).indices[:k]
+
+
+def expand_tree_step(logits, parent_scores, top_k: int, num_select: int, validate: bool = True):
+    """One EAGLE-2 expansion step: per frontier node the top_k tokens of log_softmax(logits) with cumulative score
+    parent_score + log p, then the num_select best candidates over the whole frontier.
+
+    Returns ``cand_tokens[B, F, top_k]`` (int64), ``cand_scores[B, F, top_k]`` (float32) and ``selected[B,
+    num_select]`` (int64 flat indices ``f * top_k + j``, best first, ties: lower index).
+    """
+    B, F, V = logits.shape
+    cand_tokens = torch.full((B, F, top_k), -1, dtype=torch.int64)
+    cand_scores = torch.full((B, F, top_k), -math.inf, dtype=torch.float32)
+    selected = torch.full((B, num_select), -1, dtype=torch.int64)
+    for b in range(B):
+        try:
+            for f in range(F):
+                x = logits[b, f].float().cpu()
+                _check_logits_row(x, f)
+                lp = torch.log_softmax(x, 0)
+                idx = _top_k_desc(x, top_k)
+                cand_tokens[b, f] = idx
+                cand_scores[b, f] = float(parent_scores[b, f]) + lp[idx]
+        except _RowError as err:
+            cand_tokens[b] = -1
+            cand_scores[b] = -math.inf
+            if validate:
+                _raise("expand_tree_step", b, err)
+            continue
+        selected[b] = _top_k_desc(cand_scores[b].reshape(-1), num_select)
+    return _to_device(logits.device, cand_tokens, cand_scores, selected)
