@@ -91,7 +91,7 @@ def _extensions():
     from torch.utils import cpp_extension
 
     sources = _rel("csrc/ops/*.cpp") + _rel("csrc/kernels/cpu/*.cpp")
-    cxx = ["-O3", "-std=c++17", "-fopenmp", "-fvisibility=hidden"]
+    cxx = ["-O3", "-fopenmp", "-fvisibility=hidden"]
     define_macros = []
     kwargs = {}
     ext_cls = cpp_extension.CppExtension
@@ -99,7 +99,7 @@ def _extensions():
         cpp_extension.CUDA_HOME = cuda_home
         sources += _rel("csrc/ops/*.cu") + _rel("csrc/kernels/cuda/*.cu")
         define_macros.append(("SPECDEC_WITH_CUDA", "1"))
-        kwargs["extra_compile_args"] = {"cxx": cxx, "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr",
+        kwargs["extra_compile_args"] = {"cxx": cxx, "nvcc": ["-O3", "--expt-relaxed-constexpr",
                                                              "-lineinfo"]}
         ext_cls = cpp_extension.CUDAExtension
         print(f"specdec_ext: building CPU + CUDA kernels (CUDA_HOME={cuda_home}, "

@@ -1,0 +1,129 @@
+// Fused draft sampling on the CPU: one token per row with temperature / top-k / top-p, and one EAGLE-2
+// dynamic-tree expansion step (per-node top-k, cumulative scores, global top-k).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kernels.h"
+#include "row_ops.h"
+
+namespace specdec::cpu {
+namespace {
+
+// Order of candidates everywhere: larger value first, then lower index. order_key gives a total order even for
+// NaN, so sorting never misbehaves on bad data.
+inline bool before(float a, int64_t ia, float b, int64_t ib) {
+  const uint32_t ka = order_key(a), kb = order_key(b);
+  return ka != kb ? ka > kb : ia < ib;
+}
+
+// Indices of the k largest x[0..n), best first (ties: lower index first).
+void top_k_indices(const float* x, int64_t n, int64_t k, int64_t* out, std::vector<int64_t>& buffer) {
+  if (k <= 64) {
+    float value[64];
+    int64_t filled = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const float v = x[t];
+      // Scanning in increasing t, a later equal value never passes an earlier one.
+      if (filled == k && !before(v, t, value[k - 1], out[k - 1])) continue;
+      int64_t pos = filled < k ? filled++ : k - 1;
+      while (pos > 0 && before(v, t, value[pos - 1], out[pos - 1])) {
+        value[pos] = value[pos - 1];
+        out[pos] = out[pos - 1];
+        --pos;
+      }
+      value[pos] = v;
+      out[pos] = t;
+    }
+    return;
+  }
+  buffer.resize(n);
+  std::iota(buffer.begin(), buffer.end(), int64_t{0});
+  std::partial_sort(buffer.begin(), buffer.begin() + k, buffer.end(),
+                    [x](int64_t a, int64_t b) { return before(x[a], a, x[b], b); });
+  std::copy(buffer.begin(), buffer.begin() + k, out);
+}
+
+}  // namespace
+
+template <typename T>
+void SampleTokens(const SampleTokensParams<T>& p, int64_t row_begin, int64_t row_end) {
+  const int64_t V = p.vocab;
+  Scratch& scratch = thread_scratch(V);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    float* probs = p.probs + r * V;
+    RowStatus* status = &p.status[r];
+    *status = {kOk, 0, 0};
+    p.tokens[r] = -1;
+    const float temperature = p.sampling.temperature[r];
+    const float top_p = p.sampling.top_p[r];
+    float* x = scratch.x.data();
+    bool ok = !sampling_params_invalid(temperature, top_p, true, status);
+    RowScan scan;
+    if (ok) {
+      scan = scan_logits(p.logits + r * p.logits_stride_r, V, x);
+      ok = !logits_row_invalid(scan, -1, status);  // node -1: a 2-D logits matrix
+    }
+    if (!ok) {
+      std::fill(probs, probs + V, 0.0f);
+      continue;
+    }
+    const double total = filtered_weights(x, scan, V, temperature, p.sampling.top_k[r], top_p, probs, scratch);
+    p.tokens[r] = inverse_cdf(probs, V, total, p.uniforms[r]);
+    const float z = static_cast<float>(total);
+#pragma omp simd
+    for (int64_t t = 0; t < V; ++t) probs[t] = probs[t] / z;
+  }
+}
+
+template <typename T>
+void ExpandTreeStep(const ExpandTreeStepParams<T>& p, int64_t row_begin, int64_t row_end) {
+  const int64_t F = p.frontier, V = p.vocab, K = p.top_k;
+  Scratch& scratch = thread_scratch(V);
+  std::vector<int64_t> buffer;
+  for (int64_t b = row_begin; b < row_end; ++b) {
+    int64_t* cand_tokens = p.cand_tokens + b * F * K;
+    float* cand_scores = p.cand_scores + b * F * K;
+    int64_t* selected = p.selected + b * p.num_select;
+    RowStatus* status = &p.status[b];
+    *status = {kOk, 0, 0};
+    bool ok = true;
+    for (int64_t f = 0; f < F && ok; ++f) {
+      float* x = scratch.x.data();
+      const RowScan scan = scan_logits(p.logits + b * p.logits_stride_b + f * p.logits_stride_f, V, x);
+      if (logits_row_invalid(scan, f, status)) {
+        ok = false;
+        break;
+      }
+      float z = 0.0f;
+      const float m = scan.max;
+#pragma omp simd reduction(+ : z)
+      for (int64_t t = 0; t < V; ++t) z += exp_nonpositive(x[t] - m);
+      const float log_z = std::log(z);
+      top_k_indices(x, V, K, cand_tokens + f * K, buffer);
+      const float parent = p.parent_scores[b * F + f];
+      for (int64_t j = 0; j < K; ++j) {
+        const float log_prob = (x[cand_tokens[f * K + j]] - m) - log_z;
+        cand_scores[f * K + j] = parent + log_prob;
+      }
+    }
+    if (!ok) {
+      std::fill(cand_tokens, cand_tokens + F * K, int64_t{-1});
+      std::fill(cand_scores, cand_scores + F * K, neg_inf());
+      std::fill(selected, selected + p.num_select, int64_t{-1});
+      continue;
+    }
+    top_k_indices(cand_scores, F * K, p.num_select, selected, buffer);
+  }
+}
+
+#define SPECDEC_INSTANTIATE(T)                                                            \
+  template void SampleTokens<T>(const SampleTokensParams<T>&, int64_t, int64_t);        \
+  template void ExpandTreeStep<T>(const ExpandTreeStepParams<T>&, int64_t, int64_t);
+SPECDEC_INSTANTIATE(float)
+SPECDEC_INSTANTIATE(f16)
+SPECDEC_INSTANTIATE(bf16)
+#undef SPECDEC_INSTANTIATE
+
+}  // namespace specdec::cpu
