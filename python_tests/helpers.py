@@ -224,3 +224,42 @@ def assert_raises_exactly(message: str, fn, *args, **kwargs):
         fn(*args, **kwargs)
     text = str(info.value)
     assert text.splitlines()[0] == message, f"message differs:\n got  {text!r}\n want {message!r}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sampled tokens.
+
+# Inverse-CDF draws compare a running sum of up to V = 32000 float32 weights with u * (their total). Two correct
+# float32 implementations that sum in different orders may disagree on a draw whose u lies within their rounding
+# error of a CDF boundary. Accurate float32 summation (pairwise, or float64 accumulation) has relative error
+# ~1e-7..1e-6 at this size, so a draw may differ from the reference only when moving u by U_TOL = 2e-6 (about 30
+# float32 ulps at 1.0) changes the reference's own draw. Everything else must match exactly.
+U_TOL = 2e-6
+U_MAX = 1.0 - 2.0**-24  # the largest float32 below 1
+
+
+def shifted_uniforms(u: torch.Tensor, delta: float) -> torch.Tensor:
+    return (u.double() + delta).clamp(0.0, U_MAX).to(u.dtype)
+
+
+def assert_draws_match(got: torch.Tensor, want: torch.Tensor, redraw, name: str = "next_token"):
+    """``got`` equals the reference draws ``want`` except, possibly, where the reference's draw itself changes when
+    its uniform moves by U_TOL; there ``got`` must lie between the reference draws at u - U_TOL and u + U_TOL
+    (inverse CDF is monotone in u). ``redraw(delta)`` returns the reference draws with every uniform shifted."""
+    got = got.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape, name
+    bad = (got != want).nonzero().flatten()
+    if bad.numel() == 0:
+        return
+    lo, hi = redraw(-U_TOL), redraw(+U_TOL)
+    for b in bad.tolist():
+        assert int(lo[b]) <= int(got[b]) <= int(hi[b]), (
+            f"{name}[{b}] = {int(got[b])}, reference {int(want[b])}: not explained by rounding (the reference draws "
+            f"{int(lo[b])}..{int(hi[b])} for u within {U_TOL} of the given uniform)")
+
+
+def assert_verification_matches(got, want, redraw):
+    """Verification outputs: the accepted path and its length exactly, next_token as a draw (assert_draws_match).
+    ``redraw(delta)`` reruns the reference with the next-token uniform shifted by delta and returns next_token."""
+    assert_equal_tuples(got[:2], want[:2], ["accepted", "accept_len"])
+    assert_draws_match(got[2], want[2], redraw)

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from helpers import (assert_equal_tuples, assert_raises_exactly, cpu, expected_error, make_gen, on, ops, per_row,
-                     plant_path, random_logits, random_parents, random_tokens, ref, strided_rows)
+from helpers import (assert_equal_tuples, assert_raises_exactly, assert_verification_matches, cpu,
+                     expected_error, make_gen, on, ops, per_row, plant_path, random_logits, random_parents,
+                     random_tokens, ref, shifted_uniforms, strided_rows)
 
 NAMES = ["accepted", "accept_len", "next_token"]
 SHAPES = [(1, 1, 7), (3, 5, 7), (7, 26, 7), (7, 64, 7), (1, 64, 111), (3, 26, 111), (7, 5, 111),
@@ -43,6 +44,19 @@ def run_ref(logits, tokens, parents, q, uniforms, temperature=1.0, top_k=0, top_
                                     per_row(top_k, B, torch.int64), per_row(top_p, B, torch.float32), validate)
 
 
+def check_vs_ref(got, logits, tokens, parents, q, uniforms, validate=True, **params):
+    """Compares op outputs with the reference (next_token as an inverse-CDF draw, see helpers.U_TOL)."""
+    want = run_ref(logits, tokens, parents, q, uniforms, validate=validate, **params)
+
+    def redraw(delta):
+        u = uniforms.clone()
+        u[:, 0] = shifted_uniforms(u[:, 0], delta)
+        return run_ref(logits, tokens, parents, q, u, validate=validate, **params)[2]
+
+    assert_verification_matches(cpu(*got), want, redraw)
+    return want
+
+
 def run_op(device, logits, tokens, parents, q, uniforms, validate=True, **params):
     params = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in params.items()}
     return ops.verify_tree_sampling(*on(device, logits, tokens, parents, uniforms), draft_probs=on(device, q)[0],
@@ -55,10 +69,9 @@ def test_matches_reference(device, dtype, B, N, V, with_q):
     logits, tokens, parents, q, uniforms, params = make_case(B, N, V, seed=B * 7919 + N * 31 + V, kind="deep",
                                                              with_q=with_q)
     x = logits.to(dtype)
-    want = run_ref(x, tokens, parents, q, uniforms, **params)
     got = run_op(device, x, tokens, parents, q, uniforms, **params)
     assert isinstance(got, ops.Verification) and all(t.device.type == device for t in got)
-    assert_equal_tuples(got, want, NAMES)
+    want = check_vs_ref(got, x, tokens, parents, q, uniforms, **params)
     if N >= 26:
         assert int(want[1].max()) >= 2, "the planted path should make the reference accept several nodes"
 
@@ -69,8 +82,8 @@ def test_small_acceptance_probabilities(device, B, N, V, with_q):
     """No planted path: acceptance is a genuine coin flip (random trees, random logits, wide fan-out)."""
     logits, tokens, parents, q, uniforms, params = make_case(B, N, V, seed=N + V, kind="wide", with_q=with_q,
                                                              boost=1.0)
-    assert_equal_tuples(run_op(device, logits, tokens, parents, q, uniforms, **params),
-                        run_ref(logits, tokens, parents, q, uniforms, **params), NAMES)
+    check_vs_ref(run_op(device, logits, tokens, parents, q, uniforms, **params), logits, tokens, parents, q, uniforms,
+                 **params)
 
 
 @pytest.mark.parametrize("with_q", [True, False], ids=["draft_probs", "deterministic"])
@@ -89,10 +102,11 @@ def test_temperature_zero_is_greedy(device, dtype, B, N, V, with_q):
 def test_strided_logits_and_draft_probs(device, dtype, layout):
     logits, tokens, parents, q, uniforms, params = make_case(3, 26, 111, seed=77, kind="deep")
     x = logits.to(dtype)
-    want = run_ref(x, tokens, parents, q, uniforms, **params)
+    contiguous = run_op(device, x, tokens, parents, q, uniforms, **params)
     got = run_op(device, strided_rows(x.to(device), layout), tokens, parents, strided_rows(q.to(device), layout),
                  uniforms, **params)
-    assert_equal_tuples(got, want, NAMES)
+    assert_equal_tuples(got, cpu(*contiguous), NAMES)
+    check_vs_ref(got, x, tokens, parents, q, uniforms, **params)
 
 
 def test_scalar_and_tensor_params_agree(device):
@@ -101,7 +115,7 @@ def test_scalar_and_tensor_params_agree(device):
     b = run_op(device, logits, tokens, parents, q, uniforms, temperature=torch.tensor(0.8),
                top_k=torch.tensor([20, 20, 20]), top_p=torch.full((3,), 0.9, dtype=torch.float64))
     assert_equal_tuples(a, cpu(*b), NAMES)
-    assert_equal_tuples(a, run_ref(logits, tokens, parents, q, uniforms, 0.8, 20, 0.9), NAMES)
+    check_vs_ref(a, logits, tokens, parents, q, uniforms, temperature=0.8, top_k=20, top_p=0.9)
 
 
 @pytest.mark.parametrize("top_k", [-3, 0, 111, 500])
@@ -110,7 +124,7 @@ def test_top_k_outside_range_means_no_top_k(device, top_k):
     want = run_op(device, logits, tokens, parents, q, uniforms, top_k=0)
     got = run_op(device, logits, tokens, parents, q, uniforms, top_k=top_k)
     assert_equal_tuples(got, cpu(*want), NAMES)
-    assert_equal_tuples(got, run_ref(logits, tokens, parents, q, uniforms, top_k=top_k), NAMES)
+    check_vs_ref(got, logits, tokens, parents, q, uniforms, top_k=top_k)
 
 
 def test_next_token_column_zero(device):
@@ -125,7 +139,7 @@ def test_next_token_column_zero(device):
     got = cpu(*run_op(device, rep(logits), rep(tokens), rep(parents), rep(q), u))
     assert bool((got[0] == got[0][0]).all()) and bool((got[1] == got[1][0]).all())
     assert bool((got[2][1:] >= got[2][:-1]).all())
-    assert_equal_tuples(got, run_ref(rep(logits), rep(tokens), rep(parents), rep(q), u), NAMES)
+    check_vs_ref(got, rep(logits), rep(tokens), rep(parents), rep(q), u)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -198,12 +212,11 @@ def test_no_validate_sentinels(device, dtype, case):
     logits, tokens, parents, q, uniforms, params, _ = _apply(case)
     x = logits.to(dtype)
     got = cpu(*run_op(device, x, tokens, parents, q, uniforms, validate=False, **params))
-    assert_equal_tuples(got, run_ref(x, tokens, parents, q, uniforms, validate=False, **params), NAMES)
+    check_vs_ref(got, x, tokens, parents, q, uniforms, validate=False, **params)
     assert got[0][1].tolist() == [-1] * 6 and int(got[1][1]) == 0 and int(got[2][1]) == -1
     good = torch.tensor([0, 2])
     sub = {k: v[good] for k, v in params.items()}
-    assert_equal_tuples(tuple(t[good] for t in got),
-                        run_ref(x[good], tokens[good], parents[good], q[good], uniforms[good], **sub), NAMES)
+    check_vs_ref(tuple(t[good] for t in got), x[good], tokens[good], parents[good], q[good], uniforms[good], **sub)
     assert int(got[1][0]) >= 1, "row 0 has a planted path"
 
 
@@ -214,7 +227,7 @@ def test_draft_prob_checked_only_when_tested(device):
     q[0, 0, unused] = -1.0
     q[0, 5, :] = -1.0  # node 5 is a leaf: its row is never read
     got = run_op(device, logits, tokens, parents, q, uniforms)
-    assert_equal_tuples(got, run_ref(logits, tokens, parents, q, uniforms), NAMES)
+    check_vs_ref(got, logits, tokens, parents, q, uniforms)
 
 
 def test_validation_order(device):
