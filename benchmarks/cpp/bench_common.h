@@ -335,7 +335,7 @@ struct DevBuf {
   size_t n = 0;
   DevBuf() = default;
   explicit DevBuf(size_t count) : n(count) {
-    BENCH_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
+    BENCH_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(1, n) * sizeof(T)));
   }
   explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size()) {
     if (n) BENCH_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));

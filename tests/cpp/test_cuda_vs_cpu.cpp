@@ -1,0 +1,250 @@
+// Runs every CUDA launcher on the same inputs as the CPU kernels and compares: integer outputs and status exactly,
+// float outputs within a tolerance. Exits 77 (ctest SKIP_RETURN_CODE) when no CUDA device is present.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "bench_common.h"
+#include "check.h"
+
+using namespace bench;
+using namespace specdec;
+
+namespace {
+
+bool same_status(const std::vector<RowStatus>& a, const std::vector<RowStatus>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].code != b[i].code || (a[i].code != kOk && (a[i].node != b[i].node || a[i].value != b[i].value)))
+      return false;
+  return true;
+}
+
+void check_close(const std::vector<float>& a, const std::vector<float>& b, double atol, double rtol) {
+  CHECK_EQ(a.size(), b.size());
+  int bad = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const bool both_inf = std::isinf(a[i]) && std::isinf(b[i]) && (a[i] > 0) == (b[i] > 0);
+    if (!both_inf && !(std::fabs(a[i] - b[i]) <= atol + rtol * std::fabs(b[i])) && ++bad <= 3)
+      CHECK_NEAR(a[i], b[i], atol + rtol * std::fabs(b[i]));
+  }
+  CHECK_EQ(bad, 0);
+}
+
+// Planted trees with some invalid rows mixed in (bad parent, bad token, NaN logits on the path).
+Planted planted_with_errors(int64_t B, int64_t N, int64_t V, uint64_t seed) {
+  Planted d = make_planted(B, N, V, seed);
+  if (B >= 4) {
+    d.parents[1 * N + N - 1] = N - 1;
+    d.tokens[2 * N + 1] = V + 5;
+    d.logits[(3 * N + 0) * V + V / 2] = std::nanf("");
+  }
+  return d;
+}
+
+template <typename T>
+void compare_verify(int64_t B, int64_t N, int64_t V) {
+  const Planted d = planted_with_errors(B, N, V, 77 + N);
+  const std::vector<T> logits = convert<T>(d.logits);
+  Rng rng(9);
+  std::vector<float> uniforms(B * N), temperature(B), top_p(B), draft(B * N * V), ws(B * V);
+  std::vector<int64_t> top_k(B);
+  for (auto& u : uniforms) u = rng.uniform();
+  for (int64_t b = 0; b < B; ++b) {
+    temperature[b] = b % 4 == 0 ? 0.0f : 0.6f + 0.1f * (b % 5);
+    top_k[b] = b % 3 == 0 ? 0 : 20;
+    top_p[b] = b % 2 ? 0.9f : 1.0f;
+  }
+  for (int64_t r = 0; r < B * N; ++r) {
+    double s = 0;
+    for (int64_t t = 0; t < V; ++t) s += draft[r * V + t] = rng.uniform();
+    for (int64_t t = 0; t < V; ++t) draft[r * V + t] = static_cast<float>(draft[r * V + t] / s);
+  }
+  DevBuf<T> dl(logits);
+  DevBuf<int64_t> dtok(d.tokens), dpar(d.parents), dtopk(top_k);
+  DevBuf<float> du(uniforms), dtemp(temperature), dtopp(top_p), ddraft(draft), dws(B * V);
+  struct Out {
+    std::vector<int64_t> acc, len, next;
+    std::vector<RowStatus> st;
+  };
+  auto host_out = [&] { return Out{std::vector<int64_t>(B * N), std::vector<int64_t>(B), std::vector<int64_t>(B),
+                                   std::vector<RowStatus>(B)}; };
+  auto compare = [&](Out& h, DevBuf<int64_t>& acc, DevBuf<int64_t>& len, DevBuf<int64_t>& nxt,
+                     DevBuf<RowStatus>& st, const char* what) {
+    BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    const bool ok = acc.get() == h.acc && len.get() == h.len && nxt.get() == h.next && same_status(st.get(), h.st);
+    if (!ok) std::fprintf(stderr, "  mismatch: %s (%s, B=%lld N=%lld V=%lld)\n", what, dtype_name<T>(),
+                          static_cast<long long>(B), static_cast<long long>(N), static_cast<long long>(V));
+    CHECK(ok);
+  };
+  DevBuf<int64_t> dacc(B * N), dlen(B), dnext(B);
+  DevBuf<RowStatus> dst(B);
+  {
+    Out h = host_out();
+    VerifyTreeGreedyParams<T> p{logits.data(), N * V, V, d.tokens.data(), d.parents.data(), B, N, V,
+                                VerifyOutputs{h.acc.data(), h.len.data(), h.next.data(), h.st.data()}};
+    cpu::VerifyTreeGreedy(p, 0, B);
+    VerifyTreeGreedyParams<T> q{dl.p, N * V, V, dtok.p, dpar.p, B, N, V, VerifyOutputs{dacc.p, dlen.p, dnext.p, dst.p}};
+    cuda::LaunchVerifyTreeGreedy(q, nullptr);
+    compare(h, dacc, dlen, dnext, dst, "verify_tree_greedy");
+  }
+  for (bool with_draft : {false, true}) {
+    Out h = host_out();
+    VerifyTreeSamplingParams<T> p{logits.data(), N * V, V, with_draft ? draft.data() : nullptr, N * V, V,
+                                  d.tokens.data(), d.parents.data(), uniforms.data(),
+                                  SamplingParams{temperature.data(), top_k.data(), top_p.data()}, B, N, V, ws.data(),
+                                  VerifyOutputs{h.acc.data(), h.len.data(), h.next.data(), h.st.data()}};
+    cpu::VerifyTreeSampling(p, 0, B);
+    VerifyTreeSamplingParams<T> q{dl.p, N * V, V, with_draft ? ddraft.p : nullptr, N * V, V, dtok.p, dpar.p, du.p,
+                                  SamplingParams{dtemp.p, dtopk.p, dtopp.p}, B, N, V, dws.p,
+                                  VerifyOutputs{dacc.p, dlen.p, dnext.p, dst.p}};
+    cuda::LaunchVerifyTreeSampling(q, nullptr);
+    compare(h, dacc, dlen, dnext, dst, with_draft ? "verify_tree_sampling (draft_probs)" : "verify_tree_sampling");
+  }
+  {
+    Out h = host_out();
+    VerifyTreeTypicalParams<T> p{logits.data(), N * V, V, d.tokens.data(), d.parents.data(), uniforms.data(),
+                                 temperature.data(), 0.09f, 0.3f, B, N, V,
+                                 VerifyOutputs{h.acc.data(), h.len.data(), h.next.data(), h.st.data()}};
+    cpu::VerifyTreeTypical(p, 0, B);
+    VerifyTreeTypicalParams<T> q{dl.p, N * V, V, dtok.p, dpar.p, du.p, dtemp.p, 0.09f, 0.3f, B, N, V,
+                                 VerifyOutputs{dacc.p, dlen.p, dnext.p, dst.p}};
+    cuda::LaunchVerifyTreeTypical(q, nullptr);
+    compare(h, dacc, dlen, dnext, dst, "verify_tree_typical");
+  }
+}
+
+template <typename T>
+void compare_sampling(int64_t R, int64_t V) {
+  Rng rng(21 + R + V);
+  std::vector<float> lf(R * V), uniforms(R), temperature(R), top_p(R);
+  std::vector<int64_t> top_k(R);
+  for (auto& x : lf) x = rng.uniform() * 6.0f - 3.0f;
+  for (int64_t r = 0; r < R; ++r) {
+    lf[r * V + rng.below(V)] = 5.0f;  // a clear maximum per row
+    uniforms[r] = rng.uniform();
+    temperature[r] = r % 5 == 0 ? 0.0f : 0.5f + 0.25f * (r % 4);
+    top_k[r] = r % 3 == 0 ? 0 : (r % 3 == 1 ? 1 : 40);
+    top_p[r] = r % 2 ? 0.8f : 1.0f;
+  }
+  if (R >= 3) {
+    lf[1 * V + 3] = std::nanf("");
+    temperature[2] = -1.0f;
+  }
+  const std::vector<T> logits = convert<T>(lf);
+  std::vector<int64_t> tokens(R);
+  std::vector<float> probs(R * V);
+  std::vector<RowStatus> st(R);
+  SampleTokensParams<T> p{logits.data(), V, uniforms.data(), SamplingParams{temperature.data(), top_k.data(),
+                                                                            top_p.data()},
+                          R, V, tokens.data(), probs.data(), st.data()};
+  cpu::SampleTokens(p, 0, R);
+  DevBuf<T> dl(logits);
+  DevBuf<float> du(uniforms), dtemp(temperature), dtopp(top_p), dprobs(R * V);
+  DevBuf<int64_t> dtopk(top_k), dtok(R);
+  DevBuf<RowStatus> dst(R);
+  SampleTokensParams<T> q{dl.p, V, du.p, SamplingParams{dtemp.p, dtopk.p, dtopp.p}, R, V, dtok.p, dprobs.p, dst.p};
+  cuda::LaunchSampleTokens(q, nullptr);
+  BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK(same_status(dst.get(), st));
+  CHECK_VEC(dtok.get(), tokens);
+  check_close(dprobs.get(), probs, 1e-6, 1e-4);
+
+  // expand_tree_step on the same values viewed as [B, F, V].
+  const int64_t F = R >= 4 ? 4 : 1, B = R / F, K = 8, S = 6;
+  std::vector<float> scores(B * F);
+  for (auto& s : scores) s = -rng.uniform();
+  std::vector<int64_t> ct(B * F * K), sel(B * S);
+  std::vector<float> cs(B * F * K);
+  std::vector<RowStatus> est(B);
+  ExpandTreeStepParams<T> e{logits.data(), F * V, V, scores.data(), B, F, V, K, S, ct.data(), cs.data(), sel.data(),
+                            est.data()};
+  cpu::ExpandTreeStep(e, 0, B);
+  DevBuf<float> dscores(scores), dcs(B * F * K);
+  DevBuf<int64_t> dct(B * F * K), dsel(B * S);
+  DevBuf<RowStatus> dest(B);
+  ExpandTreeStepParams<T> g{dl.p, F * V, V, dscores.p, B, F, V, K, S, dct.p, dcs.p, dsel.p, dest.p};
+  cuda::LaunchExpandTreeStep(g, nullptr);
+  BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK(same_status(dest.get(), est));
+  CHECK_VEC(dct.get(), ct);
+  CHECK_VEC(dsel.get(), sel);
+  check_close(dcs.get(), cs, 1e-5, 1e-5);
+}
+
+void compare_trees(int64_t B, int64_t N) {
+  Rng rng(31 + B + N);
+  std::vector<int64_t> parents(B * N), prefix(B);
+  for (int64_t b = 0; b < B; ++b) {
+    parents[b * N] = -1;
+    prefix[b] = rng.below(100);
+    for (int64_t i = 1; i < N; ++i) parents[b * N + i] = rng.below(i);
+  }
+  if (B >= 3 && N >= 3) {
+    parents[1 * N] = 0;
+    parents[2 * N + 2] = 2;
+  }
+  std::vector<int64_t> depth(B * N), pos(B * N), fc(B * N), ns(B * N), paths(B * N * N), leaves(B);
+  std::vector<RowStatus> st(B);
+  BuildTreeParams p{parents.data(), prefix.data(), B, N, depth.data(), pos.data(), fc.data(), ns.data(),
+                    paths.data(), leaves.data(), st.data()};
+  cpu::BuildTree(p, 0, B);
+  DevBuf<int64_t> dpar(parents), dpre(prefix), ddep(B * N), dpos(B * N), dfc(B * N), dns(B * N), dpaths(B * N * N),
+      dlv(B);
+  DevBuf<RowStatus> dst(B);
+  BuildTreeParams q{dpar.p, dpre.p, B, N, ddep.p, dpos.p, dfc.p, dns.p, dpaths.p, dlv.p, dst.p};
+  cuda::LaunchBuildTree(q, nullptr);
+  BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK(same_status(dst.get(), st));
+  CHECK_VEC(ddep.get(), depth);
+  CHECK_VEC(dpos.get(), pos);
+  CHECK_VEC(dfc.get(), fc);
+  CHECK_VEC(dns.get(), ns);
+  CHECK_VEC(dlv.get(), leaves);
+  CHECK(dpaths.get() == paths);
+
+  const int64_t W = packed_mask_words(N);
+  std::vector<uint8_t> dense(B * N * N);
+  std::vector<int32_t> words(B * N * W);
+  TreeMaskParams m{parents.data(), B, N, reinterpret_cast<bool*>(dense.data()), words.data(), st.data()};
+  cpu::TreeAncestorMask(m, 0, B);
+  DevBuf<uint8_t> ddense(dense.size());
+  DevBuf<int32_t> dwords(words.size());
+  TreeMaskParams g{dpar.p, B, N, reinterpret_cast<bool*>(ddense.p), dwords.p, dst.p};
+  cuda::LaunchTreeAncestorMask(g, nullptr);
+  BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK(same_status(dst.get(), st));
+  CHECK(ddense.get() == dense);
+  CHECK(dwords.get() == words);
+}
+
+}  // namespace
+
+TEST_CASE("cuda == cpu: build_tree and tree_ancestor_mask") {
+  for (int64_t N : {1, 7, 32, 33, 64, 100}) compare_trees(5, N);
+}
+
+TEST_CASE("cuda == cpu: verification (greedy, sampling, typical), planted trees with invalid rows") {
+  compare_verify<float>(6, 16, 1000);
+  compare_verify<float>(8, 64, 32000);
+  compare_verify<bf16>(8, 64, 32000);
+  compare_verify<f16>(4, 8, 50000);
+  compare_verify<float>(1, 1, 7);  // root only
+}
+
+TEST_CASE("cuda == cpu: sample_tokens and expand_tree_step") {
+  compare_sampling<float>(16, 1000);
+  compare_sampling<float>(8, 32000);
+  compare_sampling<bf16>(8, 128000);
+  compare_sampling<f16>(4, 5000);
+}
+
+int main(int, char** argv) {
+  if (!cuda_device_available()) {
+    std::printf("SKIP: no CUDA device present (test_cuda_vs_cpu needs a GPU)\n");
+    return 77;
+  }
+  std::printf("device: %s\n", cuda_device_name().c_str());
+  return check::run_all(argv[0]);
+}
