@@ -1,0 +1,45 @@
+// CUDA backend: runs the torch-free CUDA kernel launchers on the current stream (csrc/kernels/cuda/kernels.cuh).
+// The glue (op_glue.h) has already set the device guard, checked arguments and allocated outputs; launchers
+// check their own launch errors.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "../kernels/cuda/kernels.cuh"
+#include "op_glue.h"
+
+namespace specdec::glue {
+namespace {
+
+cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+
+struct CudaBackend {
+  static void build_tree(const BuildTreeParams& p) { cuda::LaunchBuildTree(p, current_stream()); }
+  static void tree_ancestor_mask(const TreeMaskParams& p) { cuda::LaunchTreeAncestorMask(p, current_stream()); }
+  template <typename T>
+  static void verify_tree_greedy(const VerifyTreeGreedyParams<T>& p) {
+    cuda::LaunchVerifyTreeGreedy<T>(p, current_stream());
+  }
+  template <typename T>
+  static void verify_tree_sampling(const VerifyTreeSamplingParams<T>& p) {
+    cuda::LaunchVerifyTreeSampling<T>(p, current_stream());
+  }
+  template <typename T>
+  static void verify_tree_typical(const VerifyTreeTypicalParams<T>& p) {
+    cuda::LaunchVerifyTreeTypical<T>(p, current_stream());
+  }
+  template <typename T>
+  static void sample_tokens(const SampleTokensParams<T>& p) {
+    cuda::LaunchSampleTokens<T>(p, current_stream());
+  }
+  template <typename T>
+  static void expand_tree_step(const ExpandTreeStepParams<T>& p) {
+    cuda::LaunchExpandTreeStep<T>(p, current_stream());
+  }
+};
+
+}  // namespace
+
+SPECDEC_REGISTER_BACKEND(CUDA, CudaBackend)
+
+}  // namespace specdec::glue
