@@ -12,7 +12,10 @@ schema of ``torch.ops.specdec_ext.<name>`` (same arguments, same outputs) and th
 * Invalid data (a malformed tree, an out-of-range token, NaN logits, bad sampling parameters) raises ``ValueError``
   when ``validate`` is true; otherwise the row gets sentinel outputs (-1 indices, 0 lengths, false masks).
 
-Everything is computed in float32.
+Logits are read as float32 and weights ``w = exp(x - max)`` are float32; every SUM of weights (normalisers, running
+sums for top-p and inverse-CDF sampling, acceptance tests) is accumulated in float64. Float32 accumulation over a
+32k vocabulary drifts by ~1e-4 relative, enough to move a top-p cut or a sampled token; float64 makes every
+implementation agree except at measure-zero boundaries.
 """
 
 from __future__ import annotations
@@ -215,8 +218,8 @@ def filtered_weights(logits_row: torch.Tensor, temperature: float, top_k: int, t
     w = torch.where(keep, torch.exp(x - x.max()), torch.zeros(()))
     if top_p < 1:
         order = torch.sort(torch.where(keep, x, torch.tensor(-math.inf)), descending=True, stable=True).indices
-        running = torch.cumsum(w[order], 0)
-        hit = (running >= top_p * w.sum()).nonzero()
+        running = torch.cumsum(w[order].double(), 0)
+        hit = (running >= top_p * w.double().sum()).nonzero()
         # If rounding leaves the running sum short of top_p * sum(w), every kept token stays.
         m = int(hit[0, 0]) if hit.numel() else int(keep.sum()) - 1
         keep &= x >= x[order[m]]
@@ -224,10 +227,15 @@ def filtered_weights(logits_row: torch.Tensor, temperature: float, top_k: int, t
     return w
 
 
+def _sum64(w: torch.Tensor) -> float:
+    return float(w.double().sum())
+
+
 def _inverse_cdf(w: torch.Tensor, u: float) -> int:
-    """First token whose running sum of ``w`` exceeds ``u * sum(w)``; the last positive token if none does."""
-    running = torch.cumsum(w, 0)
-    hit = (running > u * float(w.sum())).nonzero()
+    """First token whose running sum of ``w`` exceeds ``u * sum(w)`` (float64 sums); the last positive token if none
+    does."""
+    running = torch.cumsum(w.double(), 0)
+    hit = (running > u * w.double().sum()).nonzero()
     if hit.numel():
         return int(hit[0, 0])
     return int((w > 0).nonzero()[-1, 0])
@@ -314,15 +322,15 @@ def verify_tree_sampling(logits, tokens, parents, draft_probs, uniforms, tempera
                     if not qx >= 0:
                         raise _RowError(BAD_DRAFT_PROB, node, tok)
                     # accept iff u * q(x) < r(x) / sum(r), i.e. u * q(x) * sum(r) < r(x) (r kept unnormalised)
-                    if float(u[c]) * qx * float(r.sum()) < float(r[tok]):
+                    if float(u[c]) * qx * _sum64(r) < float(r[tok]):
                         node, moved = c, True
                         path.append(c)
                         break
                     if q is None:
                         r[tok] = 0.0
                     else:
-                        r = torch.clamp(r - q * r.sum(), min=0.0)
-                    if not float(r.sum()) > 0:
+                        r = torch.clamp(r - q * _sum64(r), min=0.0)
+                    if not _sum64(r) > 0:
                         r = target.clone()
                 if not moved:
                     break
@@ -340,7 +348,7 @@ def typical_threshold(logits_row: torch.Tensor, temperature: float, posterior_th
                       posterior_alpha: float) -> tuple[torch.Tensor, float]:
     """Medusa's typical-acceptance rule at one node: returns (p, threshold) with p = softmax(logits / T) (one-hot
     argmax at T = 0) and threshold = min(posterior_threshold, posterior_alpha * exp(-entropy(p)))."""
-    w = filtered_weights(logits_row, temperature, 0, 1.0)
+    w = filtered_weights(logits_row, temperature, 0, 1.0).double()
     p = w / w.sum()
     nz = p > 0
     entropy = float(-(p[nz] * torch.log(p[nz])).sum())
@@ -417,7 +425,7 @@ def sample_tokens(logits, uniforms, temperature, top_k, top_p, validate: bool = 
             continue
         w = filtered_weights(x, T, k, p)
         tokens[r] = _inverse_cdf(w, float(uniforms[r]))
-        probs[r] = w / w.sum()
+        probs[r] = w / _sum64(w)
     return _to_device(logits.device, tokens, probs)
 
 

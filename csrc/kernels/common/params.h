@@ -57,6 +57,9 @@ inline int64_t packed_mask_words(int64_t num_nodes) { return (num_nodes + 31) / 
 // then keep x >= x_m where m is the first position, in descending-x order, at which the running sum of w reaches
 // top_p * sum(w) (all kept tokens stay if rounding leaves it short). Ties at either threshold are kept.
 // Probabilities are w / sum(w) over the kept set.
+// Weights w are float32, but every SUM of weights (normalisers, top-p running sums, inverse-CDF running sums, the
+// acceptance test u * q(x) * sum(r) < r(x)) is accumulated and compared in float64: float32 accumulation over a
+// 32k vocabulary drifts by ~1e-4 relative, enough to move a top-p cut or a sampled token between implementations.
 struct SamplingParams {
   const float* temperature;  // [B]
   const int64_t* top_k;      // [B]

@@ -21,7 +21,10 @@ namespace specdec::cpu {
 // inline + branch-free so that vocabulary loops vectorise.
 inline float exp_nonpositive(float x) {
   const float clamped = x < -87.3f ? -87.3f : x;
-  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  // floor() via truncation (std::floor is a libm call without SSE4.1, which would stop vectorisation).
+  const float fx = clamped * 1.44269504088896341f + 0.5f;
+  const float truncated = static_cast<float>(static_cast<int32_t>(fx));
+  const float n = truncated > fx ? truncated - 1.0f : truncated;
   float r = clamped - n * 0.693359375f;  // ln2 split in two for an exact reduction
   r = r - n * -2.12194440e-4f;
   float poly = 1.9875691500e-4f;
@@ -42,6 +45,7 @@ struct Scratch {
   std::vector<float> target;  // filtered target weights of the current node
   std::vector<float> work;    // residual / selection scratch
   std::vector<std::pair<float, int32_t>> pairs;
+  std::vector<double> bucket_mass;
 
   void reserve(int64_t vocab) {
     if (static_cast<int64_t>(x.size()) < vocab) {
@@ -145,6 +149,61 @@ inline bool sampling_params_invalid(float temperature, float top_p, bool check_t
   return false;
 }
 
+// Sum of n float32 weights in float64 (params.h: sums of weights are float64). Four independent accumulators
+// keep the adds pipelined; float64 SIMD reductions do not vectorise reliably next to float32 loads.
+inline double sum_of(const float* w, int64_t n) {
+  double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    a0 += w[t];
+    a1 += w[t + 1];
+    a2 += w[t + 2];
+    a3 += w[t + 3];
+  }
+  for (; t < n; ++t) a0 += w[t];
+  return (a0 + a1) + (a2 + a3);
+}
+
+// The top-p cut: x_m for the first position m, in descending-x order over kept tokens (x >= threshold), at which
+// the running sum of w reaches `goal`; the smallest kept x if rounding leaves the sum short. Instead of sorting
+// the vocabulary, tokens are bucketed by the top 12 bits of their order key (sign, exponent, 3 mantissa bits);
+// whole buckets are summed from the top, and only the bucket where the running mass crosses `goal` is sorted.
+inline float top_p_cut(const float* x, const float* w, int64_t vocab, float threshold, double goal,
+                       Scratch& scratch) {
+  constexpr int kBits = 12;
+  constexpr int kBuckets = 1 << kBits;
+  std::vector<double>& mass = scratch.bucket_mass;
+  mass.assign(kBuckets, 0.0);
+  float smallest_kept = -neg_inf();
+  for (int64_t t = 0; t < vocab; ++t) {
+    if (x[t] >= threshold) {
+      mass[order_key(x[t]) >> (32 - kBits)] += w[t];
+      smallest_kept = x[t] < smallest_kept ? x[t] : smallest_kept;
+    }
+  }
+  double running = 0.0;
+  for (int bucket = kBuckets - 1; bucket >= 0; --bucket) {
+    if (mass[bucket] == 0.0 || running + mass[bucket] < goal) {
+      running += mass[bucket];
+      continue;
+    }
+    auto& pairs = scratch.pairs;
+    pairs.clear();
+    for (int64_t t = 0; t < vocab; ++t) {
+      if (x[t] >= threshold && static_cast<int>(order_key(x[t]) >> (32 - kBits)) == bucket) {
+        pairs.emplace_back(x[t], static_cast<int32_t>(t));
+      }
+    }
+    std::sort(pairs.begin(), pairs.end(),
+              [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) { return a.first > b.first; });
+    for (const auto& [value, token] : pairs) {
+      running += w[token];
+      if (running >= goal) return value;
+    }
+  }
+  return smallest_kept;
+}
+
 // Fills w[0..V) with the filtered, unnormalised target weights of a logits row (see SamplingParams in params.h)
 // and returns their sum. `scan` must come from scan_logits on the same row (x holds the raw logits as float32,
 // and is overwritten with the scaled logits).
@@ -162,52 +221,18 @@ inline double filtered_weights(float* x, const RowScan& scan, int64_t vocab, flo
   float threshold = neg_inf();
   const bool use_top_k = top_k > 0 && top_k < vocab;
   if (use_top_k) threshold = kth_largest(x, vocab, top_k, scratch.work);
-  float z = 0.0f;
-#pragma omp simd reduction(+ : z)
+#pragma omp simd
   for (int64_t t = 0; t < vocab; ++t) {
-    const float v = x[t] >= threshold ? exp_nonpositive(x[t] - m) : 0.0f;
-    w[t] = v;
-    z += v;
+    const float e = exp_nonpositive(x[t] - m);  // unconditional, so the select below vectorises
+    w[t] = x[t] >= threshold ? e : 0.0f;
   }
+  double z = sum_of(w, vocab);
   if (top_p < 1.0f) {
-    // Visit kept tokens in descending x until the running mass reaches top_p * z. Sort progressively larger
-    // prefixes (most distributions reach top_p within a few hundred tokens).
-    auto& pairs = scratch.pairs;
-    pairs.clear();
-    for (int64_t t = 0; t < vocab; ++t) {
-      if (x[t] >= threshold) pairs.emplace_back(x[t], static_cast<int32_t>(t));
-    }
-    const float goal = top_p * z;
-    const auto by_x_desc = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-      return a.first > b.first;
-    };
-    const int64_t n = static_cast<int64_t>(pairs.size());
-    float cut = n > 0 ? pairs[0].first : threshold;
-    bool found = false;
-    int64_t sorted = 0;
-    double running = 0.0;
-    for (int64_t chunk = 256; !found && sorted < n; chunk *= 4) {
-      const int64_t upto = std::min(n, sorted + chunk);
-      std::partial_sort(pairs.begin() + sorted, pairs.begin() + upto, pairs.end(), by_x_desc);
-      for (int64_t i = sorted; i < upto; ++i) {
-        running += w[pairs[i].second];
-        if (static_cast<float>(running) >= goal) {
-          cut = pairs[i].first;
-          found = true;
-          break;
-        }
-      }
-      sorted = upto;
-    }
-    if (!found && n > 0) cut = pairs[n - 1].first;  // rounding left the sum short: keep every kept token
+    const float cut = top_p_cut(x, w, vocab, threshold, static_cast<double>(top_p) * z, scratch);
     if (cut > threshold) {
-      z = 0.0f;
-#pragma omp simd reduction(+ : z)
-      for (int64_t t = 0; t < vocab; ++t) {
-        const float v = x[t] >= cut ? w[t] : 0.0f;
-        w[t] = v;
-        z += v;
-      }
+#pragma omp simd
+      for (int64_t t = 0; t < vocab; ++t) w[t] = x[t] >= cut ? w[t] : 0.0f;
+      z = sum_of(w, vocab);
     }
   }
   return z;
@@ -217,24 +242,26 @@ inline double filtered_weights(float* x, const RowScan& scan, int64_t vocab, flo
 // leaves none; -1 when w is all zero.
 inline int64_t inverse_cdf(const float* w, int64_t vocab, double total, float u) {
   const double goal = static_cast<double>(u) * total;
+  // Whole chunks are summed with vector code; the chunk where the running sum crosses `goal` is rescanned.
+  constexpr int64_t kChunk = 256;
   double running = 0.0;
-  int64_t last_positive = -1;
-  for (int64_t t = 0; t < vocab; ++t) {
-    if (w[t] > 0.0f) {
-      running += w[t];
-      last_positive = t;
-      if (static_cast<float>(running) > goal) return t;
-    }
+  int64_t t0 = 0;
+  for (; t0 < vocab; t0 += kChunk) {
+    const int64_t t1 = std::min(vocab, t0 + kChunk);
+    const double chunk = sum_of(w + t0, t1 - t0);
+    if (running + chunk > goal) break;
+    running += chunk;
   }
-  return last_positive;
+  for (int64_t t = t0; t < vocab; ++t) {
+    running += w[t];
+    if (w[t] > 0.0f && running > goal) return t;
+  }
+  for (int64_t t = vocab - 1; t >= 0; --t) {
+    if (w[t] > 0.0f) return t;  // rounding left the running sum short of the goal
+  }
+  return -1;
 }
 
-inline double sum_of(const float* w, int64_t vocab) {
-  float z = 0.0f;
-#pragma omp simd reduction(+ : z)
-  for (int64_t t = 0; t < vocab; ++t) z += w[t];
-  return z;
-}
 
 // Tree validation (node 0 is the root, every other parent an earlier node), then draft tokens in [0, vocab) when
 // `tokens` is given. Returns false and fills `status` on the first failure.

@@ -96,11 +96,11 @@ void ExpandTreeStep(const ExpandTreeStepParams<T>& p, int64_t row_begin, int64_t
         ok = false;
         break;
       }
-      float z = 0.0f;
       const float m = scan.max;
-#pragma omp simd reduction(+ : z)
-      for (int64_t t = 0; t < V; ++t) z += exp_nonpositive(x[t] - m);
-      const float log_z = std::log(z);
+      float* e = scratch.target.data();
+#pragma omp simd
+      for (int64_t t = 0; t < V; ++t) e[t] = exp_nonpositive(x[t] - m);
+      const float log_z = static_cast<float>(std::log(sum_of(e, V)));
       top_k_indices(x, V, K, cand_tokens + f * K, buffer);
       const float parent = p.parent_scores[b * F + f];
       for (int64_t j = 0; j < K; ++j) {

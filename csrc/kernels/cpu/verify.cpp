@@ -129,14 +129,12 @@ void VerifyTreeSampling(const VerifyTreeSamplingParams<T>& p, int64_t row_begin,
             residual_is_target = false;
           }
           const float scale = static_cast<float>(r_sum);
-          float z = 0.0f;
-#pragma omp simd reduction(+ : z)
+#pragma omp simd
           for (int64_t t = 0; t < V; ++t) {
             const float v = r[t] - q[t] * scale;
             r[t] = v > 0.0f ? v : 0.0f;
-            z += r[t];
           }
-          r_sum = z;
+          r_sum = sum_of(r, V);
         }
         if (!(r_sum > 0.0)) {
           // Only rounding can empty the residual: fall back to the target distribution (re-filter, since
