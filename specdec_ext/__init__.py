@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch  # noqa: F401  (loads libtorch, which _C links against)
+
 from specdec_ext import _C  # loads the compiled library and its op registrations
 from specdec_ext import ops
 

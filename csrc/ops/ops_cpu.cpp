@@ -2,40 +2,48 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "../kernels/cpu/kernels.h"
 #include "op_glue.h"
 
 namespace specdec::glue {
 namespace {
 
-// Rows are independent; grain 1 because a single row can be a whole vocabulary pass per tree level.
+// Rows are independent. A parallel region costs tens of microseconds, so rows are only split across threads when
+// each thread gets at least ~64k elements of work (`work_per_row` estimates one row's).
 template <typename Params, typename Kernel>
-void for_rows(const Params& p, int64_t rows, Kernel kernel) {
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
+void for_rows(const Params& p, int64_t rows, int64_t work_per_row, Kernel kernel) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, work_per_row));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
 }
 
 struct CpuBackend {
-  static void build_tree(const BuildTreeParams& p) { for_rows(p, p.batch, cpu::BuildTree); }
-  static void tree_ancestor_mask(const TreeMaskParams& p) { for_rows(p, p.batch, cpu::TreeAncestorMask); }
+  static void build_tree(const BuildTreeParams& p) {
+    for_rows(p, p.batch, p.num_nodes * p.num_nodes, cpu::BuildTree);
+  }
+  static void tree_ancestor_mask(const TreeMaskParams& p) {
+    for_rows(p, p.batch, p.num_nodes * p.num_nodes, cpu::TreeAncestorMask);
+  }
   template <typename T>
   static void verify_tree_greedy(const VerifyTreeGreedyParams<T>& p) {
-    for_rows(p, p.batch, cpu::VerifyTreeGreedy<T>);
+    for_rows(p, p.batch, p.vocab, cpu::VerifyTreeGreedy<T>);
   }
   template <typename T>
   static void verify_tree_sampling(const VerifyTreeSamplingParams<T>& p) {
-    for_rows(p, p.batch, cpu::VerifyTreeSampling<T>);
+    for_rows(p, p.batch, 4 * p.vocab, cpu::VerifyTreeSampling<T>);
   }
   template <typename T>
   static void verify_tree_typical(const VerifyTreeTypicalParams<T>& p) {
-    for_rows(p, p.batch, cpu::VerifyTreeTypical<T>);
+    for_rows(p, p.batch, 4 * p.vocab, cpu::VerifyTreeTypical<T>);
   }
   template <typename T>
   static void sample_tokens(const SampleTokensParams<T>& p) {
-    for_rows(p, p.rows, cpu::SampleTokens<T>);
+    for_rows(p, p.rows, 4 * p.vocab, cpu::SampleTokens<T>);
   }
   template <typename T>
   static void expand_tree_step(const ExpandTreeStepParams<T>& p) {
-    for_rows(p, p.batch, cpu::ExpandTreeStep<T>);
+    for_rows(p, p.batch, 2 * p.frontier * p.vocab, cpu::ExpandTreeStep<T>);
   }
 };
 
