@@ -268,7 +268,8 @@ def planted_note(accept_len: torch.Tensor) -> str:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64"}.get(
+        dtype, str(dtype))
 
 
 def check_equal(name: str, got, want) -> None:
