@@ -1,0 +1,98 @@
+"""torch.library.opcheck for every op (schema, fake / meta implementation, autograd registration, AOT dispatch),
+and a torch.compile(fullgraph=True) smoke test through the typed wrappers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec_ext
+from helpers import make_gen, ops, plant_path, random_parents, random_tokens
+
+OPS = torch.ops.specdec_ext
+
+
+def _inputs(device, dtype=torch.float32, B=2, N=5, V=11):
+    gen = make_gen(0)
+    parents = random_parents(B, N, gen)
+    tokens = random_tokens(B, N, V, gen)
+    tokens[:, 0] = 0
+    logits = torch.randn(B, N, V, generator=gen)
+    plant_path(logits, tokens, parents, gen, boost=4.0)
+    q = torch.softmax(torch.randn(B, N, V, generator=gen), -1)
+    u = torch.rand(B, N, generator=gen)
+    d = dict(parents=parents, tokens=tokens, logits=logits.to(dtype), q=q, u=u, u1=u[:, 0].contiguous(),
+             T=torch.tensor([1.0, 0.7]), k=torch.tensor([0, 3]), p=torch.tensor([1.0, 0.9]),
+             prefix=torch.tensor([0, 7]), scores=torch.randn(B, N, generator=gen))
+    return {k: v.to(device) for k, v in d.items()}
+
+
+def _cases(device, dtype):
+    x = _inputs(device, dtype)
+    cases = []
+    for validate in (True, False):
+        cases += [
+            ("build_tree", (x["parents"], x["prefix"], validate)),
+            ("tree_ancestor_mask", (x["parents"], False, validate)),
+            ("tree_ancestor_mask", (x["parents"], True, validate)),
+            ("verify_tree_greedy", (x["logits"], x["tokens"], x["parents"], validate)),
+            ("verify_tree_sampling", (x["logits"], x["tokens"], x["parents"], x["q"], x["u"], x["T"], x["k"], x["p"],
+                                      validate)),
+            ("verify_tree_sampling", (x["logits"], x["tokens"], x["parents"], None, x["u"], x["T"], x["k"], x["p"],
+                                      validate)),
+            ("verify_tree_typical", (x["logits"], x["tokens"], x["parents"], x["u1"], x["T"], 0.09, 0.3, validate)),
+            ("sample_tokens", (x["logits"][:, 0], x["u1"], x["T"], x["k"], x["p"], validate)),
+            ("expand_tree_step", (x["logits"], x["scores"], 3, 4, validate)),
+        ]
+    return cases
+
+
+@pytest.mark.parametrize("index", range(18))
+def test_opcheck(device, dtype, index):
+    name, args = _cases(device, dtype)[index]
+    if dtype != torch.float32 and name in ("build_tree", "tree_ancestor_mask"):
+        pytest.skip("tree ops take no float input: covered by the float32 variant")
+    torch.library.opcheck(getattr(OPS, name).default, args)
+
+
+def test_meta_shapes():
+    """The fakes give every output's shape and dtype without data (meta tensors)."""
+    x = _inputs("meta", B=3, N=6, V=13)
+    info = ops.build_tree(x["parents"], x["prefix"][:1].expand(3))
+    assert [tuple(t.shape) for t in info] == [(3, 6)] * 4 + [(3, 6, 6), (3,)]
+    assert ops.tree_ancestor_mask(x["parents"], packed=True).dtype == torch.int32
+    v = ops.verify_tree_greedy(x["logits"], x["tokens"], x["parents"])
+    assert [tuple(t.shape) for t in v] == [(3, 6), (3,), (3,)] and all(t.dtype == torch.int64 for t in v)
+    toks, scores, sel = ops.expand_tree_step(x["logits"], x["scores"], 4, 9)
+    assert toks.shape == (3, 6, 4) and scores.dtype == torch.float32 and sel.shape == (3, 9)
+
+
+def test_built_with_cuda_is_bool():
+    assert isinstance(specdec_ext.built_with_cuda(), bool)
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph(device):
+    """One compiled step (tree topology, mask, greedy and sampling verification, draft sampling, expansion) through
+    the wrappers, with Python-number and tensor parameters, equals eager."""
+
+    def step(logits, tokens, parents, q, u, scores):
+        info = ops.build_tree(parents, 4)
+        mask = ops.tree_ancestor_mask(parents, packed=True)
+        g = ops.verify_tree_greedy(logits, tokens, parents)
+        s = ops.verify_tree_sampling(logits, tokens, parents, u, q, temperature=0.8, top_k=5, top_p=0.9)
+        t = ops.verify_tree_typical(logits, tokens, parents, u[:, 0].contiguous(), torch.full((2,), 0.7,
+                                    device=logits.device))
+        d_tok, d_probs = ops.sample_tokens(logits[:, 0], u[:, 1].contiguous(), temperature=1.1, top_k=4)
+        e = ops.expand_tree_step(logits, scores, 3, 5)
+        return (*info, mask, *g, *s, *t, d_tok, d_probs, *e, info.position_ids + g.accept_len[:, None])
+
+    x = _inputs(device)
+    args = (x["logits"], x["tokens"], x["parents"], x["q"], x["u"], x["scores"])
+    eager = step(*args)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)(*args)
+    assert len(compiled) == len(eager)
+    for a, b in zip(compiled, eager):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
