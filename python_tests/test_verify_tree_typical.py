@@ -164,3 +164,17 @@ def test_no_validate_sentinels(device, dtype, case):
     check_vs_ref(tuple(t[good] for t in got), x[good], tokens[good], parents[good], uniforms[good],
                  temperature=temps[good])
     assert int(got[1][0]) == 5
+
+
+def test_threshold_close_to_one(device):
+    """posterior_alpha = posterior_threshold = 1 with a near-certain target: p(x) = 1 - 7e-10 exceeds
+    exp(-H) = 1 - 1.6e-8, so the node is acceptable (as the reference says). The comparison must not round the
+    threshold to float32 (which gives exactly 1.0 and rejects every token)."""
+    x = torch.tensor([2.3122074604034424, -2.795747756958008, 2.1862528324127197, 1.7173027992248535,
+                      18.53555679321289, -0.7312676310539246, 3.5355563163757324]).expand(1, 2, 7).contiguous()
+    tokens, parents, u = torch.tensor([[-1, 4]]), torch.tensor([[-1, 0]]), torch.tensor([0.5])
+    p, thr = ref.typical_threshold(x[0, 0], 0.7, 1.0, 1.0)
+    assert float(p[4]) > thr > 1 - 2**-25  # the threshold rounds to 1.0 in float32
+    got = run_op(device, x, tokens, parents, u, 0.7, posterior_threshold=1.0, posterior_alpha=1.0)
+    want = check_vs_ref(got, x, tokens, parents, u, temperature=0.7, posterior_threshold=1.0, posterior_alpha=1.0)
+    assert int(want[1][0]) == 1
