@@ -16,15 +16,16 @@ OP = "expand_tree_step"
 K, S = 10, 10
 
 
-def shapes(quick: bool):
+def shapes(quick: bool, gpu: bool):
     s = [(8, 10, 32000, torch.float32), (1, 10, 128000, torch.float32)]
-    return s if quick else s + [(8, 10, 32000, torch.bfloat16), (64, 10, 128000, torch.float32)]
+    s = s if quick else s + [(8, 10, 32000, torch.bfloat16)]
+    return s + [(64, 10, 128000, torch.float32)] if gpu else s
 
 
 def main(argv=None):
     args = common.parse_args(__doc__.splitlines()[0], argv)
     table = common.Table(OP)
-    for B, F, V, dtype in shapes(args.quick):
+    for B, F, V, dtype in shapes(args.quick, common.want_gpu_shapes(args)):
         g = torch.Generator().manual_seed(B + F + V)
         logits = (torch.randn(B, F, V, generator=g) * 2).to(dtype)
         scores = -torch.rand(B, F, generator=g) * 3

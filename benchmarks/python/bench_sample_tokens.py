@@ -18,16 +18,16 @@ from specdec_ext.ops import reference
 OP = "sample_tokens"
 
 
-def shapes(quick: bool):
+def shapes(quick: bool, gpu: bool):
     s = [(64, 32000, torch.float32, True), (64, 32000, torch.float32, False), (1, 128000, torch.float32, True)]
-    return s if quick else s + [(8, 32000, torch.float32, True), (64, 32000, torch.bfloat16, True),
-                                (64, 128000, torch.float32, True)]
+    s = s if quick else s + [(8, 32000, torch.float32, True), (64, 32000, torch.bfloat16, True)]
+    return s + [(64, 128000, torch.float32, True), (512, 32000, torch.float32, True)] if gpu else s
 
 
 def main(argv=None):
     args = common.parse_args(__doc__.splitlines()[0], argv)
     table = common.Table(OP)
-    for R, V, dtype, filtered in shapes(args.quick):
+    for R, V, dtype, filtered in shapes(args.quick, common.want_gpu_shapes(args)):
         g = torch.Generator().manual_seed(R + V)
         logits = torch.rand(R, V, generator=g) * 4 - 2
         logits.scatter_(1, torch.randint(0, V, (R, 20), generator=g), 4 + 4 * torch.rand(R, 20, generator=g))

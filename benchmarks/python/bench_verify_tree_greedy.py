@@ -17,15 +17,16 @@ from specdec_ext.ops import reference
 OP = "verify_tree_greedy"
 
 
-def shapes(quick: bool):
+def shapes(quick: bool, gpu: bool):
     s = [(8, 64, 32000, torch.float32), (1, 64, 128000, torch.float32), (8, 64, 32000, torch.bfloat16)]
-    return s[:2] if quick else s + [(64, 8, 128000, torch.float32)]
+    s = s[:2] if quick else s
+    return s + [(64, 8, 128000, torch.float32)] if gpu else s
 
 
 def main(argv=None):
     args = common.parse_args(__doc__.splitlines()[0], argv)
     table = common.Table(OP)
-    for B, N, V, dtype in shapes(args.quick):
+    for B, N, V, dtype in shapes(args.quick, common.want_gpu_shapes(args)):
         logits, tokens, parents, accept_len, _ = common.planted_tree_inputs(B, N, V, seed=B + N + V, dtype=dtype)
         table.note(common.planted_note(accept_len))
         es = logits.element_size()

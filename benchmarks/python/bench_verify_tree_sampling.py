@@ -20,16 +20,17 @@ from specdec_ext.ops import reference
 OP = "verify_tree_sampling"
 
 
-def shapes(quick: bool):
+def shapes(quick: bool, gpu: bool):
     s = [(8, 64, 32000, torch.float32, False), (8, 64, 32000, torch.float32, True),
          (1, 64, 128000, torch.float32, False)]
-    return s if quick else s + [(8, 64, 32000, torch.bfloat16, False), (64, 8, 128000, torch.float32, False)]
+    s = s if quick else s + [(8, 64, 32000, torch.bfloat16, False)]
+    return s + [(64, 8, 128000, torch.float32, False)] if gpu else s
 
 
 def main(argv=None):
     args = common.parse_args(__doc__.splitlines()[0], argv)
     table = common.Table(OP)
-    for B, N, V, dtype, with_q in shapes(args.quick):
+    for B, N, V, dtype, with_q in shapes(args.quick, common.want_gpu_shapes(args)):
         logits, tokens, parents, accept_len, _ = common.planted_tree_inputs(B, N, V, seed=7 + B + N + V, dtype=dtype)
         table.note(common.planted_note(accept_len))
         g = torch.Generator().manual_seed(3)

@@ -53,7 +53,22 @@ def parse_args(description: str, argv=None) -> argparse.Namespace:
     return args
 
 
+def want_gpu_shapes(args) -> bool:
+    """The GPU-sized shapes (e.g. B=64, N=8, V=128000) run in full mode, or whenever CUDA is benchmarked."""
+    return not args.quick or "cuda" in devices(args)
+
+
+_DEVICES_CACHE: dict = {}
+
+
 def devices(args) -> list[str]:
+    key = args.device
+    if key not in _DEVICES_CACHE:
+        _DEVICES_CACHE[key] = _devices(args)
+    return _DEVICES_CACHE[key]
+
+
+def _devices(args) -> list[str]:
     out = []
     if args.device in ("all", "cpu"):
         out.append("cpu")
@@ -320,11 +335,13 @@ def run_case(table: Table, args, *, op: str, shape: str, dtype: torch.dtype, inp
             check_close(f"{op} {name}-cpu vs reference (output {i})", got[i], want[i])
     print("  check: ours and baseline integer outputs equal the reference's", flush=True)
     n_ref = ref_repeats or max(2, args.repeats // 10)
-    table.add(Result(op, shape, dname, "reference", "cpu", time_fn(lambda: reference(**inputs), "cpu", n_ref, 1),
-                     bytes_ours, formula_ours, n_ref))
+    cpu_timing = args.device in ("all", "cpu")  # --device cuda: checks on CPU, timings on CUDA only
+    if cpu_timing:
+        table.add(Result(op, shape, dname, "reference", "cpu", time_fn(lambda: reference(**inputs), "cpu", n_ref, 1),
+                         bytes_ours, formula_ours, n_ref))
     devs = devices(args)
     for dev in ("cpu", "cuda"):
-        if dev == "cuda" and "cuda" not in devs:
+        if (dev == "cuda" and "cuda" not in devs) or (dev == "cpu" and not cpu_timing):
             continue
         inp = inputs if dev == "cpu" else to_device(inputs, dev)
         if dev == "cuda":
