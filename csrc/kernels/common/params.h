@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "dtype.h"
 #include "status.h"
 
 namespace specdec {
@@ -47,7 +48,7 @@ struct TreeMaskParams {
   RowStatus* status;  // [B]
 };
 
-inline int64_t packed_mask_words(int64_t num_nodes) { return (num_nodes + 31) / 32; }
+SPECDEC_HD int64_t packed_mask_words(int64_t num_nodes) { return (num_nodes + 31) / 32; }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Sampling parameters, one per batch row (float32 / int64 / float32, contiguous [B]).
@@ -135,8 +136,8 @@ struct VerifyTreeTypicalParams {
   const int64_t* parents;  // [B, N]
   const float* uniforms;     // [B]
   const float* temperature;  // [B]
-  float posterior_threshold;
-  float posterior_alpha;
+  double posterior_threshold;  // float64, like the Python floats the caller passes
+  double posterior_alpha;
   int64_t batch;
   int64_t num_nodes;
   int64_t vocab;

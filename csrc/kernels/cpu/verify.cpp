@@ -162,7 +162,7 @@ void VerifyTreeTypical(const VerifyTreeTypicalParams<T>& p, int64_t row_begin, i
   Scratch& scratch = thread_scratch(V);
   std::vector<int64_t> path(N), depth(N);
   std::vector<char> acceptable(N);
-  std::vector<float> threshold(N);
+  std::vector<double> threshold(N);
   for (int64_t b = row_begin; b < row_end; ++b) {
     const int64_t* parents = p.parents + b * N;
     const int64_t* tokens = p.tokens + b * N;
@@ -192,8 +192,7 @@ void VerifyTreeTypical(const VerifyTreeTypicalParams<T>& p, int64_t row_begin, i
         }
       }
       const double entropy = temperature > 0.0f ? std::log(loaded_sum) - weighted_log / loaded_sum : 0.0;
-      threshold[u] = std::min(p.posterior_threshold,
-                              static_cast<float>(p.posterior_alpha * std::exp(-entropy)));
+      threshold[u] = std::min(p.posterior_threshold, p.posterior_alpha * std::exp(-entropy));
       loaded = u;
       return true;
     };

@@ -306,12 +306,12 @@ __device__ uint32_t radix_select_desc(ForEach&& for_each, GetTarget&& get_target
 // ---------------------------------------------------------------------------------------------------------------
 // Inverse-CDF sampling in increasing index order.
 //
-// Returns the first i whose running sum of value(i) exceeds `target` (the running sum accumulated in double and
-// rounded to float before the comparison, like a float32 cumsum with a double accumulator), or, if none does,
+// Returns the first i whose running sum of value(i) exceeds `target` (running sum and comparison in float64, as
+// params.h specifies), or, if none does,
 // the last i with value(i) > 0 (or -1). value(i) is called once per index in ascending chunks; with
 // kFullPass the scan visits every index even after the hit (callers that write a side output per index).
 template <int BLOCK, bool kFullPass, typename ValueFn>
-__device__ int64_t inverse_cdf(ValueFn&& value, int64_t n, float target) {
+__device__ int64_t inverse_cdf(ValueFn&& value, int64_t n, double target) {
   constexpr int kItems = 4;  // contiguous items per thread per chunk
   constexpr int64_t kChunk = static_cast<int64_t>(BLOCK) * kItems;
   double carry = 0.0;
@@ -334,7 +334,7 @@ __device__ int64_t inverse_cdf(ValueFn&& value, int64_t n, float target) {
       running += static_cast<double>(vals[j]);
       if (first + j < n) {
         if (vals[j] > 0.0f) last_pos = first + j;
-        if (mine == kNoIndex && static_cast<float>(running) > target) mine = first + j;
+        if (mine == kNoIndex && running > target) mine = first + j;
       }
     }
     carry += total;

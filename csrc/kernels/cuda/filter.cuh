@@ -27,7 +27,7 @@ __device__ __forceinline__ float filter_weight(const Filter& f, float logit, int
 // Shared-memory scratch for the two radix selections.
 struct FilterScratch {
   RadixHist<uint32_t> counts;
-  RadixHist<float> mass;
+  RadixHist<double> mass;  // float64 masses: params.h sums weights in float64
 };
 
 // Builds the filter of a validated row (stats from row_stats). top_k <= 0 or >= V: no top-k; top_p >= 1: no
@@ -52,19 +52,19 @@ __device__ Filter make_filter(const T* row, int64_t vocab, const RowStats& s, fl
     const float max_x = f.max_x;
     double mass = 0.0;  // sum(w) over the top-k set, accumulated during the first pass
     bool reached;
-    const uint32_t p_key = radix_select_desc<BLOCK, float>(
+    const uint32_t p_key = radix_select_desc<BLOCK, double>(
         [&](auto&& emit) {
           for_each_in_row<BLOCK, UNROLL>(row, vocab, [&](float l, int64_t) {
             const float x = l / temperature;
             const uint32_t key = order_key(x);
             const float w = key >= k_key ? expf(x - max_x) : 0.0f;
             mass += static_cast<double>(w);
-            emit(key, w);
+            emit(key, static_cast<double>(w));
           });
         },
         [&] {
           const double total = block_allreduce<BLOCK>(mass, SumOp{});
-          return top_p * static_cast<float>(total);
+          return static_cast<double>(top_p) * total;
         },
         scratch.mass, &reached);
     // Not reached only through rounding: the reference then keeps every kept token, and p_key is the smallest

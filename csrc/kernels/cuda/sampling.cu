@@ -51,14 +51,15 @@ __global__ void __launch_bounds__(BLOCK) sample_tokens_kernel(SampleTokensParams
     return;
   }
   const Filter f = make_filter<BLOCK, kUnroll>(row, vocab, s, temperature, p.sampling.top_k[r], top_p, scratch);
-  const float sum = static_cast<float>(filter_sum<BLOCK, kUnroll>(row, vocab, f).sum);
+  const double total = filter_sum<BLOCK, kUnroll>(row, vocab, f).sum;
+  const float sum = static_cast<float>(total);  // probs = w / float(sum), as the reference divides
   const int64_t token = inverse_cdf<BLOCK, true>(
       [&](int64_t i) {
         const float w = filter_weight(f, to_float(row[i]), i);
         probs[i] = w / sum;
         return w;
       },
-      vocab, p.uniforms[r] * sum);
+      vocab, static_cast<double>(p.uniforms[r]) * total);
   if (threadIdx.x == 0) {
     p.tokens[r] = token;
     p.status[r] = ok_status();

@@ -125,9 +125,8 @@ __global__ void __launch_bounds__(BLOCK) verify_sampling_kernel(VerifyTreeSampli
         }
       }
       const float rs = static_cast<float>(r_sum);
-      // The reference evaluates u * q(x) * sum(r) < r(x) in double precision (Python floats).
-      if (static_cast<double>(uni[c]) * static_cast<double>(qx) * static_cast<double>(rs) <
-          static_cast<double>(rx)) {
+      // u * q(x) * sum(r) < r(x) in float64 (params.h), sum(r) being the float64 sum.
+      if (static_cast<double>(uni[c]) * static_cast<double>(qx) * r_sum < static_cast<double>(rx)) {
         moved = c;
         break;
       }
@@ -153,7 +152,7 @@ __global__ void __launch_bounds__(BLOCK) verify_sampling_kernel(VerifyTreeSampli
         }
         r_sum = block_allreduce<BLOCK>(acc, SumOp{});  // also orders the ws writes before later reads
         r_in_ws = true;
-        if (!(static_cast<float>(r_sum) > 0.0f)) {
+        if (!(r_sum > 0.0)) {
           r_sum = target.sum;
           r_in_ws = false;
         }
@@ -179,7 +178,7 @@ __global__ void __launch_bounds__(BLOCK) verify_sampling_kernel(VerifyTreeSampli
       __syncthreads();
     }
     const int num_removed = has_q ? 0 : s_num_removed;
-    const float target_mass = uni[0] * static_cast<float>(r_sum);
+    const double target_mass = static_cast<double>(uni[0]) * r_sum;
     next = inverse_cdf<BLOCK, false>(
         [&](int64_t i) -> float {
           if (r_in_ws) return ws[i];
@@ -211,18 +210,18 @@ __global__ void __launch_bounds__(BLOCK) verify_sampling_kernel(VerifyTreeSampli
 
 struct TypicalDist {
   Filter f;
-  float sum;   // float(sum of w)
+  double sum;  // float64 sum of w
   double thr;  // acceptance threshold on p(x)
 };
 
 template <int BLOCK, typename T>
 __device__ TypicalDist typical_dist(const T* row, int64_t vocab, const RowStats& s, float temperature,
-                                    float posterior_threshold, float posterior_alpha) {
+                                    double posterior_threshold, double posterior_alpha) {
   TypicalDist d;
   d.f = Filter{temperature, temperature == 0.0f ? 0.0f : s.max / temperature, s.argmax, 0u};
   if (temperature == 0.0f) {
-    d.sum = 1.0f;
-    d.thr = fmin(static_cast<double>(posterior_threshold), static_cast<double>(posterior_alpha));
+    d.sum = 1.0;
+    d.thr = fmin(posterior_threshold, posterior_alpha);
     return d;
   }
   // H = -sum p log p = log S - sum(w * (x - max)) / S, with w = exp(x - max): one pass for both sums.
@@ -236,8 +235,8 @@ __device__ TypicalDist typical_dist(const T* row, int64_t vocab, const RowStats&
   sw = block_allreduce<BLOCK>(sw, SumOp{});
   swx = block_allreduce<BLOCK>(swx, SumOp{});
   const double entropy = log(sw) - swx / sw;
-  d.sum = static_cast<float>(sw);
-  d.thr = fmin(static_cast<double>(posterior_threshold), static_cast<double>(posterior_alpha) * exp(-entropy));
+  d.sum = sw;
+  d.thr = fmin(posterior_threshold, posterior_alpha * exp(-entropy));
   return d;
 }
 
@@ -285,8 +284,8 @@ __global__ void __launch_bounds__(BLOCK) verify_typical_kernel(VerifyTreeTypical
       for (int64_t c = first; c < n; ++c) {
         if (par[c] != u) continue;
         const int64_t x = tok[c];
-        const float px = filter_weight(d.f, to_float(row[x]), x) / d.sum;
-        if (static_cast<double>(px) > d.thr) {
+        const double px = static_cast<double>(filter_weight(d.f, to_float(row[x]), x)) / d.sum;
+        if (px > d.thr) {
           if (threadIdx.x == 0) depth_of[c] = du + 1;
           if (du + 1 > best_depth || (du + 1 == best_depth && c < best)) {
             best = c;
@@ -311,15 +310,10 @@ __global__ void __launch_bounds__(BLOCK) verify_typical_kernel(VerifyTreeTypical
         }
       }
       if (st.code == kOk) {
-        // next_token ~ p = w / S by inverse CDF; the reference's target is u * sum(p) (not exactly 1).
-        double psum = 0.0;
-        for_each_in_row<BLOCK, kUnroll>(row, vocab, [&](float l, int64_t i) {
-          psum += static_cast<double>(filter_weight(d.f, l, i) / d.sum);
-        });
-        psum = block_allreduce<BLOCK>(psum, SumOp{});
-        const float target_mass = p.uniforms[b] * static_cast<float>(psum);
-        next = inverse_cdf<BLOCK, false>(
-            [&](int64_t i) { return filter_weight(d.f, to_float(row[i]), i) / d.sum; }, vocab, target_mass);
+        // next_token ~ p = w / S by inverse CDF: running sum of w against u * S, both in float64 (equal to the
+        // reference's cumsum(p) > u * sum(p) up to float64 rounding).
+        next = inverse_cdf<BLOCK, false>([&](int64_t i) { return filter_weight(d.f, to_float(row[i]), i); }, vocab,
+                                         static_cast<double>(p.uniforms[b]) * d.sum);
         len = best_depth + 1;
       }
     }
