@@ -59,7 +59,16 @@ def main():
     if torch.cuda.is_available() and a.device in ("all", "cuda"):
         out["machine"]["copy_bandwidth_gbps"] = copy_bandwidth_gbps()
         print(f"device-to-device copy bandwidth: {out['machine']['copy_bandwidth_gbps']:.1f} GB/s", flush=True)
+    path = a.out or os.path.join(common.ROOT, "benchmarks", "results",
+                                 f"bench_{os.uname().nodename}_{datetime.datetime.now():%Y%m%d_%H%M%S}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+
     for name in a.only or BENCHES:
+        save()  # partial results survive a time limit
         print(f"\n######## {name}", flush=True)
         try:
             mod = importlib.import_module(f"bench_{name}")
@@ -94,11 +103,7 @@ def main():
                 if r["device"] == "cuda" and r["impl"] == "ours":
                     print(f"  {r['op']:<22} {r['shape']:<34} {r['dtype']:<5} {r['median_ms']:9.4f} ms "
                           f"{r['gbps']:8.1f} GB/s  {r['pct_of_copy_bandwidth']:5.1f}%")
-    path = a.out or os.path.join(common.ROOT, "benchmarks", "results",
-                                 f"bench_{os.uname().nodename}_{datetime.datetime.now():%Y%m%d_%H%M%S}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
+    save()
     print(f"\nwrote {path}")
     return 1 if out["failures"] else 0
 
