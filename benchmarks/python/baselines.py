@@ -69,14 +69,26 @@ def tree_ancestor_mask(parents: torch.Tensor, packed: bool = False) -> torch.Ten
 
 def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                    top_p: torch.Tensor) -> torch.Tensor:
-    """Rows of logits [M, V] -> filtered distributions [M, V] (float32): temperature, sort-based top-k and top-p
-    (ties at the thresholds kept), temperature 0 = one-hot argmax."""
+    """Rows of logits [M, V] -> filtered distributions [M, V] (float32): temperature, top-k and top-p from the
+    descending order (torch.topk when every row has a top-k filter, else a full sort; ties at the thresholds kept),
+    temperature 0 = one-hot argmax."""
     x = logits.float()
     M, V = x.shape
     greedy = temperature == 0
     x = x / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
-    sorted_x, order = x.sort(dim=-1, descending=True)
     k = torch.where((top_k <= 0) | (top_k >= V), torch.full_like(top_k, V), top_k)
+    if not bool((k < V).any()) and not bool((top_p < 1).any()):
+        # No filter at all: plain softmax (no sort).
+        w = torch.exp(x - x.max(-1, keepdim=True).values)
+        onehot = torch.zeros_like(w).scatter_(1, logits.float().argmax(-1, keepdim=True), 1.0)
+        w = torch.where(greedy.unsqueeze(1), onehot, w)
+        return w / w.sum(-1, keepdim=True)
+    if bool((k < V).all()):
+        # Every row has a top-k filter: the k largest (torch.topk) are all that top-k / top-p need (a user would
+        # not sort the whole vocabulary here). Ties beyond the k-th value are still kept by `x >= kth`.
+        sorted_x, order = x.topk(int(k.max()), dim=-1)
+    else:
+        sorted_x, order = x.sort(dim=-1, descending=True)
     keep = x >= sorted_x.gather(1, (k - 1).unsqueeze(1))
     w = torch.exp(x - sorted_x[:, :1]) * keep
     if bool((top_p < 1).any()):
@@ -84,7 +96,8 @@ def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
         cums = ws.cumsum(-1)
         need = (top_p * w.sum(-1)).unsqueeze(1)
         m = (cums < need).sum(-1, keepdim=True)
-        m = torch.minimum(m, keep.sum(-1, keepdim=True) - 1)
+        m = torch.minimum(torch.minimum(m, keep.sum(-1, keepdim=True) - 1),
+                          torch.full_like(m, sorted_x.shape[1] - 1))
         keep_p = x >= sorted_x.gather(1, m)
         w = torch.where((top_p < 1).unsqueeze(1), w * keep_p, w)
     onehot = torch.zeros_like(w).scatter_(1, logits.float().argmax(-1, keepdim=True), 1.0)
@@ -227,7 +240,8 @@ def verify_tree_typical(logits, tokens, parents, uniforms, temperature, posterio
 
 
 def sample_tokens(logits, uniforms, temperature, top_k, top_p):
-    """torch softmax + sort-based top-k / top-p, then inverse CDF with the same uniforms (torch.multinomial would
+    """torch softmax + top-k / top-p (torch.topk, or a full sort without top-k), then inverse CDF with the same
+    uniforms (torch.multinomial would
     draw different tokens; the cost is the same)."""
     probs = filtered_probs(logits, temperature, top_k, top_p)
     return inverse_cdf(probs, uniforms.float()), probs

@@ -1,7 +1,7 @@
 """Benchmark sample_tokens: reference vs the equivalent torch ops vs our CPU (and CUDA) kernel.
 
 Random logits (uniform in [-2, 2) plus 20 larger values per row); T = 0.8, top_k = 50, top_p = 0.9 ("filtered") and
-T = 1 without filters ("plain"). The baseline is torch softmax + sort-based top-k / top-p + inverse CDF with the
+T = 1 without filters ("plain"). The baseline is torch softmax + topk-based top-k / top-p (full sort only without top-k) + inverse CDF with the
 same uniforms. Bytes: R * V * (elem + 4): logits read, probs written (same for every implementation).
 Goal (reported, not asserted): CPU >= 2x faster than the equivalent torch ops.
 """

@@ -2,7 +2,7 @@
 
 Planted draft trees (2-4 accepted tokens per row), T = 0.8, top_k = 50, top_p = 0.9, uniforms in [0.05, 0.9);
 deterministic drafts (draft_probs=None) and i.i.d. drafts (draft_probs given). The baseline computes the filtered
-target distribution (sort-based top-k / top-p) for every [B, N] row, then walks the tree. Bytes: ours = rows on the
+target distribution (topk-based top-k / top-p) for every [B, N] row, then walks the tree. Bytes: ours = rows on the
 accepted paths, sum(accept_len + 1) * V * (elem [+ 4 for draft_probs]); baseline = B * N * V * elem (+ the
 draft_probs rows of the path).
 Goal (reported, not asserted): CPU at B=8, N=64, V=32000 fp32 >= 5x faster than the baseline.

@@ -52,6 +52,8 @@ def main():
         passthrough += ["--threads", str(a.threads)]
     if a.repeats:
         passthrough += ["--repeats", str(a.repeats)]
+    if a.threads:
+        torch.set_num_threads(a.threads)
     info = common.machine_info()
     print("machine:", json.dumps(info), flush=True)
     out = {"machine": info, "args": vars(a), "date": datetime.datetime.now().isoformat(timespec="seconds"),
