@@ -241,8 +241,7 @@ def verify_tree_typical(logits, tokens, parents, uniforms, temperature, posterio
 
 def sample_tokens(logits, uniforms, temperature, top_k, top_p):
     """torch softmax + top-k / top-p (torch.topk, or a full sort without top-k), then inverse CDF with the same
-    uniforms (torch.multinomial would
-    draw different tokens; the cost is the same)."""
+    uniforms (torch.multinomial would draw different tokens; the cost is the same)."""
     probs = filtered_probs(logits, temperature, top_k, top_p)
     return inverse_cdf(probs, uniforms.float()), probs
 
