@@ -320,17 +320,21 @@ def to_device(obj, device: str):
 
 def run_case(table: Table, args, *, op: str, shape: str, dtype: torch.dtype, inputs: dict, reference, baseline,
              ours, bytes_ours: float, formula_ours: str, bytes_all: float, formula_all: str,
-             float_outputs: tuple[int, ...] = (), ref_repeats: int | None = None) -> None:
+             float_outputs: tuple[int, ...] = (), ref_repeats: int | None = None,
+             baseline_exact: bool = True) -> None:
     """reference / baseline / ours take **inputs (CPU tensors, or moved to CUDA for the CUDA runs) and return a
     tuple of tensors. Integer outputs must be identical to the reference's; float outputs listed in
     `float_outputs` must be close. bytes_ours: what our kernels must read (and write); bytes_all: what the
-    baseline reads (every row)."""
+    baseline reads (every row). baseline_exact=False skips the integer check of the baseline (torch.topk leaves
+    the order of tied values unspecified, so low-precision ties may legally come out in another order); our
+    kernels are always checked exactly."""
     dname = dtype_name(dtype)
     table.case(op, shape, dname)
     want = reference(**inputs)
     for name, fn, dev in [("baseline", baseline, "cpu"), ("ours", ours, "cpu")]:
         got = fn(**inputs)
-        check_equal(f"{op} {name}-cpu vs reference", got, want)
+        if name == "ours" or baseline_exact:
+            check_equal(f"{op} {name}-cpu vs reference", got, want)
         for i in float_outputs:
             check_close(f"{op} {name}-cpu vs reference (output {i})", got[i], want[i])
     print("  check: ours and baseline integer outputs equal the reference's", flush=True)

@@ -8,36 +8,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "../common/dtype.h"
 #include "../common/params.h"
 #include "../common/status.h"
+#include "fast_exp.h"
+#include "vocab_loops.h"
 
 namespace specdec::cpu {
 
-// exp(x) for x <= 0 (every use here subtracts the row maximum first); exact 0 below -87.3 (float underflow), so
-// -inf logits get weight 0. Cephes-style range reduction and a degree-6 polynomial: within 2 ulp of expf, and
-// inline + branch-free so that vocabulary loops vectorise.
-inline float exp_nonpositive(float x) {
-  const float clamped = x < -87.3f ? -87.3f : x;
-  // floor() via truncation (std::floor is a libm call without SSE4.1, which would stop vectorisation).
-  const float fx = clamped * 1.44269504088896341f + 0.5f;
-  const float truncated = static_cast<float>(static_cast<int32_t>(fx));
-  const float n = truncated > fx ? truncated - 1.0f : truncated;
-  float r = clamped - n * 0.693359375f;  // ln2 split in two for an exact reduction
-  r = r - n * -2.12194440e-4f;
-  float poly = 1.9875691500e-4f;
-  poly = poly * r + 1.3981999507e-3f;
-  poly = poly * r + 8.3334519073e-3f;
-  poly = poly * r + 4.1665795894e-2f;
-  poly = poly * r + 1.6666665459e-1f;
-  poly = poly * r + 5.0000001201e-1f;
-  poly = poly * r * r + r + 1.0f;
-  const int32_t exponent = static_cast<int32_t>(n) + 127;
-  const float scale = bits_to_float(static_cast<uint32_t>(exponent) << 23);
-  return x < -87.3f ? 0.0f : poly * scale;
-}
 
 // Per-thread scratch: a few vocabulary-sized float buffers, reused across rows and calls.
 struct Scratch {
@@ -68,17 +49,50 @@ struct RowScan {
   int64_t bad = -1;     // first index holding NaN or +inf, or -1
 };
 
+// Vocabulary loops work in blocks of kBlock elements: a vectorised test over the block decides whether the scalar
+// work inside it (finding an index, inserting into a top-k list) is needed at all.
+constexpr int64_t kBlock = 32;
+
+// First t with x[t] == value, or -1.
+inline int64_t first_equal(const float* x, int64_t n, float value) {
+  for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
+    const int64_t t1 = std::min(n, t0 + kBlock);
+    int hit = 0;
+#pragma omp simd reduction(| : hit)
+    for (int64_t t = t0; t < t1; ++t) hit |= x[t] == value;
+    if (!hit) continue;
+    for (int64_t t = t0; t < t1; ++t) {
+      if (x[t] == value) return t;
+    }
+  }
+  return -1;
+}
+
+// Largest of x[t0..t1) (NaN-free input).
+inline float block_max(const float* x, int64_t t0, int64_t t1) {
+  float m = neg_inf();
+#pragma omp simd reduction(max : m)
+  for (int64_t t = t0; t < t1; ++t) m = x[t] > m ? x[t] : m;
+  return m;
+}
+
 // Converts one logits row to float32 (`out`), finds its maximum and first argmax, and detects NaN / +inf.
 template <typename T>
 RowScan scan_logits(const T* row, int64_t vocab, float* out) {
   float m = neg_inf();
   int bad = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    const FloatRowScan scan = scan_floats(row, out, vocab);
+    m = scan.max;
+    bad = scan.bad;
+  } else {
 #pragma omp simd reduction(max : m) reduction(| : bad)
-  for (int64_t t = 0; t < vocab; ++t) {
-    const float v = to_float(row[t]);
-    out[t] = v;
-    bad |= (v != v) | (v == -neg_inf());
-    m = v > m ? v : m;
+    for (int64_t t = 0; t < vocab; ++t) {
+      const float v = to_float(row[t]);
+      out[t] = v;
+      bad |= (v != v) | (v == -neg_inf());
+      m = v > m ? v : m;
+    }
   }
   RowScan s;
   s.max = m;
@@ -91,12 +105,7 @@ RowScan scan_logits(const T* row, int64_t vocab, float* out) {
     }
     return s;
   }
-  for (int64_t t = 0; t < vocab; ++t) {
-    if (out[t] == m) {
-      s.argmax = t;
-      break;
-    }
-  }
+  s.argmax = first_equal(out, vocab, m);
   return s;
 }
 
@@ -117,17 +126,21 @@ inline bool logits_row_invalid(const RowScan& s, int64_t node, RowStatus* status
 // large k: nth_element on a copy.
 inline float kth_largest(const float* x, int64_t n, int64_t k, std::vector<float>& buffer) {
   if (k <= 64) {
-    float top[64];
+    float top[64] = {};
     int64_t filled = 0;
-    for (int64_t t = 0; t < n; ++t) {
-      const float v = x[t];
-      if (filled == k && !(v > top[k - 1])) continue;
-      int64_t pos = filled < k ? filled++ : k - 1;
-      while (pos > 0 && top[pos - 1] < v) {
-        top[pos] = top[pos - 1];
-        --pos;
+    for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
+      const int64_t t1 = std::min(n, t0 + kBlock);
+      if (filled == k && !(block_max(x, t0, t1) > top[k - 1])) continue;  // nothing here enters the list
+      for (int64_t t = t0; t < t1; ++t) {
+        const float v = x[t];
+        if (filled == k && !(v > top[k - 1])) continue;
+        int64_t pos = filled < k ? filled++ : k - 1;
+        while (pos > 0 && top[pos - 1] < v) {
+          top[pos] = top[pos - 1];
+          --pos;
+        }
+        top[pos] = v;
       }
-      top[pos] = v;
     }
     return top[k - 1];
   }
@@ -149,20 +162,6 @@ inline bool sampling_params_invalid(float temperature, float top_p, bool check_t
   return false;
 }
 
-// Sum of n float32 weights in float64 (params.h: sums of weights are float64). Four independent accumulators
-// keep the adds pipelined; float64 SIMD reductions do not vectorise reliably next to float32 loads.
-inline double sum_of(const float* w, int64_t n) {
-  double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
-  int64_t t = 0;
-  for (; t + 4 <= n; t += 4) {
-    a0 += w[t];
-    a1 += w[t + 1];
-    a2 += w[t + 2];
-    a3 += w[t + 3];
-  }
-  for (; t < n; ++t) a0 += w[t];
-  return (a0 + a1) + (a2 + a3);
-}
 
 // The top-p cut: x_m for the first position m, in descending-x order over kept tokens (x >= threshold), at which
 // the running sum of w reaches `goal`; the smallest kept x if rounding leaves the sum short. Instead of sorting
@@ -214,24 +213,17 @@ inline double filtered_weights(float* x, const RowScan& scan, int64_t vocab, flo
     w[scan.argmax] = 1.0f;
     return 1.0;
   }
-  // Scale; division (not a reciprocal multiply) so the result is bit-identical to the reference.
-#pragma omp simd
-  for (int64_t t = 0; t < vocab; ++t) x[t] = x[t] / temperature;
+  divide_by(x, vocab, temperature);  // a division, not a reciprocal multiply: bit-identical to the reference
   const float m = scan.max / temperature;
   float threshold = neg_inf();
   const bool use_top_k = top_k > 0 && top_k < vocab;
   if (use_top_k) threshold = kth_largest(x, vocab, top_k, scratch.work);
-#pragma omp simd
-  for (int64_t t = 0; t < vocab; ++t) {
-    const float e = exp_nonpositive(x[t] - m);  // unconditional, so the select below vectorises
-    w[t] = x[t] >= threshold ? e : 0.0f;
-  }
+  exp_weights(x, w, vocab, m, threshold);
   double z = sum_of(w, vocab);
   if (top_p < 1.0f) {
     const float cut = top_p_cut(x, w, vocab, threshold, static_cast<double>(top_p) * z, scratch);
     if (cut > threshold) {
-#pragma omp simd
-      for (int64_t t = 0; t < vocab; ++t) w[t] = x[t] >= cut ? w[t] : 0.0f;
+      zero_below(x, w, vocab, cut);
       z = sum_of(w, vocab);
     }
   }

@@ -18,23 +18,30 @@ inline bool before(float a, int64_t ia, float b, int64_t ib) {
   return ka != kb ? ka > kb : ia < ib;
 }
 
-// Indices of the k largest x[0..n), best first (ties: lower index first).
-void top_k_indices(const float* x, int64_t n, int64_t k, int64_t* out, std::vector<int64_t>& buffer) {
+// Indices of the k largest x[0..n), best first (ties: lower index first). `nan_free` enables skipping whole blocks
+// by their maximum (validated logits); candidate scores may hold NaN (from NaN parent scores), ranked first.
+void top_k_indices(const float* x, int64_t n, int64_t k, int64_t* out, std::vector<int64_t>& buffer,
+                   bool nan_free) {
   if (k <= 64) {
-    float value[64];
+    float value[64] = {};
     int64_t filled = 0;
-    for (int64_t t = 0; t < n; ++t) {
-      const float v = x[t];
-      // Scanning in increasing t, a later equal value never passes an earlier one.
-      if (filled == k && !before(v, t, value[k - 1], out[k - 1])) continue;
-      int64_t pos = filled < k ? filled++ : k - 1;
-      while (pos > 0 && before(v, t, value[pos - 1], out[pos - 1])) {
-        value[pos] = value[pos - 1];
-        out[pos] = out[pos - 1];
-        --pos;
+    for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
+      const int64_t t1 = std::min(n, t0 + kBlock);
+      // Scanning in increasing t, a later equal value never passes an earlier one, so only a strictly larger
+      // block maximum can change a full list.
+      if (nan_free && filled == k && !(block_max(x, t0, t1) > value[k - 1])) continue;
+      for (int64_t t = t0; t < t1; ++t) {
+        const float v = x[t];
+        if (filled == k && !before(v, t, value[k - 1], out[k - 1])) continue;
+        int64_t pos = filled < k ? filled++ : k - 1;
+        while (pos > 0 && before(v, t, value[pos - 1], out[pos - 1])) {
+          value[pos] = value[pos - 1];
+          out[pos] = out[pos - 1];
+          --pos;
+        }
+        value[pos] = v;
+        out[pos] = t;
       }
-      value[pos] = v;
-      out[pos] = t;
     }
     return;
   }
@@ -71,9 +78,7 @@ void SampleTokens(const SampleTokensParams<T>& p, int64_t row_begin, int64_t row
     }
     const double total = filtered_weights(x, scan, V, temperature, p.sampling.top_k[r], top_p, probs, scratch);
     p.tokens[r] = inverse_cdf(probs, V, total, p.uniforms[r]);
-    const float z = static_cast<float>(total);
-#pragma omp simd
-    for (int64_t t = 0; t < V; ++t) probs[t] = probs[t] / z;
+    divide_by(probs, V, static_cast<float>(total));
   }
 }
 
@@ -98,10 +103,9 @@ void ExpandTreeStep(const ExpandTreeStepParams<T>& p, int64_t row_begin, int64_t
       }
       const float m = scan.max;
       float* e = scratch.target.data();
-#pragma omp simd
-      for (int64_t t = 0; t < V; ++t) e[t] = exp_nonpositive(x[t] - m);
+      exp_weights(x, e, V, m, neg_inf());
       const float log_z = static_cast<float>(std::log(sum_of(e, V)));
-      top_k_indices(x, V, K, cand_tokens + f * K, buffer);
+      top_k_indices(x, V, K, cand_tokens + f * K, buffer, /*nan_free=*/true);
       const float parent = p.parent_scores[b * F + f];
       for (int64_t j = 0; j < K; ++j) {
         const float log_prob = (x[cand_tokens[f * K + j]] - m) - log_z;
@@ -114,7 +118,7 @@ void ExpandTreeStep(const ExpandTreeStepParams<T>& p, int64_t row_begin, int64_t
       std::fill(selected, selected + p.num_select, int64_t{-1});
       continue;
     }
-    top_k_indices(cand_scores, F * K, p.num_select, selected, buffer);
+    top_k_indices(cand_scores, F * K, p.num_select, selected, buffer, /*nan_free=*/false);
   }
 }
 

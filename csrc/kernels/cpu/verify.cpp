@@ -128,12 +128,7 @@ void VerifyTreeSampling(const VerifyTreeSamplingParams<T>& p, int64_t row_begin,
             r = residual_buffer;
             residual_is_target = false;
           }
-          const float scale = static_cast<float>(r_sum);
-#pragma omp simd
-          for (int64_t t = 0; t < V; ++t) {
-            const float v = r[t] - q[t] * scale;
-            r[t] = v > 0.0f ? v : 0.0f;
-          }
+          subtract_clamped(r, q, V, static_cast<float>(r_sum));
           r_sum = sum_of(r, V);
         }
         if (!(r_sum > 0.0)) {

@@ -1,0 +1,29 @@
+// The loops over a vocabulary row that dominate the CPU kernels' time, compiled twice — for the baseline x86-64
+// ISA (SSE2) and for AVX2 — and dispatched once per call on the CPU's features. Both versions compute bit-identical
+// results: AVX2 only widens the vectors (no FMA contraction, no reassociation). Non-x86 builds get the portable
+// version alone.
+#pragma once
+
+#include <cstdint>
+
+namespace specdec::cpu {
+
+struct FloatRowScan {
+  float max;  // maximum (ignoring NaN); -inf for an all -inf row
+  bool bad;   // some element is NaN or +inf
+};
+
+// out[t] = row[t]; returns the maximum and whether any element is NaN / +inf.
+FloatRowScan scan_floats(const float* row, float* out, int64_t n);
+// x[t] = x[t] / temperature (a true division, bit-identical to the reference).
+void divide_by(float* x, int64_t n, float temperature);
+// w[t] = x[t] >= threshold ? exp(x[t] - m) : 0 (x[t] <= m).
+void exp_weights(const float* x, float* w, int64_t n, float m, float threshold);
+// w[t] = x[t] >= cut ? w[t] : 0.
+void zero_below(const float* x, float* w, int64_t n, float cut);
+// r[t] = max(r[t] - q[t] * scale, 0) (two rounded float operations, as the reference).
+void subtract_clamped(float* r, const float* q, int64_t n, float scale);
+// Sum in float64 over eight fixed lanes (t mod 8), then the lanes pairwise: a fixed order on every ISA.
+double sum_of(const float* w, int64_t n);
+
+}  // namespace specdec::cpu
