@@ -139,8 +139,30 @@ __global__ void __launch_bounds__(BLOCK) verify_sampling_kernel(VerifyTreeSampli
           r_sum = target.sum;
           r_positive = target.positive;
           reset_after = c;
+        } else if (r_sum <= 1e-6 * target.sum) {
+          // Cancellation guard (as the CPU kernel): after removing most of the mass, the running difference can
+          // be far off the true residual sum, even <= 0 while positive weights remain (which would accept a
+          // token with r(x) = 0, or make inverse_cdf pick a zero-weight token). Re-sum the residual exactly:
+          // target weights minus the tokens of the siblings rejected since `reset_after` (c included).
+          double acc = 0.0;
+          for (int64_t i = threadIdx.x; i < vocab; i += BLOCK) {
+            float w = filter_weight(f, to_float(row[i]), i);
+            if (w > 0.0f) {
+              for (int64_t e = reset_after + 1; e <= c; ++e) {
+                if (par[e] == node && tok[e] == i) {
+                  w = 0.0f;
+                  break;
+                }
+              }
+            }
+            acc += static_cast<double>(w);
+          }
+          r_sum = block_allreduce<BLOCK>(acc, SumOp{});
         }
       } else {
+        // Barrier: every thread has read ws[x] for this child's test above before any thread overwrites ws
+        // below (without it a slow thread could test against the updated residual and diverge).
+        __syncthreads();
         double acc = 0.0;
         for (int64_t i = threadIdx.x; i < vocab; i += BLOCK) {
           const float rv = r_in_ws ? ws[i] : filter_weight(f, to_float(row[i]), i);
