@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(BLOCK) verify_greedy_kernel(VerifyTreeGreedyPa
 //    in workspace[b, :] at the first rejection (one pass per rejection: r <- max(r - q * sum(r), 0)).
 //  * deterministic drafts: r = target with the tokens of rejected siblings zeroed. They are exactly the children
 //    of u after `reset_after` that were rejected, so no storage is needed during the walk; the sum is tracked in
-//    double (exact enough to avoid cancellation) and the positive count decides the all-zero fallback exactly.
+//    double by subtraction, re-summed by one pass when cancellation threatens (<= 1e-6 of the target sum, as the
+//    CPU kernel), and the positive count decides the all-zero fallback exactly.
 
 template <int BLOCK, typename T>
 __global__ void __launch_bounds__(BLOCK) verify_sampling_kernel(VerifyTreeSamplingParams<T> p) {
