@@ -35,6 +35,9 @@ BAD_TEMPERATURE = 6
 BAD_TOP_P = 7
 BAD_DRAFT_PROB = 8
 
+# Temperatures below this are greedy (vLLM's sampling epsilon): a smaller divisor can overflow float32 logits.
+GREEDY_TEMPERATURE = float(torch.tensor(1e-5, dtype=torch.float32))
+
 
 class _RowError(Exception):
     """A validation failure inside one row: (code, node, value)."""
@@ -199,14 +202,14 @@ def _first_argmax(x: torch.Tensor) -> int:
 def filtered_weights(logits_row: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """Unnormalised target weights ``w`` of one row (``w / w.sum()`` is the distribution), as in params.h.
 
-    temperature 0 gives one-hot weights on the first argmax. Otherwise ``x = logits / temperature``; top-k keeps
+    temperature below 1e-5 (GREEDY_TEMPERATURE) gives one-hot weights on the first argmax. Otherwise ``x = logits / temperature``; top-k keeps
     ``x >= k-th largest x``; ``w = exp(x - max x)`` on kept tokens; top-p then keeps ``x >= x_m`` where ``m`` is the
     first position, in descending-x order, at which the running sum of ``w`` reaches ``top_p * sum(w)``. Ties at
     either threshold are kept.
     """
     x = logits_row.float()
     V = x.numel()
-    if temperature == 0:
+    if temperature < GREEDY_TEMPERATURE:
         w = torch.zeros(V)
         w[_first_argmax(x)] = 1.0
         return w

@@ -52,7 +52,7 @@ SPECDEC_HD int64_t packed_mask_words(int64_t num_nodes) { return (num_nodes + 31
 
 // ---------------------------------------------------------------------------------------------------------------
 // Sampling parameters, one per batch row (float32 / int64 / float32, contiguous [B]).
-//   temperature[b] == 0  -> the row's target distribution is one-hot on the first argmax (greedy);
+//   temperature[b] < 1e-5 -> the row's target distribution is one-hot on the first argmax (greedy);
 //   top_k[b] <= 0 or >= V -> no top-k;   top_p[b] == 1 -> no top-p.
 // Filtering order: x = logits / temperature; keep x >= (k-th largest x); w = exp(x - max x) on kept tokens;
 // then keep x >= x_m where m is the first position, in descending-x order, at which the running sum of w reaches
@@ -61,6 +61,11 @@ SPECDEC_HD int64_t packed_mask_words(int64_t num_nodes) { return (num_nodes + 31
 // Weights w are float32, but every SUM of weights (normalisers, top-p running sums, inverse-CDF running sums, the
 // acceptance test u * q(x) * sum(r) < r(x)) is accumulated and compared in float64: float32 accumulation over a
 // 32k vocabulary drifts by ~1e-4 relative, enough to move a top-p cut or a sampled token between implementations.
+// Temperatures in [0, 1e-5) are greedy (vLLM's sampling epsilon): dividing finite logits by a smaller temperature
+// can overflow float32. Negative and NaN temperatures are kept as they are, so validation still rejects them.
+constexpr float kGreedyTemperature = 1e-5f;
+SPECDEC_HD float effective_temperature(float t) { return t >= 0.0f && t < kGreedyTemperature ? 0.0f : t; }
+
 struct SamplingParams {
   const float* temperature;  // [B]
   const int64_t* top_k;      // [B]

@@ -63,7 +63,7 @@ void SampleTokens(const SampleTokensParams<T>& p, int64_t row_begin, int64_t row
     RowStatus* status = &p.status[r];
     *status = {kOk, 0, 0};
     p.tokens[r] = -1;
-    const float temperature = p.sampling.temperature[r];
+    const float temperature = effective_temperature(p.sampling.temperature[r]);
     const float top_p = p.sampling.top_p[r];
     float* x = scratch.x.data();
     bool ok = !sampling_params_invalid(temperature, top_p, true, status);

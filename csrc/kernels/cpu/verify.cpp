@@ -75,7 +75,7 @@ void VerifyTreeSampling(const VerifyTreeSamplingParams<T>& p, int64_t row_begin,
     const int64_t* parents = p.parents + b * N;
     const int64_t* tokens = p.tokens + b * N;
     const float* uniforms = p.uniforms + b * N;
-    const float temperature = p.sampling.temperature[b];
+    const float temperature = effective_temperature(p.sampling.temperature[b]);
     const int64_t top_k = p.sampling.top_k[b];
     const float top_p = p.sampling.top_p[b];
     RowStatus* status = &p.out.status[b];
@@ -161,7 +161,7 @@ void VerifyTreeTypical(const VerifyTreeTypicalParams<T>& p, int64_t row_begin, i
   for (int64_t b = row_begin; b < row_end; ++b) {
     const int64_t* parents = p.parents + b * N;
     const int64_t* tokens = p.tokens + b * N;
-    const float temperature = p.temperature[b];
+    const float temperature = effective_temperature(p.temperature[b]);
     RowStatus* status = &p.out.status[b];
     *status = {kOk, 0, 0};
     write_invalid_row(p.out, b, N);

@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(BLOCK) sample_tokens_kernel(SampleTokensParams
   const int64_t r = blockIdx.x, vocab = p.vocab;
   const T* row = p.logits + r * p.logits_stride_r;
   float* probs = p.probs + r * vocab;
-  const float temperature = p.sampling.temperature[r];
+  const float temperature = effective_temperature(p.sampling.temperature[r]);
   const float top_p = p.sampling.top_p[r];
   RowStatus st = check_sampling_row(temperature, true, top_p);
   RowStats s{};

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(BLOCK) verify_sampling_kernel(VerifyTreeSampli
   const int64_t* par = p.parents + b * n;
   const int64_t* tok = p.tokens + b * n;
   const float* uni = p.uniforms + b * n;
-  const float temperature = p.sampling.temperature[b];
+  const float temperature = effective_temperature(p.sampling.temperature[b]);
   const int64_t top_k = p.sampling.top_k[b];
   const float top_p = p.sampling.top_p[b];
   const bool has_q = p.draft_probs != nullptr;
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(BLOCK) verify_typical_kernel(VerifyTreeTypical
   const int64_t* par = p.parents + b * n;
   const int64_t* tok = p.tokens + b * n;
   int64_t* depth_of = p.out.accepted + b * n;  // scratch until write_verify_row
-  const float temperature = p.temperature[b];
+  const float temperature = effective_temperature(p.temperature[b]);
   const T* logits_b = p.logits + b * p.logits_stride_b;
 
   RowStatus st = check_sampling_row(temperature, false, 0.0f);
