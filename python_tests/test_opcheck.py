@@ -29,6 +29,7 @@ def _inputs(device, dtype=torch.float32, B=2, N=5, V=11):
 
 def _cases(device, dtype):
     x = _inputs(device, dtype)
+    a = _attention_inputs(device, dtype)
     cases = []
     for validate in (True, False):
         cases += [
@@ -43,11 +44,25 @@ def _cases(device, dtype):
             ("verify_tree_typical", (x["logits"], x["tokens"], x["parents"], x["u1"], x["T"], 0.09, 0.3, validate)),
             ("sample_tokens", (x["logits"][:, 0], x["u1"], x["T"], x["k"], x["p"], validate)),
             ("expand_tree_step", (x["logits"], x["scores"], 3, 4, validate)),
+            ("tree_attention", (a["q"], a["k"], a["v"], a["prefix"], a["dense"], 0.125, validate)),
+            ("tree_attention", (a["q"], a["k"], a["v"], a["prefix"], a["packed"], 0.125, validate)),
+            ("compact_kv", ([a["k"].clone(), a["v"].clone()], a["src"], a["dst"], a["len"], 2, validate)),
         ]
     return cases
 
 
-@pytest.mark.parametrize("index", range(18))
+def _attention_inputs(device, dtype):
+    gen = make_gen(1)
+    B, H, Hkv, N, D, S = 2, 4, 2, 5, 64, 16
+    parents = random_parents(B, N, gen)
+    d = dict(q=torch.randn(B, H, N, D, generator=gen).to(dtype), k=torch.randn(B, Hkv, S, D, generator=gen).to(dtype),
+             v=torch.randn(B, Hkv, S, D, generator=gen).to(dtype), prefix=torch.tensor([3, 11]),
+             dense=ops.tree_ancestor_mask(parents), packed=ops.tree_ancestor_mask(parents, packed=True),
+             src=torch.tensor([[4, 6, 7], [12, 13, 15]]), dst=torch.tensor([3, 11]), len=torch.tensor([3, 2]))
+    return {k: v.to(device) for k, v in d.items()}
+
+
+@pytest.mark.parametrize("index", range(24))
 def test_opcheck(device, dtype, index):
     name, args = _cases(device, dtype)[index]
     if dtype != torch.float32 and name in ("build_tree", "tree_ancestor_mask"):
@@ -65,6 +80,10 @@ def test_meta_shapes():
     assert [tuple(t.shape) for t in v] == [(3, 6), (3,), (3,)] and all(t.dtype == torch.int64 for t in v)
     toks, scores, sel = ops.expand_tree_step(x["logits"], x["scores"], 4, 9)
     assert toks.shape == (3, 6, 4) and scores.dtype == torch.float32 and sel.shape == (3, 9)
+    a = _attention_inputs("meta", torch.bfloat16)
+    out = ops.tree_attention(a["q"], a["k"], a["v"], a["prefix"], a["packed"])
+    assert out.shape == a["q"].shape and out.dtype == torch.bfloat16 and out.device.type == "meta"
+    assert ops.compact_kv([a["k"], a["v"]], a["src"], a["dst"], a["len"]) is None
 
 
 def test_built_with_cuda_is_bool():

@@ -36,6 +36,20 @@ std::string status_message(const char* op, int64_t b, const RowStatus& s) {
     case kBadDraftProb:
       m << "draft_probs[" << b << ", " << s.node << ", " << s.value << "] is negative or NaN";
       break;
+    case kBadPrefixLen:
+      m << "prefix_lens[" << b << "] = " << s.value
+        << " is out of range: need 0 <= prefix_lens[b] <= S - N (the tree nodes' keys and values sit at "
+           "prefix_lens[b] + j)";
+      break;
+    case kBadLength:
+      m << "lengths[" << b << "] = " << s.value << " is out of range: need 0 <= lengths[b] <= L";
+      break;
+    case kBadDstStart:
+      m << "dst_start[" << b << "] = " << s.value << " is out of range: need 0 <= dst_start[b] <= S - lengths[b]";
+      break;
+    case kBadSrcPosition:
+      m << "src_positions[" << b << ", " << s.node << "] = " << s.value << " is out of range [0, S)";
+      break;
     default:
       m << "row " << b << ": unknown status " << s.code;
   }

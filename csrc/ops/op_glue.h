@@ -340,6 +340,11 @@ std::tuple<Tensor, Tensor, Tensor> expand_tree_step_impl(const Tensor& logits, c
     m.impl("verify_tree_typical", &::specdec::glue::verify_tree_typical_impl<BACKEND>);               \
     m.impl("sample_tokens", &::specdec::glue::sample_tokens_impl<BACKEND>);                           \
     m.impl("expand_tree_step", &::specdec::glue::expand_tree_step_impl<BACKEND>);                     \
+    m.impl("tree_attention", &::specdec::glue::tree_attention_impl<BACKEND>);                         \
+    m.impl("compact_kv", &::specdec::glue::compact_kv_impl<BACKEND>);                                 \
   }
 
 }  // namespace specdec::glue
+
+// tree_attention and compact_kv (uses the helpers above).
+#include "op_glue_attention.h"  // NOLINT(build/include_order)

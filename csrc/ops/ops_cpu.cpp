@@ -45,6 +45,17 @@ struct CpuBackend {
   static void expand_tree_step(const ExpandTreeStepParams<T>& p) {
     for_rows(p, p.batch, 2 * p.frontier * p.vocab, cpu::ExpandTreeStep<T>);
   }
+  // Tasks are (row, kv head) pairs that each read one kv head's whole cache prefix: one task per thread chunk.
+  static int64_t tree_attention_workspace_floats(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { return 0; }
+  template <typename T>
+  static void tree_attention(const TreeAttentionParams<T>& p) {
+    const int64_t G = p.num_heads / p.num_kv_heads;
+    for_rows(p, p.batch * p.num_kv_heads, 2 * G * p.num_nodes * p.seq_len * p.head_dim, cpu::TreeAttention<T>);
+  }
+  static void compact_kv(const CompactKvParams& p) {
+    for_rows(p, p.num_caches * p.batch, std::max<int64_t>(1, p.outer * p.max_len * p.inner_bytes / 4),
+             cpu::CompactKv);
+  }
 };
 
 }  // namespace

@@ -36,6 +36,15 @@ struct CudaBackend {
   static void expand_tree_step(const ExpandTreeStepParams<T>& p) {
     cuda::LaunchExpandTreeStep<T>(p, current_stream());
   }
+  static int64_t tree_attention_workspace_floats(int64_t B, int64_t H, int64_t Hkv, int64_t N, int64_t D,
+                                                 int64_t S) {
+    return cuda::TreeAttentionWorkspaceFloats(B, H, Hkv, N, D, S);
+  }
+  template <typename T>
+  static void tree_attention(const TreeAttentionParams<T>& p) {
+    cuda::LaunchTreeAttention<T>(p, current_stream());
+  }
+  static void compact_kv(const CompactKvParams& p) { cuda::LaunchCompactKv(p, current_stream()); }
 };
 
 }  // namespace

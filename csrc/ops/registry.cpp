@@ -33,6 +33,14 @@ TORCH_LIBRARY(specdec_ext, m) {
   m.def(
       "expand_tree_step(Tensor logits, Tensor parent_scores, int top_k, int num_select, bool validate=True) -> "
       "(Tensor cand_tokens, Tensor cand_scores, Tensor selected)");
+
+  // Attention of the tree nodes over the KV cache, and KV-cache compaction after acceptance (in place).
+  m.def(
+      "tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix_lens, Tensor tree_mask, float scale, "
+      "bool validate=True) -> Tensor");
+  m.def(
+      "compact_kv(Tensor(a!)[] caches, Tensor src_positions, Tensor dst_start, Tensor lengths, int seq_dim, "
+      "bool validate=True) -> ()");
 }
 
 // A plain Python module so that `import specdec_ext._C` loads the library (and runs the registrations above).

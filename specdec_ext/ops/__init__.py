@@ -30,6 +30,8 @@ __all__ = [
     "verify_tree_typical",
     "sample_tokens",
     "expand_tree_step",
+    "tree_attention",
+    "compact_kv",
     "chain_parents",
 ]
 
@@ -159,3 +161,42 @@ def expand_tree_step(logits: torch.Tensor, parent_scores: torch.Tensor, top_k: i
     best scores, best first. The new frontier's parent is ``selected // top_k``.
     """
     return _ops.expand_tree_step(logits, parent_scores, int(top_k), int(num_select), validate)
+
+
+def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   prefix_lens: torch.Tensor | int, tree_mask: torch.Tensor, scale: float | None = None,
+                   validate: bool = True) -> torch.Tensor:
+    """Attention of the N nodes of a draft tree over the KV cache, under the tree's ancestor mask.
+
+    ``q[B, H, N, D]``: the tree nodes' queries. ``k_cache`` / ``v_cache`` ``[B, Hkv, S, D]`` (Hugging Face layout;
+    rows may be strided, D must be contiguous) hold, per row b, ``prefix_lens[b]`` prefix positions followed by the
+    N tree nodes' own keys / values at ``prefix_lens[b] + j`` (so ``prefix_lens[b] + N <= S``). ``tree_mask`` is
+    :func:`tree_ancestor_mask`'s output: dense bool ``[B, N, N]`` or packed int32 ``[B, N, ceil(N/32)]``. Node i
+    attends to the whole prefix and to the tree nodes j with ``tree_mask[b, i, j]``. Grouped-query attention: query
+    head h reads kv head ``h // (H / Hkv)``. D in {64, 80, 96, 128, 256}; q, k, v float32, float16 or bfloat16
+    (one dtype; float32 accumulation); ``scale`` defaults to ``1 / sqrt(D)``. Returns ``[B, H, N, D]`` in q's
+    dtype. With ``validate`` a prefix length out of range raises ValueError (else that row's output is zero).
+    """
+    B = q.shape[0]
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    prefix = _per_row(prefix_lens, B, torch.int64, q.device, "prefix_lens")
+    return _ops.tree_attention(q, k_cache, v_cache, prefix, tree_mask, float(scale), validate)
+
+
+def compact_kv(caches, src_positions: torch.Tensor, dst_start: torch.Tensor | int, lengths: torch.Tensor | int,
+               seq_dim: int = 2, validate: bool = True) -> None:
+    """Moves the accepted path's K/V rows into place, in every cache at once (in place).
+
+    ``caches``: a list of tensors (e.g. every layer's K and V) with one shape, dtype and device, contiguous;
+    ``seq_dim`` is the position dimension (2 for the HF layout ``[B, Hkv, S, D]``, 1 for a flat ``[B, S, F]``).
+    ``src_positions[B, L]`` (int64), ``dst_start[B]`` and ``lengths[B]`` (numbers or ``[B]`` tensors). For every
+    cache, row b and i < lengths[b]: ``cache[b, .., dst_start[b] + i, ..] = old cache[b, .., src_positions[b, i],
+    ..]``; all reads of a row happen before its writes, so overlapping ranges are fine. With ``validate`` an
+    out-of-range length or position raises ValueError (after the valid rows moved; invalid rows stay untouched).
+    """
+    caches = list(caches)
+    B = src_positions.shape[0] if src_positions.dim() == 2 else 0
+    dev = src_positions.device
+    _ops.compact_kv(caches, src_positions, _per_row(dst_start, B, torch.int64, dev, "dst_start"),
+                    _per_row(lengths, B, torch.int64, dev, "lengths"), int(seq_dim), validate)

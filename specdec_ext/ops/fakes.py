@@ -56,3 +56,13 @@ def _expand_tree_step(logits, parent_scores, top_k, num_select, validate=True):
     B, F = logits.shape[0], logits.shape[1]
     return (_long(logits, B, F, top_k), logits.new_empty((B, F, top_k), dtype=torch.float32),
             _long(logits, B, num_select))
+
+
+@torch.library.register_fake("specdec_ext::tree_attention")
+def _tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, scale, validate=True):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("specdec_ext::compact_kv")
+def _compact_kv(caches, src_positions, dst_start, lengths, seq_dim, validate=True):
+    return None

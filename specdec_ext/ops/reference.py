@@ -34,6 +34,10 @@ NO_VALID_TOKEN = 5
 BAD_TEMPERATURE = 6
 BAD_TOP_P = 7
 BAD_DRAFT_PROB = 8
+BAD_PREFIX_LEN = 9
+BAD_LENGTH = 10
+BAD_DST_START = 11
+BAD_SRC_POSITION = 12
 
 # Temperatures below this are greedy (vLLM's sampling epsilon): a smaller divisor can overflow float32 logits.
 GREEDY_TEMPERATURE = float(torch.tensor(1e-5, dtype=torch.float32))
@@ -69,6 +73,15 @@ def status_message(op: str, row: int, code: int, node: int, value: int) -> str:
         return f"{op}: top_p[{b}] must be in (0, 1]"
     if code == BAD_DRAFT_PROB:
         return f"{op}: draft_probs[{b}, {node}, {value}] is negative or NaN"
+    if code == BAD_PREFIX_LEN:
+        return (f"{op}: prefix_lens[{b}] = {value} is out of range: need 0 <= prefix_lens[b] <= S - N (the tree "
+                "nodes' keys and values sit at prefix_lens[b] + j)")
+    if code == BAD_LENGTH:
+        return f"{op}: lengths[{b}] = {value} is out of range: need 0 <= lengths[b] <= L"
+    if code == BAD_DST_START:
+        return f"{op}: dst_start[{b}] = {value} is out of range: need 0 <= dst_start[b] <= S - lengths[b]"
+    if code == BAD_SRC_POSITION:
+        return f"{op}: src_positions[{b}, {node}] = {value} is out of range [0, S)"
     return f"{op}: row {b}: unknown status {code}"
 
 
@@ -465,3 +478,95 @@ def expand_tree_step(logits, parent_scores, top_k: int, num_select: int, validat
             continue
         selected[b] = _top_k_desc(cand_scores[b].reshape(-1), num_select)
     return _to_device(logits.device, cand_tokens, cand_scores, selected)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tree attention and KV-cache compaction.
+
+
+def unpack_tree_mask(mask: torch.Tensor, N: int) -> torch.Tensor:
+    """A tree mask as dense bool ``[B, N, N]``: bool masks unchanged, packed int32 words ``[B, N, ceil(N/32)]``
+    unpacked (bit ``j % 32`` of word ``j // 32``)."""
+    if mask.dtype == torch.bool:
+        return mask
+    B = mask.shape[0]
+    bits = (mask.to(torch.int64).unsqueeze(-1) >> torch.arange(32, device=mask.device)) & 1
+    return bits.reshape(B, N, -1)[..., :N].bool()
+
+
+def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.Tensor,
+                   tree_mask: torch.Tensor, scale: float, validate: bool = True,
+                   compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Attention of the N tree nodes of each row over its KV cache.
+
+    ``q[B, H, N, D]``, ``k_cache`` / ``v_cache`` ``[B, Hkv, S, D]`` (query head h reads kv head h // (H / Hkv)),
+    ``prefix_lens[B]``, ``tree_mask`` dense bool ``[B, N, N]`` or packed int32 ``[B, N, ceil(N/32)]``. Node i of row
+    b attends to positions [0, prefix_lens[b]) and to prefix_lens[b] + j for the nodes j with mask[b, i, j] (the tree
+    nodes' own keys and values are already in the cache there): the equivalent dense additive mask over
+    prefix_lens[b] + N keys, then softmax(scale * q k^T) v, computed in ``compute_dtype`` (float32 by default; the
+    tests also run it in the inputs' low precision for flash-attention's error rule). A query that attends to nothing
+    gets zeros. A row with prefix_lens[b] < 0 or prefix_lens[b] + N > S is an error (zeros without validation).
+    Returns ``[B, H, N, D]`` in q's dtype.
+    """
+    B, H, N, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    G = H // Hkv
+    dense = unpack_tree_mask(tree_mask.cpu(), N)
+    out = torch.zeros(B, H, N, D, dtype=q.dtype)
+    for b in range(B):
+        prefix = int(prefix_lens[b])
+        if prefix < 0 or prefix > S - N:
+            if validate:
+                _raise("tree_attention", b, _RowError(BAD_PREFIX_LEN, 0, prefix))
+            continue
+        T = prefix + N
+        k = k_cache[b, :, :T].cpu().to(compute_dtype).repeat_interleave(G, dim=0)  # [H, T, D]
+        v = v_cache[b, :, :T].cpu().to(compute_dtype).repeat_interleave(G, dim=0)
+        allowed = torch.ones(N, T, dtype=torch.bool)
+        allowed[:, prefix:] = dense[b]
+        additive = torch.zeros(N, T, dtype=compute_dtype).masked_fill(~allowed, -math.inf)
+        scores = (q[b].cpu().to(compute_dtype) @ k.transpose(-1, -2)) * scale + additive
+        p = torch.softmax(scores, dim=-1)
+        p = torch.where(allowed.any(-1, keepdim=True), p, torch.zeros((), dtype=compute_dtype))
+        out[b] = (p @ v).to(q.dtype)
+    return out.to(q.device)
+
+
+def _compact_row_status(src: list[int], dst: int, length: int, S: int) -> _RowError | None:
+    L = len(src)
+    if not 0 <= length <= L:
+        return _RowError(BAD_LENGTH, 0, length)
+    if dst < 0 or dst > S - length:
+        return _RowError(BAD_DST_START, 0, dst)
+    for i in range(length):
+        if not 0 <= src[i] < S:
+            return _RowError(BAD_SRC_POSITION, i, src[i])
+    return None
+
+
+def compact_kv(caches: list[torch.Tensor], src_positions: torch.Tensor, dst_start: torch.Tensor,
+               lengths: torch.Tensor, seq_dim: int, validate: bool = True) -> None:
+    """In place, for every cache, row b and i < lengths[b]:
+    ``cache[b, ..., dst_start[b] + i, ...] = OLD cache[b, ..., src_positions[b, i], ...]`` (``seq_dim`` is the
+    position dimension: 2 for the HF layout ``[B, Hkv, S, D]``, 1 for a flat ``[B, S, F]`` cache). All reads of a
+    row happen before its writes (a clone of the old cache), so overlapping ranges are fine. An invalid row
+    (lengths[b] not in [0, L], dst_start[b] < 0 or dst_start[b] + lengths[b] > S, a src position not in [0, S)) is
+    left untouched; with ``validate`` the lowest invalid row raises ValueError after the valid rows are moved.
+    """
+    B, L = src_positions.shape
+    S = caches[0].shape[seq_dim]
+    errors = []
+    for b in range(B):
+        src = src_positions[b].tolist()
+        length, dst = int(lengths[b]), int(dst_start[b])
+        err = _compact_row_status(src, dst, length, S)
+        if err is not None:
+            errors.append((b, err))
+            continue
+        for cache in caches:
+            old = cache[b].clone()
+            idx = torch.tensor(src[:length], dtype=torch.int64, device=cache.device)
+            pos = torch.arange(dst, dst + length, device=cache.device)
+            cache[b].index_copy_(seq_dim - 1, pos, old.index_select(seq_dim - 1, idx))
+    if validate and errors:
+        _raise("compact_kv", *errors[0])

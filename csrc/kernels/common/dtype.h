@@ -96,4 +96,45 @@ SPECDEC_HD bool is_nan(float f) { return f != f; }
 SPECDEC_HD bool is_pos_inf(float f) { return f == bits_to_float(0x7f800000u); }
 SPECDEC_HD float neg_inf() { return bits_to_float(0xff800000u); }
 
+// float -> storage type, rounding to nearest even (NaN stays NaN, overflow goes to inf), for kernels that write
+// half-precision outputs. Host and device give identical bits.
+SPECDEC_HD uint16_t float_to_bf16_bits(float f) {
+  uint32_t u = float_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+SPECDEC_HD uint16_t float_to_f16_bits(float f) {
+  uint32_t u = float_to_bits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u >= 0x7f800000u) return static_cast<uint16_t>(sign | (u > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (u >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf (65520 and up)
+  if (u < 0x38800000u) {
+    // Subnormal or zero half: adding 0.5f aligns the mantissa so the float addition rounds (to nearest even) at
+    // the half's last subnormal bit.
+    const float t = bits_to_float(u) + 0.5f;
+    return static_cast<uint16_t>(sign | (float_to_bits(t) - 0x3f000000u));
+  }
+  const uint32_t odd = (u >> 13) & 1u;
+  u += 0xc8000000u + 0xfffu + odd;  // rebias the exponent (-112 << 23, mod 2^32) and round to nearest even
+  return static_cast<uint16_t>(sign | (u >> 13));
+}
+
+template <typename T>
+SPECDEC_HD T from_float_rn(float f);
+template <>
+SPECDEC_HD float from_float_rn<float>(float f) {
+  return f;
+}
+template <>
+SPECDEC_HD bf16 from_float_rn<bf16>(float f) {
+  return bf16{float_to_bf16_bits(f)};
+}
+template <>
+SPECDEC_HD f16 from_float_rn<f16>(float f) {
+  return f16{float_to_f16_bits(f)};
+}
+
 }  // namespace specdec

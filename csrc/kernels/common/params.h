@@ -187,4 +187,87 @@ struct ExpandTreeStepParams {
   RowStatus* status;     // [B]
 };
 
+// ---------------------------------------------------------------------------------------------------------------
+// Attention over a draft tree, and KV-cache compaction.
+
+// Head dimensions tree_attention supports (the CUDA kernel is templated on them).
+SPECDEC_HD bool tree_attention_head_dim_supported(int64_t d) {
+  return d == 64 || d == 80 || d == 96 || d == 128 || d == 256;
+}
+
+// Query m = g * N + i of kv head k is query head h = k * G + g (G = H / Hkv) at tree node i. Node i of row b attends
+// to cache positions [0, prefix_lens[b]) and to prefix_lens[b] + j for every tree node j with mask(b, i, j) (the
+// tree nodes' own K/V are already in the cache at prefix_lens[b] + j). out = softmax(scale * q . k) v over those
+// positions, accumulated in float32 (online softmax); a query that attends to nothing gets zeros. A row with
+// prefix_lens[b] < 0 or prefix_lens[b] + N > S gets kBadPrefixLen and zero outputs.
+template <typename T>
+struct TreeAttentionParams {
+  const T* q;  // [B, H, N, D], unit stride in D
+  int64_t q_stride_b, q_stride_h, q_stride_n;
+  const T* k;  // [B, Hkv, S, D], unit stride in D
+  int64_t k_stride_b, k_stride_h, k_stride_s;
+  const T* v;  // [B, Hkv, S, D], unit stride in D
+  int64_t v_stride_b, v_stride_h, v_stride_s;
+  const int64_t* prefix_lens;  // [B]
+  const bool* mask_dense;      // [B, N, N] contiguous, or nullptr
+  const int32_t* mask_packed;  // [B, N, ceil(N / 32)] contiguous (TreeMaskParams layout), or nullptr
+  int64_t batch;
+  int64_t num_heads;     // H
+  int64_t num_kv_heads;  // Hkv (H % Hkv == 0)
+  int64_t num_nodes;     // N
+  int64_t head_dim;      // D
+  int64_t seq_len;       // S
+  float scale;
+  T* out;              // [B, H, N, D] contiguous
+  float* workspace;    // CUDA: split partials (size from the launcher); CPU: unused (nullptr)
+  int64_t workspace_floats;
+  RowStatus* status;  // [B]
+};
+
+// Whether tree node j is visible to node i in row b (either mask layout).
+template <typename T>
+SPECDEC_HD bool tree_mask_allows(const TreeAttentionParams<T>& p, int64_t b, int64_t i, int64_t j) {
+  if (p.mask_dense != nullptr) return p.mask_dense[(b * p.num_nodes + i) * p.num_nodes + j];
+  const int64_t w = packed_mask_words(p.num_nodes);
+  const uint32_t word = static_cast<uint32_t>(p.mask_packed[(b * p.num_nodes + i) * w + (j >> 5)]);
+  return (word >> (j & 31)) & 1u;
+}
+
+// compact_kv: for every cache c, row b and i < lengths[b]:
+//   cache_c[b, ..., dst_start[b] + i, ...] = OLD cache_c[b, ..., src_positions[b, i], ...]
+// (all reads of a row happen before its writes, so overlapping source and destination ranges are fine). Each
+// cache is contiguous and viewed as [B, outer, S, inner] bytes-wise: outer = the dims between batch and the
+// sequence dim (Hkv for the HF layout [B, Hkv, S, D], 1 for a flat [B, S, F]), inner = elem_size * the dims after.
+// A row fails (and is left untouched in every cache) when lengths[b] is not in [0, L] (kBadLength), dst_start[b]
+// < 0 or dst_start[b] + lengths[b] > S (kBadDstStart), or some src_positions[b, i < lengths[b]] is not in [0, S)
+// (kBadSrcPosition, the first such i). Caches are passed by value, kMaxCaches per call (the glue splits longer
+// lists); `write_status` is set for the call holding the first cache only.
+struct CompactKvParams {
+  static constexpr int kMaxCaches = 128;
+  void* caches[kMaxCaches];
+  int64_t num_caches;  // <= kMaxCaches
+  int64_t batch;
+  int64_t outer;
+  int64_t seq_len;      // S
+  int64_t inner_bytes;  // bytes of one (b, outer, position) slice
+  const int64_t* src_positions;  // [B, L]
+  int64_t max_len;               // L
+  const int64_t* dst_start;      // [B]
+  const int64_t* lengths;        // [B]
+  bool write_status;
+  RowStatus* status;  // [B]
+};
+
+// The status of one compact_kv row (kOk or the first failure), shared by both devices.
+SPECDEC_HD RowStatus compact_kv_row_status(const CompactKvParams& p, int64_t b) {
+  const int64_t len = p.lengths[b], dst = p.dst_start[b];
+  if (len < 0 || len > p.max_len) return RowStatus{kBadLength, 0, len};
+  if (dst < 0 || dst > p.seq_len - len) return RowStatus{kBadDstStart, 0, dst};
+  for (int64_t i = 0; i < len; ++i) {
+    const int64_t s = p.src_positions[b * p.max_len + i];
+    if (s < 0 || s >= p.seq_len) return RowStatus{kBadSrcPosition, i, s};
+  }
+  return RowStatus{kOk, 0, 0};
+}
+
 }  // namespace specdec

@@ -1,7 +1,8 @@
 // Per-row validation status written by every kernel that reads data-dependent indices or values.
 //
 // Kernels never read out of bounds, whatever the data: a row that fails validation writes a status here and
-// fills its outputs with sentinels (-1 indices, 0 lengths, false masks). The glue then either raises an error
+// fills its outputs with sentinels (-1 indices, 0 lengths, false masks, zero attention outputs; compact_kv leaves an
+// invalid row's cache rows untouched). The glue then either raises an error
 // naming the argument, batch row and node (validate=true) or leaves the sentinels (validate=false). Keeping one
 // status per row (instead of one global flag) makes the reported error deterministic on both devices: the glue
 // reports the lowest failing row.
@@ -21,6 +22,10 @@ enum StatusCode : int64_t {
   kBadTemperature = 6,        // temperature[b] negative or NaN; value = 0
   kBadTopP = 7,               // top_p[b] not in (0, 1]; value = 0
   kBadDraftProb = 8,          // draft_probs[b, node, token] negative or NaN; value = the token
+  kBadPrefixLen = 9,          // tree_attention: prefix_lens[b] < 0 or prefix_lens[b] + N > S; value = prefix_lens[b]
+  kBadLength = 10,            // compact_kv: lengths[b] not in [0, L]; value = lengths[b]
+  kBadDstStart = 11,          // compact_kv: dst_start[b] < 0 or dst_start[b] + lengths[b] > S; value = dst_start[b]
+  kBadSrcPosition = 12,       // compact_kv: src_positions[b, i] not in [0, S) (i < lengths[b]); node = i, value = it
 };
 
 // One row's status: `code` (a StatusCode), the tree `node` (or logits row) it concerns, and the offending value.

@@ -25,4 +25,11 @@ void SampleTokens(const SampleTokensParams<T>& p, int64_t row_begin, int64_t row
 template <typename T>
 void ExpandTreeStep(const ExpandTreeStepParams<T>& p, int64_t row_begin, int64_t row_end);
 
+// Tasks instead of rows: tree attention runs task t = b * Hkv + kv_head for t in [task_begin, task_end) (the
+// task with kv_head 0 writes row b's status); compaction runs task t = cache * B + b (cache 0 writes the status
+// when p.write_status).
+template <typename T>
+void TreeAttention(const TreeAttentionParams<T>& p, int64_t task_begin, int64_t task_end);
+void CompactKv(const CompactKvParams& p, int64_t task_begin, int64_t task_end);
+
 }  // namespace specdec::cpu

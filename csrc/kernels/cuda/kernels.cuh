@@ -27,4 +27,13 @@ void LaunchSampleTokens(const SampleTokensParams<T>& p, cudaStream_t stream);
 template <typename T>
 void LaunchExpandTreeStep(const ExpandTreeStepParams<T>& p, cudaStream_t stream);
 
+// Tree attention, flash-decoding style: a partial kernel over (key split, kv head, row x query tile) writes
+// (max, sum, acc) per split into p.workspace, then a combine kernel normalises. The workspace size (float32
+// elements, allocated by the caller on the device) depends on the shape and on the device's SM count.
+int64_t TreeAttentionWorkspaceFloats(int64_t B, int64_t H, int64_t Hkv, int64_t N, int64_t D, int64_t S);
+template <typename T>
+void LaunchTreeAttention(const TreeAttentionParams<T>& p, cudaStream_t stream);
+// All p.num_caches caches in one launch.
+void LaunchCompactKv(const CompactKvParams& p, cudaStream_t stream);
+
 }  // namespace specdec::cuda
