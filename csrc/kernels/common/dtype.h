@@ -61,23 +61,15 @@ SPECDEC_HD float to_float(f16 x) {
   raw.x = x.bits;
   return __half2float(__half(raw));
 #else
-  // Exact binary16 -> binary32 conversion, including subnormals, infinities and NaN.
+  // Exact binary16 -> binary32 conversion, branch-free so vocabulary loops vectorise: place exponent and mantissa
+  // in float position and multiply by 2^112 to move the exponent bias from 15 to 127 (exact for normals and
+  // subnormals, since scaling by a power of two is exact); infinities and NaN are patched by a select.
   const uint32_t sign = static_cast<uint32_t>(x.bits & 0x8000u) << 16;
-  uint32_t exponent = (x.bits >> 10) & 0x1fu;
-  uint32_t mantissa = x.bits & 0x3ffu;
-  if (exponent == 0x1fu) return bits_to_float(sign | 0x7f800000u | (mantissa << 13));
-  if (exponent == 0) {
-    if (mantissa == 0) return bits_to_float(sign);
-    // Subnormal: renormalise.
-    exponent = 127 - 15 + 1;
-    while ((mantissa & 0x400u) == 0) {
-      mantissa <<= 1;
-      --exponent;
-    }
-    mantissa &= 0x3ffu;
-    return bits_to_float(sign | (exponent << 23) | (mantissa << 13));
-  }
-  return bits_to_float(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
+  const uint32_t magnitude = static_cast<uint32_t>(x.bits & 0x7fffu) << 13;
+  const float scaled = bits_to_float(magnitude) * bits_to_float(0x77800000u);  // 0x77800000 = 2^112
+  const uint32_t finite = float_to_bits(scaled);
+  const uint32_t special = 0x7f800000u | (magnitude & 0x007fe000u);  // inf or NaN with its payload
+  return bits_to_float(sign | (magnitude >= 0x0f800000u ? special : finite));
 #endif
 }
 
