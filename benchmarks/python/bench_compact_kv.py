@@ -22,9 +22,9 @@ HKV, D = 8, 128
 def shapes(quick: bool):
     """(layers, B, A accepted, S, layout, dtype)."""
     bf = torch.bfloat16
-    s = [(32, 1, 8, 2048, "hf", bf), (32, 8, 8, 2048, "hf", bf)]
+    s = [(32, 1, 8, 2048, "hf", bf), (32, 8, 8, 512, "hf", bf)]
     if not quick:
-        s += [(32, 32, 4, 1024, "hf", bf), (32, 8, 8, 2048, "flat", bf), (8, 8, 16, 2048, "hf", torch.float32)]
+        s += [(32, 32, 4, 256, "hf", bf), (32, 8, 8, 512, "flat", bf), (8, 8, 16, 512, "hf", torch.float32)]
     return s
 
 
@@ -68,7 +68,7 @@ def main(argv=None):
             for name, res in (("ours", got), ("baseline", base)):
                 if not all(torch.equal(r.cpu(), w) for r, w in zip(res, want)):
                     raise AssertionError(f"{OP} {name}-{dev} differs from the reference")
-            if dev == "cpu":
+            if dev == "cpu" and B == 1:  # the reference clones whole caches: timed on one row only
                 n_ref = 2
                 table.add(common.Result(OP, shape, dname, "reference", "cpu", common.time_fn(
                     lambda: reference.compact_kv(cs, src, dst, lengths, seq_dim), "cpu", n_ref, 1), nbytes,
