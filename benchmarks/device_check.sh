@@ -8,7 +8,8 @@
 #   01_build.log      the extension built with CUDA (SPECDEC_CUDA=1, TORCH_CUDA_ARCH_LIST=9.0), and, in parallel,
 #                     the CMake build of the kernels + C++ tests + C++ benchmarks (CUDA arch 90)
 #   02_pytest.log     python -m pytest python_tests -q -k cuda
-#   03_ctest.log      ctest (includes test_cuda_vs_cpu) + the C++ benchmarks (--quick)
+#   03_ctest.log      ctest (includes test_cuda_vs_cpu) + the C++ benchmarks (--quick), then bench_tree_attention and
+#                     bench_compact_kv in full mode on the GPU (the tree-attention bandwidth and compaction goals)
 #   04_pybench.log    Python benchmarks on CUDA (run_all.py --quick --device cuda) + device copy bandwidth
 #   bench.json        the benchmark results
 #   summary.txt       one line per stage: ok / FAILED / skipped, with seconds
@@ -169,6 +170,19 @@ if [ -d "$CMAKE_DIR" ]; then
   export -f cpp_benches
   export CMAKE_DIR
   run_stage cpp_bench "$CTEST_LOG" 100 bash -c cpp_benches
+  # tree_attention and compact_kv on the GPU in full mode (the goal shapes: B=1, N=64, P=32k, bf16, GQA 32/8;
+  # 32 layers compacted in one launch), CUDA timings only.
+  attn_benches() {
+    local rc=0
+    for b in bench_tree_attention bench_compact_kv; do
+      [ -x "$CMAKE_DIR/$b" ] || { echo "$b: not built"; rc=1; continue; }
+      echo "--- $b (full, CUDA only)"
+      timeout -k 5 40 "$CMAKE_DIR/$b" --no-cpu --repeats 20 || rc=1
+    done
+    return $rc
+  }
+  export -f attn_benches
+  if [ "$HAVE_GPU" -eq 1 ]; then run_stage attn_bench "$CTEST_LOG" 90 bash -c attn_benches; fi
 else
   record ctest skipped 0 "no CMake build"
 fi

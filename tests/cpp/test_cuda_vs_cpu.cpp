@@ -3,6 +3,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "bench_common.h"
@@ -219,7 +222,127 @@ void compare_trees(int64_t B, int64_t N) {
   CHECK(dwords.get() == words);
 }
 
+
+// Tree attention: CPU and CUDA on the same inputs (GQA, ragged prefixes, one invalid row, packed or dense mask);
+// float outputs within a tolerance (different summation orders and exp implementations), statuses exactly.
+template <typename T>
+void compare_attention(int64_t B, int64_t H, int64_t Hkv, int64_t N, int64_t D, int64_t S, bool packed) {
+  Rng rng(101 + N + D + S);
+  std::vector<float> qf(B * H * N * D), kf(B * Hkv * S * D), vf(B * Hkv * S * D);
+  for (auto& x : qf) x = rng.uniform() * 4 - 2;
+  for (auto& x : kf) x = rng.uniform() * 4 - 2;
+  for (auto& x : vf) x = rng.uniform() * 4 - 2;
+  const std::vector<T> q = convert<T>(qf), k = convert<T>(kf), v = convert<T>(vf);
+  std::vector<int64_t> prefix(B), parents(B * N);
+  for (int64_t b = 0; b < B; ++b) {
+    prefix[b] = b == 1 ? S : rng.below(S - N + 1);  // row 1 invalid when B > 1
+    parents[b * N] = -1;
+    for (int64_t i = 1; i < N; ++i) parents[b * N + i] = rng.below(i);
+  }
+  const int64_t W = packed_mask_words(N);
+  std::vector<uint8_t> dense(B * N * N);
+  std::vector<int32_t> words(B * N * W);
+  std::vector<RowStatus> mst(B);
+  TreeMaskParams m{parents.data(), B, N, reinterpret_cast<bool*>(dense.data()), words.data(), mst.data()};
+  cpu::TreeAncestorMask(m, 0, B);
+  std::vector<T> out(B * H * N * D);
+  std::vector<RowStatus> st(B);
+  auto params = [&](const T* qp, const T* kp, const T* vp, const int64_t* pl, const bool* dm, const int32_t* pm,
+                    T* o, float* ws, int64_t wsn, RowStatus* sp) {
+    return TreeAttentionParams<T>{qp, H * N * D, N * D, D, kp, Hkv * S * D, S * D, D, vp, Hkv * S * D, S * D, D,
+                                  pl, packed ? nullptr : dm, packed ? pm : nullptr, B, H, Hkv, N, D, S, 0.1f,
+                                  o, ws, wsn, sp};
+  };
+  cpu::TreeAttention(params(q.data(), k.data(), v.data(), prefix.data(), reinterpret_cast<bool*>(dense.data()),
+                            words.data(), out.data(), nullptr, 0, st.data()),
+                     0, B * Hkv);
+  DevBuf<T> dq(q), dk(k), dv(v), dout(out.size());
+  DevBuf<int64_t> dpre(prefix);
+  DevBuf<uint8_t> ddense(dense);
+  DevBuf<int32_t> dwords(words);
+  DevBuf<RowStatus> dst(B);
+  const int64_t wsn = cuda::TreeAttentionWorkspaceFloats(B, H, Hkv, N, D, S);
+  DevBuf<float> ws(wsn);
+  cuda::LaunchTreeAttention<T>(params(dq.p, dk.p, dv.p, dpre.p, reinterpret_cast<bool*>(ddense.p), dwords.p, dout.p,
+                                      ws.p, wsn, dst.p),
+                               nullptr);
+  BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK(same_status(dst.get(), st));
+  std::vector<float> a(out.size()), c(out.size());
+  const std::vector<T> got = dout.get();
+  for (size_t i = 0; i < out.size(); ++i) a[i] = specdec::to_float(got[i]), c[i] = specdec::to_float(out[i]);
+  const double tol = std::is_same_v<T, float> ? 2e-5 : std::is_same_v<T, f16> ? 2e-3 : 1.6e-2;
+  check_close(a, c, tol, tol);
+}
+
+// Compaction of several float / bf16 caches with overlapping moves: CUDA and CPU give identical bytes.
+template <typename T>
+void compare_compact(int64_t caches, int64_t B, int64_t O, int64_t S, int64_t I, int64_t L) {
+  Rng rng(7 + caches + I);
+  std::vector<std::vector<T>> host(caches);
+  for (auto& c : host) {
+    std::vector<float> f(B * O * S * I);
+    for (auto& x : f) x = rng.uniform();
+    c = convert<T>(f);
+  }
+  std::vector<int64_t> src(B * L), dst(B), len(B);
+  for (int64_t b = 0; b < B; ++b) {
+    len[b] = rng.below(L + 1);
+    dst[b] = rng.below(S - L);
+    for (int64_t i = 0; i < L; ++i) src[b * L + i] = std::min<int64_t>(S - 1, dst[b] + rng.below(2 * L) - L / 2 + 1);
+    for (int64_t i = 0; i < L; ++i) src[b * L + i] = std::max<int64_t>(0, src[b * L + i]);
+  }
+  if (B > 2) src[2 * L] = S;  // row 2 invalid when lengths[2] > 0
+  std::vector<std::unique_ptr<DevBuf<T>>> dev;
+  for (auto& c : host) dev.push_back(std::make_unique<DevBuf<T>>(c));
+  CompactKvParams p{};
+  p.num_caches = caches;
+  p.batch = B;
+  p.outer = O;
+  p.seq_len = S;
+  p.inner_bytes = I * static_cast<int64_t>(sizeof(T));
+  p.src_positions = src.data();
+  p.max_len = L;
+  p.dst_start = dst.data();
+  p.lengths = len.data();
+  p.write_status = true;
+  std::vector<RowStatus> st(B);
+  p.status = st.data();
+  for (int64_t c = 0; c < caches; ++c) p.caches[c] = host[c].data();
+  cpu::CompactKv(p, 0, caches * B);
+  DevBuf<int64_t> dsrc(src), ddst(dst), dlen(len);
+  DevBuf<RowStatus> dstat(B);
+  CompactKvParams g = p;
+  for (int64_t c = 0; c < caches; ++c) g.caches[c] = dev[c]->p;
+  g.src_positions = dsrc.p;
+  g.dst_start = ddst.p;
+  g.lengths = dlen.p;
+  g.status = dstat.p;
+  cuda::LaunchCompactKv(g, nullptr);
+  BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK(same_status(dstat.get(), st));
+  for (int64_t c = 0; c < caches; ++c) {
+    const std::vector<T> a = dev[c]->get();
+    CHECK(std::memcmp(a.data(), host[c].data(), a.size() * sizeof(T)) == 0);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("cuda == cpu: tree_attention (every head dim, GQA, long prefix, packed and dense masks)") {
+  compare_attention<float>(3, 4, 2, 9, 64, 150, false);
+  compare_attention<float>(2, 4, 1, 26, 80, 300, true);
+  compare_attention<bf16>(2, 8, 2, 64, 96, 500, true);
+  compare_attention<f16>(3, 4, 4, 5, 128, 1000, false);
+  compare_attention<bf16>(1, 8, 2, 64, 128, 33000, true);  // many splits
+  compare_attention<float>(2, 2, 1, 40, 256, 700, false);
+}
+
+TEST_CASE("cuda == cpu: compact_kv (HF and flat layouts, overlaps, odd row sizes)") {
+  compare_compact<bf16>(64, 3, 8, 64, 128, 8);
+  compare_compact<float>(5, 4, 1, 40, 24, 12);
+  compare_compact<bf16>(3, 3, 2, 30, 3, 6);  // 6-byte rows: 2-byte copy units
+}
 
 TEST_CASE("cuda == cpu: build_tree and tree_ancestor_mask") {
   for (int64_t N : {1, 7, 32, 33, 64, 100}) compare_trees(5, N);
