@@ -43,7 +43,9 @@ struct CpuBackend {
   }
   template <typename T>
   static void expand_tree_step(const ExpandTreeStepParams<T>& p) {
-    for_rows(p, p.batch, 2 * p.frontier * p.vocab, cpu::ExpandTreeStep<T>);
+    // Frontier nodes in parallel (EAGLE-2 runs at B = 1 with ~10 nodes), then each row's selection.
+    for_rows(p, p.batch * p.frontier, 2 * p.vocab, cpu::ExpandTreeStepNodes<T>);
+    for_rows(p, p.batch, p.frontier * p.top_k, cpu::ExpandTreeStepSelect<T>);
   }
   // Tasks are (row, kv head) pairs that each read one kv head's whole cache prefix: one task per thread chunk.
   static int64_t tree_attention_workspace_floats(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { return 0; }

@@ -185,6 +185,7 @@ struct ExpandTreeStepParams {
   float* cand_scores;    // [B, F, top_k]
   int64_t* selected;     // [B, num_select]: flat candidate indices f * top_k + j
   RowStatus* status;     // [B]
+  RowStatus* node_status = nullptr;  // [B, F] scratch for the CPU's two-phase form (may be null otherwise)
 };
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -24,6 +24,12 @@ template <typename T>
 void SampleTokens(const SampleTokensParams<T>& p, int64_t row_begin, int64_t row_end);
 template <typename T>
 void ExpandTreeStep(const ExpandTreeStepParams<T>& p, int64_t row_begin, int64_t row_end);
+// The same step in two phases, so that small batches can spread frontier nodes over threads: first nodes
+// [node_begin, node_end) of the flattened B * F (fills p.node_status), then rows (reads p.node_status).
+template <typename T>
+void ExpandTreeStepNodes(const ExpandTreeStepParams<T>& p, int64_t node_begin, int64_t node_end);
+template <typename T>
+void ExpandTreeStepSelect(const ExpandTreeStepParams<T>& p, int64_t row_begin, int64_t row_end);
 
 // Tasks instead of rows: tree attention runs task t = b * Hkv + kv_head for t in [task_begin, task_end) (the
 // task with kv_head 0 writes row b's status); compaction runs task t = cache * B + b (cache 0 writes the status

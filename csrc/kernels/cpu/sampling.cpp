@@ -82,49 +82,85 @@ void SampleTokens(const SampleTokensParams<T>& p, int64_t row_begin, int64_t row
   }
 }
 
+namespace {
+
+// Phase 1 for frontier node f of row b: candidates and scores, or the status of a bad logits row.
 template <typename T>
-void ExpandTreeStep(const ExpandTreeStepParams<T>& p, int64_t row_begin, int64_t row_end) {
+RowStatus expand_node(const ExpandTreeStepParams<T>& p, int64_t b, int64_t f, Scratch& scratch,
+                      std::vector<int64_t>& buffer) {
   const int64_t F = p.frontier, V = p.vocab, K = p.top_k;
-  Scratch& scratch = thread_scratch(V);
+  int64_t* cand_tokens = p.cand_tokens + (b * F + f) * K;
+  float* cand_scores = p.cand_scores + (b * F + f) * K;
+  float* x = scratch.x.data();
+  const RowScan scan = scan_logits(p.logits + b * p.logits_stride_b + f * p.logits_stride_f, V, x);
+  RowStatus status{kOk, 0, 0};
+  if (logits_row_invalid(scan, f, &status)) return status;
+  const float m = scan.max;
+  float* e = scratch.target.data();
+  exp_weights(x, e, V, m, neg_inf());
+  const float log_z = static_cast<float>(std::log(sum_of(e, V)));
+  top_k_indices(x, V, K, cand_tokens, buffer, /*nan_free=*/true);
+  const float parent = p.parent_scores[b * F + f];
+  for (int64_t j = 0; j < K; ++j) cand_scores[j] = parent + ((x[cand_tokens[j]] - m) - log_z);
+  return status;
+}
+
+// Phase 2 for row b, given its nodes' statuses: the first failing node's status and sentinels, or the selection.
+template <typename T>
+void expand_select(const ExpandTreeStepParams<T>& p, int64_t b, const RowStatus* node_status,
+                   std::vector<int64_t>& buffer) {
+  const int64_t F = p.frontier, K = p.top_k;
+  int64_t* cand_tokens = p.cand_tokens + b * F * K;
+  float* cand_scores = p.cand_scores + b * F * K;
+  int64_t* selected = p.selected + b * p.num_select;
+  p.status[b] = {kOk, 0, 0};
+  for (int64_t f = 0; f < F; ++f) {
+    if (node_status[f].code == kOk) continue;
+    p.status[b] = node_status[f];
+    std::fill(cand_tokens, cand_tokens + F * K, int64_t{-1});
+    std::fill(cand_scores, cand_scores + F * K, neg_inf());
+    std::fill(selected, selected + p.num_select, int64_t{-1});
+    return;
+  }
+  top_k_indices(cand_scores, F * K, p.num_select, selected, buffer, /*nan_free=*/false);
+}
+
+}  // namespace
+
+template <typename T>
+void ExpandTreeStepNodes(const ExpandTreeStepParams<T>& p, int64_t node_begin, int64_t node_end) {
+  Scratch& scratch = thread_scratch(p.vocab);
   std::vector<int64_t> buffer;
-  for (int64_t b = row_begin; b < row_end; ++b) {
-    int64_t* cand_tokens = p.cand_tokens + b * F * K;
-    float* cand_scores = p.cand_scores + b * F * K;
-    int64_t* selected = p.selected + b * p.num_select;
-    RowStatus* status = &p.status[b];
-    *status = {kOk, 0, 0};
-    bool ok = true;
-    for (int64_t f = 0; f < F && ok; ++f) {
-      float* x = scratch.x.data();
-      const RowScan scan = scan_logits(p.logits + b * p.logits_stride_b + f * p.logits_stride_f, V, x);
-      if (logits_row_invalid(scan, f, status)) {
-        ok = false;
-        break;
-      }
-      const float m = scan.max;
-      float* e = scratch.target.data();
-      exp_weights(x, e, V, m, neg_inf());
-      const float log_z = static_cast<float>(std::log(sum_of(e, V)));
-      top_k_indices(x, V, K, cand_tokens + f * K, buffer, /*nan_free=*/true);
-      const float parent = p.parent_scores[b * F + f];
-      for (int64_t j = 0; j < K; ++j) {
-        const float log_prob = (x[cand_tokens[f * K + j]] - m) - log_z;
-        cand_scores[f * K + j] = parent + log_prob;
-      }
-    }
-    if (!ok) {
-      std::fill(cand_tokens, cand_tokens + F * K, int64_t{-1});
-      std::fill(cand_scores, cand_scores + F * K, neg_inf());
-      std::fill(selected, selected + p.num_select, int64_t{-1});
-      continue;
-    }
-    top_k_indices(cand_scores, F * K, p.num_select, selected, buffer, /*nan_free=*/false);
+  for (int64_t i = node_begin; i < node_end; ++i) {
+    p.node_status[i] = expand_node(p, i / p.frontier, i % p.frontier, scratch, buffer);
   }
 }
 
-#define SPECDEC_INSTANTIATE(T)                                                            \
-  template void SampleTokens<T>(const SampleTokensParams<T>&, int64_t, int64_t);        \
-  template void ExpandTreeStep<T>(const ExpandTreeStepParams<T>&, int64_t, int64_t);
+template <typename T>
+void ExpandTreeStepSelect(const ExpandTreeStepParams<T>& p, int64_t row_begin, int64_t row_end) {
+  std::vector<int64_t> buffer;
+  for (int64_t b = row_begin; b < row_end; ++b) expand_select(p, b, p.node_status + b * p.frontier, buffer);
+}
+
+template <typename T>
+void ExpandTreeStep(const ExpandTreeStepParams<T>& p, int64_t row_begin, int64_t row_end) {
+  Scratch& scratch = thread_scratch(p.vocab);
+  std::vector<int64_t> buffer;
+  std::vector<RowStatus> node_status(p.frontier);
+  for (int64_t b = row_begin; b < row_end; ++b) {
+    for (int64_t f = 0; f < p.frontier; ++f) {
+      node_status[f] = expand_node(p, b, f, scratch, buffer);
+      if (node_status[f].code != kOk) break;  // later nodes are not needed: the row is invalid
+    }
+    expand_select(p, b, node_status.data(), buffer);
+  }
+}
+
+#define SPECDEC_INSTANTIATE(T)                                                                \
+  template void SampleTokens<T>(const SampleTokensParams<T>&, int64_t, int64_t);            \
+  template void ExpandTreeStep<T>(const ExpandTreeStepParams<T>&, int64_t, int64_t);        \
+  template void ExpandTreeStepNodes<T>(const ExpandTreeStepParams<T>&, int64_t, int64_t);   \
+  template void ExpandTreeStepSelect<T>(const ExpandTreeStepParams<T>&, int64_t, int64_t);
 SPECDEC_INSTANTIATE(float)
 SPECDEC_INSTANTIATE(f16)
 SPECDEC_INSTANTIATE(bf16)
