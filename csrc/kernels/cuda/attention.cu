@@ -103,7 +103,34 @@ __device__ __forceinline__ bool row_prefix_ok(const TreeAttentionParams<T>& p, i
   return *prefix >= 0 && *prefix <= p.seq_len - p.num_nodes;
 }
 
-template <typename T, int D>
+// Loads keys [t0, t0 + keys) of K and V into the float tiles. kVec: rows are 16-byte aligned (checked by the
+// launcher), so each thread reads 16-byte vectors (D is a multiple of 8 for every supported head dim).
+template <bool kVec, typename T, int D>
+__device__ __forceinline__ void load_kv_tile(const T* kbase, int64_t k_stride, const T* vbase, int64_t v_stride,
+                                             int64_t t0, int keys, float* ks, float* vs) {
+  if constexpr (kVec) {
+    constexpr int kN = Vec16<T>::kN, kPerRow = D / kN;
+    for (int e = threadIdx.x; e < keys * kPerRow; e += kThreads) {
+      const int j = e / kPerRow, d = (e % kPerRow) * kN;
+      float kx[kN], vx[kN];
+      unpack16(__ldg(reinterpret_cast<const uint4*>(kbase + (t0 + j) * k_stride + d)), kx, kbase);
+      unpack16(__ldg(reinterpret_cast<const uint4*>(vbase + (t0 + j) * v_stride + d)), vx, vbase);
+#pragma unroll
+      for (int x = 0; x < kN; ++x) {
+        ks[j * (D + 1) + d + x] = kx[x];
+        vs[j * D + d + x] = vx[x];
+      }
+    }
+  } else {
+    for (int e = threadIdx.x; e < keys * D; e += kThreads) {
+      const int j = e / D, d = e % D;
+      ks[j * (D + 1) + d] = to_float(kbase[(t0 + j) * k_stride + d]);
+      vs[j * D + d] = to_float(vbase[(t0 + j) * v_stride + d]);
+    }
+  }
+}
+
+template <typename T, int D, bool kVec>
 __global__ void __launch_bounds__(kThreads) tree_attention_partial_kernel(TreeAttentionParams<T> p, int64_t splits,
                                                                           int64_t chunk, int64_t query_tiles) {
   constexpr int KT = key_tile(D);
@@ -154,11 +181,7 @@ __global__ void __launch_bounds__(kThreads) tree_attention_partial_kernel(TreeAt
   for (int64_t t0 = start; t0 < end; t0 += KT) {
     const int keys = static_cast<int>(min(static_cast<int64_t>(KT), end - t0));
     __syncthreads();  // previous tile fully consumed (and, on the first pass, qs written)
-    for (int e = threadIdx.x; e < keys * D; e += kThreads) {
-      const int j = e / D, d = e % D;
-      ks[j * (D + 1) + d] = to_float(kbase[(t0 + j) * p.k_stride_s + d]);
-      vs[j * D + d] = to_float(vbase[(t0 + j) * p.v_stride_s + d]);
-    }
+    load_kv_tile<kVec, T, D>(kbase, p.k_stride_s, vbase, p.v_stride_s, t0, keys, ks, vs);
     __syncthreads();
 
     // Scores of key `lane` for the warp's queries (base-2 logits), masked.
@@ -296,7 +319,15 @@ void launch_tree_attention(const TreeAttentionParams<T>& p, cudaStream_t stream)
   if (p.num_kv_heads > 65535 || p.batch * plan.query_tiles > 65535 || plan.splits > 0x7fffffff)
     throw std::runtime_error("specdec_ext CUDA: tree_attention grid too large (B * query tiles <= 65535)");
   constexpr size_t smem = attention_smem_bytes<D>();
-  auto kernel = tree_attention_partial_kernel<T, D>;
+  // 16-byte loads when every K / V row starts 16-byte aligned.
+  const auto aligned = [](const void* ptr, int64_t sb, int64_t sh, int64_t ss) {
+    const int64_t e = static_cast<int64_t>(sizeof(T));
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (sb * e) % 16 == 0 && (sh * e) % 16 == 0 &&
+           (ss * e) % 16 == 0;
+  };
+  const bool vec = aligned(p.k, p.k_stride_b, p.k_stride_h, p.k_stride_s) &&
+                   aligned(p.v, p.v_stride_b, p.v_stride_h, p.v_stride_s);
+  auto kernel = vec ? tree_attention_partial_kernel<T, D, true> : tree_attention_partial_kernel<T, D, false>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
              "cudaFuncSetAttribute(tree_attention)");
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(p.num_kv_heads),
