@@ -1,0 +1,31 @@
+"""Hugging Face integration (needs ``transformers>=5``: ``pip install specdec_ext[hf]``).
+
+* :mod:`~specdec_ext.models.attention`: the tree kernel as transformers attention implementation ``"specdec_tree"``
+  (registered on import), :func:`use_tree_attention`, :func:`uses_attention_interface`.
+* :mod:`~specdec_ext.models.kv_cache`: :class:`TreeKVCache`, a static ``Cache`` with per-row lengths, ``rewind``,
+  ``compact`` / ``accept`` (one ``ops.compact_kv`` call for all layers).
+* :mod:`~specdec_ext.models.tree_forward`: :func:`tree_forward` (the verification forward, logits ``[B, N, V]``),
+  :func:`extend` (append tokens per row: prefill, decoding), :func:`tree_attention_mask` (the 4-D fallback mask).
+"""
+
+from specdec_ext.models.attention import (TREE_ATTENTION, is_tree_attention, register, tree_attention_forward,
+                                          tree_metadata, use_tree_attention, uses_attention_interface)
+from specdec_ext.models.kv_cache import TreeKVCache, TreeKVLayer
+from specdec_ext.models.tree_forward import extend, tree_attention_mask, tree_forward
+
+register()
+
+__all__ = [
+    "TREE_ATTENTION",
+    "TreeKVCache",
+    "TreeKVLayer",
+    "extend",
+    "is_tree_attention",
+    "register",
+    "tree_attention_forward",
+    "tree_attention_mask",
+    "tree_forward",
+    "tree_metadata",
+    "use_tree_attention",
+    "uses_attention_interface",
+]

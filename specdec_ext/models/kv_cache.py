@@ -1,0 +1,211 @@
+"""A static, preallocated KV cache with per-row lengths, for Hugging Face models (transformers 5.x ``Cache`` API).
+
+Layout. One contiguous tensor ``storage[L, 2, B, Hkv, S, D]`` (L layers; 0 = keys, 1 = values; B rows; S = max_len
+positions), allocated once. Layer l's ``keys`` / ``values`` are the views ``storage[l, 0]`` / ``storage[l, 1]``: the
+``[B, Hkv, S, D]`` layout transformers' attention functions expect, each view contiguous, so :meth:`compact` moves
+every layer's K and V with ONE :func:`specdec_ext.ops.compact_kv` call over the 2L views. Row b holds
+``lengths[b]`` committed tokens at positions ``[0, lengths[b])``; entries at and beyond it are stale and simply
+overwritten later.
+
+Writes. ``update`` (called by every attention layer) writes the layer's new ``[B, Hkv, q, D]`` keys/values at
+positions ``lengths[b] + j`` of each row and advances that layer's length by q, then returns the FULL buffers, so an
+attention function sees positions ``[0, S)`` and must mask: :func:`~specdec_ext.models.tree_forward.tree_forward`
+passes the tree metadata (or a 4-D mask), and transformers' own masks for ordinary forwards span all S positions
+(``get_mask_sizes`` returns ``(S, 0)``, as HF's ``StaticCache``). Ordinary forwards (``model(ids, cache=cache)``)
+need every row at the same length; rows of different lengths go through ``tree_forward`` / ``extend``.
+
+Speculative step. ``tree_forward`` rewinds to the prefix, runs the tree's N nodes (their K/V land at
+``prefix_lens[b] + j``) and rewinds again; after verification :meth:`accept` (or :meth:`compact`) moves the accepted
+path right after the prefix and sets the lengths.
+
+Sliding-window layers are stored in full (no ring buffer); per-layer head counts and head dims must be equal.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from specdec_ext import ops
+
+
+def _text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
+class TreeKVLayer(CacheLayerMixin):
+    """One layer of :class:`TreeKVCache`: views into the shared storage and the shared length table."""
+
+    # As HF's StaticLayer: a compileable cache makes transformers always materialise the decoding mask (with
+    # q_length == 1 it would otherwise skip the mask and attend to all S positions, stale ones included).
+    is_compileable = True
+    is_croppable = True
+    is_sliding = False  # stored in full; the mask applies any window
+    supports_early_init = False  # allocated up front
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, layer_idx: int):
+        super().__init__()
+        self.keys, self.values, self.lengths, self.layer_idx = keys, values, lengths, layer_idx
+        self.batch_size, self.num_heads, self.max_cache_len, self.k_head_dim = keys.shape
+        self.v_head_dim = values.shape[-1]
+        self.device = keys.device
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        B, Hkv, S, D = self.keys.shape
+        if key_states.shape[0] != B or key_states.shape[1] != Hkv or key_states.shape[3] != D:
+            raise ValueError(f"TreeKVCache layer {self.layer_idx}: new keys must have shape [B={B}, Hkv={Hkv}, q, "
+                             f"D={D}], got {tuple(key_states.shape)} (batch size or model config differs from the "
+                             "cache's)")
+        if value_states.shape != key_states.shape:
+            raise ValueError(f"TreeKVCache layer {self.layer_idx}: values {tuple(value_states.shape)} and keys "
+                             f"{tuple(key_states.shape)} differ")
+        q = key_states.shape[2]
+        pos = self.lengths[:, None] + torch.arange(q, device=self.device)  # [B, q]
+        if self.device.type == "cpu":
+            if bool((pos[:, -1] >= S).any()) if q else False:
+                raise ValueError(f"TreeKVCache: writing {q} positions after lengths {self.lengths.tolist()} "
+                                 f"overflows max_len = {S}")
+        else:
+            torch._assert_async((pos[:, -1] < S).all() if q else torch.tensor(True, device=self.device))
+        idx = pos[:, None, :, None].expand(B, Hkv, q, D)
+        self.keys.scatter_(2, idx, key_states.to(self.keys.dtype))
+        self.values.scatter_(2, idx, value_states.to(self.values.dtype))
+        self.lengths.add_(q)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.max_cache_len, 0
+
+    def get_seq_length(self) -> int:
+        lo, hi = int(self.lengths.min()), int(self.lengths.max())
+        if lo != hi:
+            raise ValueError(f"TreeKVCache: rows have different lengths ({self.lengths.tolist()}); an ordinary forward "
+                             "needs equal lengths: use specdec_ext.models.extend / tree_forward instead")
+        return lo
+
+    def get_max_length(self) -> int:
+        return self.max_cache_len
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise RuntimeError("TreeKVCache can only be cropped by a negative count (tokens to remove); use rewind")
+        self.lengths.sub_(abs(tokens_to_remove)).clamp_(min=0)
+
+    def reset(self) -> None:
+        self.lengths.zero_()
+
+    def offload(self):
+        raise NotImplementedError("TreeKVCache does not offload")
+
+    def prefetch(self):
+        pass
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("TreeKVCache does not support beam search reordering")
+
+
+class TreeKVCache(Cache):
+    """Static KV cache ``[L, 2, B, Hkv, S, D]`` with per-row lengths, ``rewind`` and ``compact`` (see module doc).
+
+    ``config``: the model's config (``model.config``; its text/decoder config is used). ``batch_size`` rows of
+    ``max_len`` positions, in ``dtype`` (the model's dtype) on ``device``.
+    """
+
+    def __init__(self, config, batch_size: int, max_len: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
+        cfg = _text_config(config)
+        L = cfg.num_hidden_layers
+        heads = cfg.num_attention_heads
+        Hkv = getattr(cfg, "num_key_value_heads", None) or heads
+        D = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        layer_types = getattr(cfg, "layer_types", None) or []
+        unsupported = sorted({t for t in layer_types if t not in ("full_attention", "sliding_attention")})
+        if unsupported:
+            raise NotImplementedError(f"TreeKVCache holds full/sliding attention layers only, got {unsupported}")
+        if batch_size < 1 or max_len < 1:
+            raise ValueError(f"TreeKVCache: batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
+        self.storage = torch.zeros(L, 2, batch_size, Hkv, max_len, D, dtype=dtype, device=device)
+        self._lengths = torch.zeros(L, batch_size, dtype=torch.int64, device=device)
+        layers = [TreeKVLayer(self.storage[l, 0], self.storage[l, 1], self._lengths[l], l) for l in range(L)]
+        super().__init__(layers=layers)
+        self.max_len = max_len
+        # The window of the model's sliding-window layers, if any (tree_forward refuses trees that reach past it).
+        window = getattr(cfg, "sliding_window", None)
+        has_sliding = ("sliding_attention" in layer_types if layer_types
+                       else getattr(cfg, "use_sliding_window", True))
+        self.sliding_window = window if window and has_sliding else None
+
+    # -- state -------------------------------------------------------------------------------------------------
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """``[B]`` int64: committed tokens per row (a copy)."""
+        return self._lengths[0].clone()
+
+    @property
+    def batch_size(self) -> int:
+        return self.storage.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.storage.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.storage.dtype
+
+    def kv_views(self) -> list[torch.Tensor]:
+        """Every layer's K then V, ``[B, Hkv, S, D]`` each (the list :meth:`compact` hands to ``compact_kv``)."""
+        return [self.storage[l, kv] for l in range(self.storage.shape[0]) for kv in (0, 1)]
+
+    def _row_tensor(self, value, name: str) -> torch.Tensor:
+        B = self.batch_size
+        if isinstance(value, torch.Tensor):
+            t = value.to(device=self.device, dtype=torch.int64)
+            if t.dim() == 0:
+                t = t.expand(B)
+            if t.shape != (B,):
+                raise ValueError(f"TreeKVCache: {name} must be a number or a [{B}] tensor (batch size {B}), got "
+                                 f"shape {tuple(value.shape)}")
+            return t
+        return torch.full((B,), int(value), dtype=torch.int64, device=self.device)
+
+    def rewind(self, lengths: torch.Tensor | int) -> None:
+        """Sets every layer's per-row length to ``lengths`` (number or ``[B]``); entries beyond are stale."""
+        t = self._row_tensor(lengths, "lengths")
+        if t.device.type == "cpu" and bool(((t < 0) | (t > self.max_len)).any()):
+            raise ValueError(f"TreeKVCache.rewind: lengths {t.tolist()} must be in [0, max_len = {self.max_len}]")
+        self._lengths.copy_(t.expand_as(self._lengths))
+
+    def compact(self, src_positions: torch.Tensor, dst_start: torch.Tensor | int, lengths: torch.Tensor | int,
+                validate: bool = True) -> None:
+        """For every layer's K and V (one ``ops.compact_kv`` call), row b and i < lengths[b]: position
+        ``dst_start[b] + i`` takes the old position ``src_positions[b, i]``; then the row's length is
+        ``dst_start[b] + lengths[b]``. ``src_positions[B, L]`` int64."""
+        if src_positions.dim() != 2 or src_positions.shape[0] != self.batch_size:
+            raise ValueError(f"TreeKVCache.compact: src_positions must have shape [B={self.batch_size}, L], got "
+                             f"{tuple(src_positions.shape)}")
+        dst = self._row_tensor(dst_start, "dst_start")
+        n = self._row_tensor(lengths, "lengths")
+        ops.compact_kv(self.kv_views(), src_positions.to(device=self.device, dtype=torch.int64), dst, n, seq_dim=2,
+                       validate=validate)
+        self._lengths.copy_((dst + n).expand_as(self._lengths))
+
+    def accept(self, accepted: torch.Tensor, accept_len: torch.Tensor, prefix_lens: torch.Tensor | int,
+               validate: bool = True) -> None:
+        """After verifying a tree whose root sat at ``prefix_lens``: keeps the accepted path (``accepted[B, N]``
+        node indices, root first, -1 padded; ``accept_len[B]`` draft tokens accepted, root excluded), i.e. moves the
+        root's and accepted nodes' K/V to ``prefix_lens[b] + i``; the row's length becomes
+        ``prefix_lens[b] + accept_len[b] + 1``."""
+        prefix = self._row_tensor(prefix_lens, "prefix_lens")
+        if accepted.dim() != 2 or accepted.shape[0] != self.batch_size:
+            raise ValueError(f"TreeKVCache.accept: accepted must have shape [B={self.batch_size}, N], got "
+                             f"{tuple(accepted.shape)}")
+        accepted = accepted.to(device=self.device, dtype=torch.int64)
+        src = prefix[:, None] + accepted.clamp(min=0)
+        self.compact(src, prefix, self._row_tensor(accept_len, "accept_len") + 1, validate=validate)

@@ -1,0 +1,153 @@
+"""The verification forward: one model call over a whole draft tree per row.
+
+``tree_forward(model, cache, tokens, parents, prefix_lens)`` runs the N tree nodes of each row at positions
+``prefix_lens + depth`` (``ops.build_tree``), each node attending to the row's cached prefix and to its own ancestors
+(``ops.tree_ancestor_mask``), and returns logits ``[B, N, V]``: row i of a row's logits is what the model predicts
+after the root-to-node-i path. Two routes, same results:
+
+* the kernel: the model is set to ``"specdec_tree"`` (:func:`~specdec_ext.models.attention.use_tree_attention`);
+  the metadata travels as forward kwargs (and a context variable) to the attention function, which calls
+  ``ops.tree_attention``. The model's ``attention_mask`` argument is then a zero-stride placeholder (no [B, N, S]
+  mask is materialised) that the attention function ignores.
+* the fallback (any model, any attention implementation): an additive 4-D mask ``[B, 1, N, S]`` (0 where a node may
+  attend, the dtype's minimum elsewhere) over the cache's S positions, handed to the model.
+
+Afterwards the cache is rewound to ``prefix_lens``: the nodes' K/V stay at ``prefix_lens[b] + j`` for
+``TreeKVCache.accept``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from specdec_ext import ops
+from specdec_ext.ops.reference import unpack_tree_mask
+from specdec_ext.models.attention import (PREFIX_LENS_KWARG, TREE_MASK_KWARG, is_tree_attention,
+                                          tree_metadata)
+from specdec_ext.models.kv_cache import TreeKVCache
+
+
+def tree_attention_mask(prefix_lens: torch.Tensor, tree_mask: torch.Tensor, kv_len: int,
+                        dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The dense 4-D mask of a tree verification over ``kv_len`` cache positions: ``[B, 1, N, kv_len]``; node i of
+    row b may attend to positions ``< prefix_lens[b]`` and to ``prefix_lens[b] + j`` for its ancestors-or-self j.
+    ``tree_mask``: dense bool ``[B, N, N]`` or packed int32. Bool (True = attend) when ``dtype`` is None, else
+    additive in ``dtype`` (0 / ``finfo(dtype).min``)."""
+    B, N = tree_mask.shape[:2]
+    dense = tree_mask if tree_mask.dtype == torch.bool else unpack_tree_mask(tree_mask, N)
+    k = torch.arange(kv_len, device=dense.device)
+    rel = k[None, :] - prefix_lens[:, None]  # [B, S]: position relative to the root
+    in_tree = (rel >= 0) & (rel < N)
+    gathered = torch.gather(dense, 2, rel.clamp(0, N - 1)[:, None, :].expand(B, N, kv_len))  # [B, N, S]
+    allowed = (rel < 0)[:, None, :] | (in_tree[:, None, :] & gathered)
+    allowed = allowed[:, None]
+    if dtype is None:
+        return allowed
+    zero = torch.zeros((), dtype=dtype, device=dense.device)
+    return torch.where(allowed, zero, torch.full((), torch.finfo(dtype).min, dtype=dtype, device=dense.device))
+
+
+def _cache_kwarg(model) -> str:
+    """transformers 5.24 spells the cache argument ``cache`` (``past_key_values`` is deprecated); older ones
+    ``past_key_values``."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _model_dtype(model, cache: TreeKVCache) -> torch.dtype:
+    try:
+        return next(p.dtype for p in model.parameters() if p.is_floating_point())
+    except StopIteration:
+        return cache.dtype
+
+
+def _as_rows(value, B: int, device, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        t = value.to(device=device, dtype=torch.int64)
+        if t.dim() == 0:
+            t = t.expand(B)
+        if t.shape != (B,):
+            raise ValueError(f"tree_forward: {name} must be a number or a [B] tensor with B = {B} (the batch size of "
+                             f"tokens), got shape {tuple(value.shape)}")
+        return t.contiguous()
+    return torch.full((B,), int(value), dtype=torch.int64, device=device)
+
+
+def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch.Tensor,
+                 prefix_lens: torch.Tensor | int | None = None, *, use_kernel: bool | None = None,
+                 packed: bool = True, validate: bool = True, **model_kwargs) -> torch.Tensor:
+    """Verification forward of a draft tree per row; returns logits ``[B, N, V]``.
+
+    ``tokens[B, N]`` / ``parents[B, N]`` (int64; node 0 the root, parents earlier than children); ``prefix_lens``
+    (number or ``[B]``; default: the cache's lengths) tokens of each row already in ``cache`` before the root.
+    Anything the cache holds at or beyond ``prefix_lens[b]`` is overwritten. ``use_kernel``: None = the kernel when
+    the model is set to ``"specdec_tree"``, else the 4-D mask fallback. ``packed``: bit-packed tree mask for the
+    kernel. ``validate``: check the tree and that ``prefix_lens[b] + N <= max_len`` (one host sync).
+    Extra ``model_kwargs`` go to the model's forward (e.g. ``output_hidden_states=True``).
+    """
+    if tokens.dim() != 2 or parents.shape != tokens.shape:
+        raise ValueError(f"tree_forward: tokens and parents must both have shape [B, N], got tokens "
+                         f"{tuple(tokens.shape)} and parents {tuple(parents.shape)}")
+    if not isinstance(cache, TreeKVCache):
+        raise TypeError(f"tree_forward: cache must be a TreeKVCache, got {type(cache).__name__}")
+    B, N = tokens.shape
+    if cache.batch_size != B:
+        raise ValueError(f"tree_forward: tokens has batch size {B} but the cache was built for batch_size = "
+                         f"{cache.batch_size}")
+    device = cache.device
+    tokens = tokens.to(device)
+    parents = parents.to(device=device, dtype=torch.int64)
+    prefix = cache.lengths if prefix_lens is None else _as_rows(prefix_lens, B, device, "prefix_lens")
+    if validate:
+        bad = (prefix < 0) | (prefix + N > cache.max_len)
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0, 0])
+            raise ValueError(f"tree_forward: the tree does not fit in the cache: prefix_lens[{b}] = {int(prefix[b])} "
+                             f"plus N = {N} tree nodes exceeds the cache's max_len = {cache.max_len} (need 0 <= "
+                             "prefix_lens[b] <= max_len - N)")
+        window = cache.sliding_window
+        if window is not None and int((prefix + N).max()) > window:
+            raise NotImplementedError(f"tree_forward: prefix_lens + N exceeds the model's sliding window ({window}); "
+                                      "sliding-window masks are not applied by tree verification")
+    info = ops.build_tree(parents, prefix, validate=validate)
+    use_kernel = is_tree_attention(model) if use_kernel is None else use_kernel
+    if use_kernel and not is_tree_attention(model):
+        raise ValueError("tree_forward: use_kernel=True needs the model set to 'specdec_tree' "
+                         "(specdec_ext.models.use_tree_attention(model))")
+    cache.rewind(prefix)
+    kwargs = dict(model_kwargs)
+    kwargs[_cache_kwarg(model)] = cache
+    if use_kernel:
+        tree_mask = ops.tree_ancestor_mask(parents, packed=packed, validate=False)
+        placeholder = torch.ones((), dtype=torch.bool, device=device).expand(B, 1, N, cache.max_len)
+        kwargs[PREFIX_LENS_KWARG] = prefix
+        kwargs[TREE_MASK_KWARG] = tree_mask
+        with tree_metadata(prefix, tree_mask):
+            out = model(input_ids=tokens, attention_mask=placeholder, position_ids=info.position_ids,
+                        use_cache=True, **kwargs)
+    else:
+        tree_mask = ops.tree_ancestor_mask(parents, packed=False, validate=False)
+        mask = tree_attention_mask(prefix, tree_mask, cache.max_len, dtype=_model_dtype(model, cache))
+        out = model(input_ids=tokens, attention_mask=mask, position_ids=info.position_ids, use_cache=True, **kwargs)
+    cache.rewind(prefix)
+    return out.logits
+
+
+def extend(model, cache: TreeKVCache, tokens: torch.Tensor, num_tokens: torch.Tensor | int | None = None,
+           **kwargs) -> torch.Tensor:
+    """Appends ``tokens[B, T]`` (right-padded; row b's first ``num_tokens[b]``, default T) to every row of the cache
+    and commits them: prefill of prompts of different lengths, or a plain decoding step. Returns logits
+    ``[B, T, V]`` (row b's are meaningful up to ``num_tokens[b]``). A chain through :func:`tree_forward`."""
+    B, T = tokens.shape
+    prefix = cache.lengths
+    logits = tree_forward(model, cache, tokens, ops.chain_parents(B, T, device=cache.device), prefix, **kwargs)
+    n = _as_rows(T if num_tokens is None else num_tokens, B, cache.device, "num_tokens")
+    if bool(((n < 0) | (n > T)).any()):
+        raise ValueError(f"extend: num_tokens must be in [0, T = {T}], got {n.tolist()}")
+    cache.rewind(prefix + n)
+    return logits
