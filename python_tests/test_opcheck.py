@@ -115,3 +115,25 @@ def test_torch_compile_fullgraph(device):
     for a, b in zip(compiled, eager):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_torch_compile_attention_and_compaction(device):
+    """tree_attention and the in-place compact_kv (a mutating op) under torch.compile(fullgraph=True) equal eager,
+    including the mutation of the caches."""
+
+    def step(q, k, v, parents, src):
+        mask = ops.tree_ancestor_mask(parents, packed=True)
+        out = ops.tree_attention(q, k, v, 3, mask)
+        ops.compact_kv([k, v], src, 3, 2)
+        return out * 2
+
+    gen = make_gen(2)
+    q, k, v = (torch.randn(*s, generator=gen).to(device) for s in [(2, 4, 5, 64), (2, 2, 12, 64), (2, 2, 12, 64)])
+    parents, src = random_parents(2, 5, gen).to(device), torch.tensor([[5, 7], [4, 6]], device=device)
+    k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
+    eager = step(q, k1, v1, parents, src)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)(q, k2, v2, parents, src)
+    assert torch.equal(compiled, eager) and torch.equal(k2, k1) and torch.equal(v2, v1)
+    assert not torch.equal(k2, k)
