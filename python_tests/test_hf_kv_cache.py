@@ -180,3 +180,39 @@ def test_cache_bad_input():
         model(torch.zeros(2, 2, dtype=torch.int64), cache=cache, use_cache=True)
     with pytest.raises(NotImplementedError, match="beam search"):
         cache.reorder_cache(torch.tensor([1, 0]))
+
+
+def _speculative_step(model, device, prompt_lens, padded, tokens, parents, accepted, accept_len, nxt, use_kernel):
+    model = model.to(device)
+    cache = TreeKVCache(model.config, len(prompt_lens), 32, device=device)
+    with torch.no_grad():
+        extend(model, cache, padded.to(device), torch.tensor(prompt_lens))
+        logits = tree_forward(model, cache, tokens.to(device), parents.to(device), use_kernel=use_kernel)
+        cache.accept(accepted.to(device), accept_len.to(device), torch.tensor(prompt_lens))
+        step = extend(model, cache, nxt.to(device), use_kernel=use_kernel)
+    return logits.cpu(), step.cpu(), cache.storage.cpu(), cache.lengths.cpu()
+
+
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "mask"])
+def test_speculative_step_on_device_matches_cpu(device, use_kernel):
+    """prefill -> tree forward -> accept (compact_kv) -> decoding step, on ``device``, equals the same on CPU."""
+    gen = torch.Generator().manual_seed(31)
+    model = make_model("llama", seed=7)
+    use_tree_attention(model)
+    B, N = 3, 8
+    prompt_lens = [4, 9, 6]
+    _, padded = random_prompts(gen, prompt_lens)
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    parents = random_tree(gen, B, N)
+    accepted = torch.full((B, N), -1, dtype=torch.int64)
+    accept_len = torch.zeros(B, dtype=torch.int64)
+    for b in range(B):
+        path = root_path(parents[b].tolist(), N - 1 - b)
+        accepted[b, : len(path)] = torch.tensor(path)
+        accept_len[b] = len(path) - 1
+    nxt = torch.randint(0, V, (B, 1), generator=gen)
+    args = (prompt_lens, padded, tokens, parents, accepted, accept_len, nxt, use_kernel)
+    want = _speculative_step(model, "cpu", *args)
+    got = _speculative_step(model, device, *args)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)

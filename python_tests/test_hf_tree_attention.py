@@ -361,3 +361,24 @@ def test_attention_function_metadata_routes():
     with pytest.raises(NotImplementedError, match="softcap"):
         tree_attention_forward(module, q, k, v, None, softcap=30.0, specdec_prefix_lens=prefix,
                                specdec_tree_mask=mask)
+
+
+def test_long_prefill_takes_the_mask_route(monkeypatch):
+    """extend() of more than EXTEND_KERNEL_MAX_TOKENS tokens (a long prompt) runs the 4-D mask through SDPA, not
+    the tree kernel; logits equal a plain forward's, per row, for prompts of different lengths."""
+    from specdec_ext.models.tree_forward import EXTEND_KERNEL_MAX_TOKENS
+
+    gen = torch.Generator().manual_seed(21)
+    model = make_model("qwen3", seed=6, max_position_embeddings=256)
+    use_tree_attention(model)
+    lens = [EXTEND_KERNEL_MAX_TOKENS + 6, EXTEND_KERNEL_MAX_TOKENS - 10]
+    prompts, padded = random_prompts(gen, lens)
+    counter = CountCalls(monkeypatch, "tree_attention")
+    cache = TreeKVCache(model.config, 2, 128)
+    with torch.no_grad():
+        got = extend(model, cache, padded, torch.tensor(lens))
+    assert counter.calls == 0 and cache.lengths.tolist() == lens
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        for b, p in enumerate(prompts):
+            torch.testing.assert_close(got[b, : lens[b]], model(p[None]).logits[0], atol=1e-4, rtol=1e-4)

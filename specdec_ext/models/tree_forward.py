@@ -138,12 +138,21 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     return out.logits
 
 
+# Chunks longer than this go through the 4-D mask (SDPA) rather than the tree kernel, which is built for trees.
+EXTEND_KERNEL_MAX_TOKENS = 64
+
+
 def extend(model, cache: TreeKVCache, tokens: torch.Tensor, num_tokens: torch.Tensor | int | None = None,
            **kwargs) -> torch.Tensor:
     """Appends ``tokens[B, T]`` (right-padded; row b's first ``num_tokens[b]``, default T) to every row of the cache
     and commits them: prefill of prompts of different lengths, or a plain decoding step. Returns logits
-    ``[B, T, V]`` (row b's are meaningful up to ``num_tokens[b]``). A chain through :func:`tree_forward`."""
+    ``[B, T, V]`` (row b's are meaningful up to ``num_tokens[b]``). A chain through :func:`tree_forward`; chunks of
+    more than ``EXTEND_KERNEL_MAX_TOKENS`` tokens take the 4-D mask route unless ``use_kernel`` is given."""
+    if tokens.dim() != 2:
+        raise ValueError(f"extend: tokens must have shape [B, T], got {tuple(tokens.shape)}")
     B, T = tokens.shape
+    if T > EXTEND_KERNEL_MAX_TOKENS:
+        kwargs.setdefault("use_kernel", False)
     prefix = cache.lengths
     logits = tree_forward(model, cache, tokens, ops.chain_parents(B, T, device=cache.device), prefix, **kwargs)
     n = _as_rows(T if num_tokens is None else num_tokens, B, cache.device, "num_tokens")
