@@ -37,6 +37,7 @@ def tree_attention_mask(prefix_lens: torch.Tensor, tree_mask: torch.Tensor, kv_l
     additive in ``dtype`` (0 / ``finfo(dtype).min``)."""
     B, N = tree_mask.shape[:2]
     dense = tree_mask if tree_mask.dtype == torch.bool else unpack_tree_mask(tree_mask, N)
+    prefix_lens = torch.as_tensor(prefix_lens, dtype=torch.int64, device=dense.device).expand(B)
     k = torch.arange(kv_len, device=dense.device)
     rel = k[None, :] - prefix_lens[:, None]  # [B, S]: position relative to the root
     in_tree = (rel >= 0) & (rel < N)
