@@ -32,6 +32,7 @@ GOALS = [  # (op, shape prefix, dtype, device, minimum speedup vs baseline): rep
     ("tree_attention", "B=1,N=64,P=4096,", "bf16", "cpu", 1.5),
     ("tree_attention", "B=8,N=26,P=1024,", "bf16", "cpu", 1.5),
     ("tree_attention", "B=1,N=64,P=1024,", "fp32", "cpu", 1.5),
+    ("tree_attention", "B=1,N=64,P=1024,", "fp16", "cpu", 1.5),
 ]
 
 
