@@ -161,6 +161,30 @@ __attribute__((always_inline)) inline void softmax_block(const TreeAttentionPara
     for (int64_t j = 0; j < kKeyBlock; ++j) s[m * kKeyBlock + j] = 0.0f;
 }
 
+// One K or V row (D values) as float32.
+inline void load_row(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void load_row(const bf16* src, float* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) dst[d] = bits_to_float(static_cast<uint32_t>(src[d].bits) << 16);
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx,f16c"))) void load_row_f16c(const f16* src, float* dst, int64_t n) {
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + d))));
+  for (; d < n; ++d) dst[d] = to_float(src[d]);
+}
+inline void load_row(const f16* src, float* dst, int64_t n) {
+  static const bool f16c = __builtin_cpu_supports("f16c");  // exact conversion, like to_float
+  if (f16c) return load_row_f16c(src, dst, n);
+  for (int64_t d = 0; d < n; ++d) dst[d] = to_float(src[d]);
+}
+#else
+inline void load_row(const f16* src, float* dst, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = to_float(src[d]);
+}
+#endif
+
 template <typename T>
 void zero_group_outputs(const TreeAttentionParams<T>& p, int64_t b, int64_t kvh) {
   const int64_t G = p.num_heads / p.num_kv_heads, N = p.num_nodes, D = p.head_dim;
@@ -301,7 +325,7 @@ void TreeAttention(const TreeAttentionParams<T>& p, int64_t task_begin, int64_t 
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / Hkv, N = p.num_nodes, D = p.head_dim;
   const int64_t M = G * N, rows = (M + kRowTile - 1) / kRowTile * kRowTile;
   std::vector<float> q(rows * D, 0.0f), acc(rows * D), kt(D * kKeyBlock), v(kKeyBlock * D), s(rows * kKeyBlock);
-  std::vector<float> mx(rows), sum(rows);
+  std::vector<float> mx(rows), sum(rows), krow(D);
   for (int64_t task = task_begin; task < task_end; ++task) {
     const int64_t b = task / Hkv, kvh = task % Hkv;
     const int64_t prefix = p.prefix_lens[b];
@@ -335,10 +359,9 @@ void TreeAttention(const TreeAttentionParams<T>& p, int64_t task_begin, int64_t 
     for (int64_t t0 = 0; t0 < total; t0 += kKeyBlock) {
       const int64_t keys = std::min(kKeyBlock, total - t0);
       for (int64_t j = 0; j < keys; ++j) {
-        const T* kr = kbase + (t0 + j) * p.k_stride_s;
-        const T* vr = vbase + (t0 + j) * p.v_stride_s;
-        for (int64_t d = 0; d < D; ++d) kt[d * kKeyBlock + j] = to_float(kr[d]);
-        for (int64_t d = 0; d < D; ++d) v[j * D + d] = to_float(vr[d]);
+        load_row(kbase + (t0 + j) * p.k_stride_s, krow.data(), D);
+        for (int64_t d = 0; d < D; ++d) kt[d * kKeyBlock + j] = krow[d];
+        load_row(vbase + (t0 + j) * p.v_stride_s, v.data() + j * D, D);
       }
       for (int64_t j = keys; j < kKeyBlock; ++j)
         for (int64_t d = 0; d < D; ++d) kt[d * kKeyBlock + j] = 0.0f;
