@@ -2,6 +2,10 @@
 
 ``specdec demo`` runs a short tour of the kernels: it builds a draft tree, verifies it greedily and by lossless
 rejection sampling, shows that sampled verification reproduces the target distribution, and times each op.
+
+``specdec generate --model DIR [--ngram | --draft-model DIR] (--prompt TEXT [--chat] | --prompt-ids "1 2 3")``
+generates from a local Hugging Face model (plain decoding without a drafter), streams the output and ends with a
+summary line (tokens/s, mean accepted length, target forwards, time split).
 """
 
 from __future__ import annotations
@@ -114,6 +118,89 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+class _IdStreamer:
+    """Prints token ids as they come (HF streamer protocol: the first ``put`` is the prompt)."""
+
+    def __init__(self, out=None):
+        self.out = out or sys.stdout
+        self.seen_prompt = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.seen_prompt:
+            self.seen_prompt = True
+            return
+        print(" ".join(str(int(t)) for t in value.flatten()), end=" ", file=self.out, flush=True)
+
+    def end(self) -> None:
+        print(file=self.out, flush=True)
+
+
+def _load_tokenizer(path: str, required: bool):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as err:  # noqa: BLE001  (any failure: no usable tokenizer in the directory)
+        if required:
+            raise SystemExit(f"specdec generate: no tokenizer could be loaded from {path!r} ({type(err).__name__}: "
+                             f"{err}); pass --prompt-ids instead of --prompt") from None
+        return None
+
+
+def generate_cmd(args: argparse.Namespace) -> int:
+    from specdec_ext.drafters import DraftModelDrafter, NgramDrafter
+    from specdec_ext.generate import generate, load_model
+
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise SystemExit("specdec generate: pass exactly one of --prompt and --prompt-ids")
+    if args.ngram and args.draft_model:
+        raise SystemExit("specdec generate: choose one drafter (--ngram or --draft-model)")
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    try:
+        target = load_model(args.model, dtype=dtype, device=args.device)
+        drafter = None
+        if args.draft_model:
+            drafter = DraftModelDrafter(load_model(args.draft_model, dtype=dtype, device=args.device),
+                                        num_draft_tokens=args.num_draft_tokens)
+        elif args.ngram:
+            drafter = NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
+    except (FileNotFoundError, OSError, ValueError) as err:
+        raise SystemExit(f"specdec generate: {err}") from None
+    tokenizer = _load_tokenizer(args.model, required=args.prompt is not None)
+    if args.prompt is not None:
+        if args.chat and getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
+                                                tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        else:
+            ids = tokenizer(args.prompt)["input_ids"]
+    else:
+        try:
+            ids = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
+        except ValueError:
+            raise SystemExit(f"specdec generate: --prompt-ids must be integers, got {args.prompt_ids!r}") from None
+    streamer = None
+    if not args.no_stream:
+        if tokenizer is not None:
+            from transformers import TextStreamer
+
+            streamer = TextStreamer(tokenizer, skip_prompt=True)
+        else:
+            streamer = _IdStreamer()
+    try:
+        tokens, stats = generate(target, drafter, torch.tensor(ids, dtype=torch.int64),
+                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                 top_p=args.top_p, seed=args.seed, streamer=streamer,
+                                 eos_token_id=None if args.eos_id is None else args.eos_id)
+    except ValueError as err:
+        raise SystemExit(f"specdec generate: {err}") from None
+    if args.no_stream:
+        new = tokens[len(ids):]
+        print(tokenizer.decode(new) if tokenizer is not None else " ".join(str(int(t)) for t in new))
+    print(stats.summary())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -122,6 +209,25 @@ def main(argv: list[str] | None = None) -> int:
     p_demo.add_argument("--draws", type=int, default=20000)
     p_demo.add_argument("--seed", type=int, default=0)
     p_demo.set_defaults(func=demo)
+    p_gen = sub.add_parser("generate", help="generate from a local Hugging Face model, with an optional drafter")
+    p_gen.add_argument("--model", required=True, help="directory of the target model (save_pretrained layout)")
+    p_gen.add_argument("--draft-model", help="directory of a smaller draft model with the same tokenizer")
+    p_gen.add_argument("--ngram", action="store_true", help="n-gram (prompt lookup) drafter")
+    p_gen.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length")
+    p_gen.add_argument("--max-ngram", type=int, default=3, help="longest n-gram matched by --ngram")
+    p_gen.add_argument("--prompt", help="prompt text (needs a tokenizer in --model)")
+    p_gen.add_argument("--chat", action="store_true", help="wrap --prompt in the tokenizer's chat template")
+    p_gen.add_argument("--prompt-ids", help="prompt as token ids, e.g. '1 2 3'")
+    p_gen.add_argument("--max-new-tokens", type=int, default=64)
+    p_gen.add_argument("--eos-id", type=int, action="append", help="EOS token id (repeatable; default: the model's)")
+    p_gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p_gen.add_argument("--top-k", type=int, default=0)
+    p_gen.add_argument("--top-p", type=float, default=1.0)
+    p_gen.add_argument("--seed", type=int, default=0)
+    p_gen.add_argument("--device", default="cpu")
+    p_gen.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None)
+    p_gen.add_argument("--no-stream", action="store_true", help="print the output at the end instead of streaming")
+    p_gen.set_defaults(func=generate_cmd)
     args = parser.parse_args(argv)
     return args.func(args)
 

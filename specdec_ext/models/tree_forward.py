@@ -81,7 +81,8 @@ def _as_rows(value, B: int, device, name: str) -> torch.Tensor:
 
 def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch.Tensor,
                  prefix_lens: torch.Tensor | int | None = None, *, use_kernel: bool | None = None,
-                 packed: bool = True, validate: bool = True, **model_kwargs) -> torch.Tensor:
+                 packed: bool = True, validate: bool = True, return_outputs: bool = False,
+                 **model_kwargs) -> torch.Tensor:
     """Verification forward of a draft tree per row; returns logits ``[B, N, V]``.
 
     ``tokens[B, N]`` / ``parents[B, N]`` (int64; node 0 the root, parents earlier than children); ``prefix_lens``
@@ -89,7 +90,8 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     Anything the cache holds at or beyond ``prefix_lens[b]`` is overwritten. ``use_kernel``: None = the kernel when
     the model is set to ``"specdec_tree"``, else the 4-D mask fallback. ``packed``: bit-packed tree mask for the
     kernel. ``validate``: check the tree and that ``prefix_lens[b] + N <= max_len`` (one host sync).
-    Extra ``model_kwargs`` go to the model's forward (e.g. ``output_hidden_states=True``).
+    Extra ``model_kwargs`` go to the model's forward (e.g. ``output_hidden_states=True``); with
+    ``return_outputs`` the model's whole output (logits, hidden states) is returned instead of the logits.
     """
     if tokens.dim() != 2 or parents.shape != tokens.shape:
         raise ValueError(f"tree_forward: tokens and parents must both have shape [B, N], got tokens "
@@ -136,7 +138,7 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
         mask = tree_attention_mask(prefix, tree_mask, cache.max_len, dtype=_model_dtype(model, cache))
         out = model(input_ids=tokens, attention_mask=mask, position_ids=info.position_ids, use_cache=True, **kwargs)
     cache.rewind(prefix)
-    return out.logits
+    return out if return_outputs else out.logits
 
 
 # Chunks longer than this go through the 4-D mask (SDPA) rather than the tree kernel, which is built for trees.

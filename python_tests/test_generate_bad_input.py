@@ -1,0 +1,115 @@
+"""specdec_ext.generate: bad input gives a clear error before anything is generated; the CLI's generate command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from test_hf_tree_attention import make_model  # noqa: E402
+
+from specdec_ext import cli  # noqa: E402
+from specdec_ext.drafters import DraftModelDrafter, Drafter, NgramDrafter  # noqa: E402
+from specdec_ext.generate import generate, load_model  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run as fast on one thread, and one thread does not stall when another process holds a core."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model("llama", seed=3)
+
+
+def test_bad_input(model):
+    with pytest.raises(ValueError, match="empty prompt"):
+        generate(model, None, torch.zeros(1, 0, dtype=torch.int64))
+    with pytest.raises(ValueError, match="empty prompt"):
+        generate(model, NgramDrafter(), [[1, 2], []])
+    with pytest.raises(ValueError, match=r"token 500, outside the target's vocabulary \[0, 101\)"):
+        generate(model, None, torch.tensor([1, 500]))
+    other = make_model("llama", seed=4, vocab_size=57)
+    with pytest.raises(ValueError, match=r"vocabulary size \(57\) differs from the target's \(101\)"):
+        generate(model, DraftModelDrafter(other, 3), torch.tensor([1, 2, 3]), max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"max_cache_len = 20 is too small.*needs 26 cache positions"):
+        generate(model, NgramDrafter(num_pred_tokens=5), torch.tensor([1, 2, 3, 4]), max_new_tokens=16,
+                 max_cache_len=20)
+    limit = model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=f"exceeds the target's max_position_embeddings = {limit}"):
+        generate(model, None, torch.tensor([1, 2, 3]), max_new_tokens=limit)
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+        generate(model, None, torch.tensor([1, 2]), temperature=-1.0)
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+        generate(model, None, torch.tensor([1, 2]), temperature=1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="top_k must be an integer >= 0"):
+        generate(model, None, torch.tensor([1, 2]), temperature=1.0, top_k=-3)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+        generate(model, None, torch.tensor([1, 2]), max_new_tokens=0)
+    with pytest.raises(ValueError, match="a streamer needs batch size 1"):
+        generate(model, None, torch.tensor([[1, 2], [3, 4]]), streamer=object())
+    with pytest.raises(ValueError, match="eos_token_id"):
+        generate(model, None, torch.tensor([1, 2]), eos_token_id=1000)
+    with pytest.raises(ValueError, match="num_pred_tokens >= 1"):
+        NgramDrafter(num_pred_tokens=0)
+    with pytest.raises(FileNotFoundError, match="is not a local directory"):
+        load_model("/nonexistent/model/dir")
+    assert isinstance(NgramDrafter(), Drafter) and isinstance(DraftModelDrafter(other, 2), Drafter)
+
+
+def test_exact_cache_fits(model):
+    """The default cache is exactly large enough: max_cache_len at the minimum works."""
+    out, _ = generate(model, NgramDrafter(num_pred_tokens=5), torch.tensor([1, 2, 3, 4]), max_new_tokens=16,
+                      max_cache_len=26, eos_token_id=[])
+    assert out.numel() == 20
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, model):
+    path = tmp_path_factory.mktemp("tiny_llama")
+    model.save_pretrained(path)
+    return str(path)
+
+
+def _summary_ok(text: str) -> None:
+    assert "tokens/s" in text and "mean accepted length" in text
+
+
+def test_cli_generate_ngram_and_draft_model(model_dir, capsys):
+    ids = "5 6 7 8 5 6 7 8 5 6"
+    assert cli.main(["generate", "--model", model_dir, "--ngram", "--prompt-ids", ids, "--max-new-tokens", "12",
+                     "--eos-id", "0"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.strip()]
+    streamed = [int(t) for t in lines[0].split()]
+    assert len(streamed) <= 12 and streamed
+    _summary_ok(lines[-1])
+    want, _ = generate(load_model(model_dir), None, torch.tensor([int(t) for t in ids.split()]), max_new_tokens=12,
+                       eos_token_id=[0])
+    assert streamed == want[10:].tolist()
+    assert cli.main(["generate", "--model", model_dir, "--draft-model", model_dir, "--prompt-ids", ids,
+                     "--max-new-tokens", "8", "--temperature", "0.7", "--top-p", "0.9", "--no-stream"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out[0].split()) <= 8
+    _summary_ok(out[-1])
+    with pytest.raises(SystemExit, match="no tokenizer could be loaded"):
+        cli.main(["generate", "--model", model_dir, "--prompt", "hello"])
+    with pytest.raises(SystemExit, match="is not a local directory"):
+        cli.main(["generate", "--model", model_dir + "_missing", "--prompt-ids", "1"])
+
+
+def test_python_m_specdec_ext_generate(model_dir):
+    proc = subprocess.run([sys.executable, "-m", "specdec_ext", "generate", "--model", model_dir, "--ngram",
+                           "--prompt-ids", "1 2 3 1 2 3", "--max-new-tokens", "6"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    _summary_ok(proc.stdout)

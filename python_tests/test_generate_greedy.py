@@ -1,0 +1,214 @@
+"""specdec_ext.generate, greedy: plain decoding and every drafter give exactly Hugging Face's greedy output.
+
+Tiny random models (Llama and Qwen3, float32, CPU). The n-gram drafter is made to accept (random tiny models fall
+into cycles under greedy decoding; a repetitive prompt helps) and the draft-model drafter uses a slightly perturbed
+copy of the target, so that both accept drafts: the tests assert mean accepted length > 1 and count the target's
+forwards (one per step, plus at most one prefill) so that they cannot pass vacuously or hide extra passes.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from test_hf_tree_attention import V, make_model  # noqa: E402
+
+from specdec_ext.drafters import DraftModelDrafter, NgramDrafter, ngram_lookup  # noqa: E402
+from specdec_ext.generate import generate  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run as fast on one thread, and one thread does not stall when another process holds a core."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+_MODELS: dict = {}
+
+
+def target(family: str):
+    if family not in _MODELS:
+        _MODELS[family] = make_model(family, seed=11)
+    return _MODELS[family]
+
+
+def perturbed_copy(model, scale: float = 1e-3, seed: int = 0):
+    d = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+    return d
+
+
+def make_drafter(kind: str, model, k: int = 4):
+    if kind == "plain":
+        return None
+    if kind == "ngram":
+        return NgramDrafter(num_pred_tokens=k, max_ngram_size=3)
+    return DraftModelDrafter(perturbed_copy(model), num_draft_tokens=k)
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos=None) -> list[int]:
+    saved = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones(1, len(prompt),
+                                                                                        dtype=torch.int64))
+    finally:
+        model.set_attn_implementation(saved)
+    return out[0, len(prompt):].tolist()
+
+
+class CountForwards:
+    def __init__(self, model):
+        self.calls = 0
+        self.handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args):
+        self.calls += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def prompt_of(length: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randint(3, V, (max(1, (length + 1) // 2),), generator=gen).tolist()
+    return (base * 2)[:length]  # repetitive: the n-gram drafter finds matches in the prompt itself
+
+
+def run_and_check(model, drafter, prompt, max_new_tokens, eos=None):
+    with CountForwards(model) as counter:
+        out, stats = generate(model, drafter, torch.tensor(prompt), max_new_tokens=max_new_tokens,
+                              eos_token_id=eos if eos is not None else [])
+    new = out[len(prompt):].tolist()
+    assert out[: len(prompt)].tolist() == prompt
+    assert stats.target_forwards == stats.steps
+    assert counter.calls == stats.target_forwards + stats.prefill_forwards  # no hidden target passes
+    assert stats.prefill_forwards == (1 if len(prompt) > 1 else 0)
+    assert stats.new_tokens == len(new)
+    assert sum(stats.accept_hist) == stats.steps
+    assert stats.new_tokens <= sum((d + 1) * c for d, c in enumerate(stats.accept_hist))
+    assert stats.mean_accepted_length == pytest.approx(len(new) / stats.steps)
+    return new, stats
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("kind", ["plain", "ngram", "draft"])
+def test_greedy_equals_hf_generate(family, kind):
+    model = target(family)
+    accepted_lengths = []
+    for plen, max_new, seed in [(1, 9, 0), (6, 1, 1), (11, 24, 2), (4, 13, 3)]:
+        prompt = prompt_of(plen, seed)
+        want = hf_greedy(model, prompt, max_new)
+        got, stats = run_and_check(model, make_drafter(kind, model), prompt, max_new)
+        assert got == want, (plen, max_new, seed)
+        accepted_lengths.append(stats.mean_accepted_length)
+        if kind == "plain":
+            assert stats.steps == max_new and stats.accept_hist[0] == max_new
+    if kind != "plain":
+        assert max(accepted_lengths) > 1.2, accepted_lengths  # drafts were accepted
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft"])
+def test_eos_and_budget_inside_an_accepted_run(kind):
+    """EOS at every position of the first accepted runs, and budgets ending anywhere: output is HF's."""
+    model = target("llama")
+    prompt = prompt_of(8, 5)
+    full = hf_greedy(model, prompt, 24)
+    inside = 0
+    checked_hf = False
+    for j in range(1, 12):
+        eos = full[j]
+        if eos in full[:j]:
+            continue
+        want = full[: j + 1]
+        if not checked_hf:  # HF's semantics of eos_token_id, once
+            assert hf_greedy(model, prompt, 24, eos=eos) == want
+            checked_hf = True
+        drafter = make_drafter(kind, model)
+        got, stats = run_and_check(model, drafter, prompt, 24, eos=eos)
+        assert got == want, j
+        # EOS was emitted by a step that accepted drafts after it was proposed (inside an accepted run)
+        inside += int(stats.steps < len(got))
+    assert inside > 0
+    for max_new in (2, 3, 5, 6, 7):
+        got, _ = run_and_check(model, make_drafter(kind, model), prompt, max_new)
+        assert got == full[:max_new]
+
+
+def test_draft_model_identical_to_target_accepts_everything():
+    model = target("qwen3")
+    prompt = prompt_of(5, 9)
+    want = hf_greedy(model, prompt, 23)
+    drafter = DraftModelDrafter(copy.deepcopy(model), num_draft_tokens=4)
+    got, stats = run_and_check(model, drafter, prompt, 23)
+    assert got == want
+    # 23 tokens = 4 full steps of 5 (4 drafts + bonus), then a step truncated to the budget: 3 tokens
+    assert stats.steps == 5 and stats.mean_accepted_length == pytest.approx(23 / 5)
+    assert stats.accept_hist[4] == 4 and stats.accept_hist[2] == 1
+    assert stats.acceptance_by_depth[0] == 1.0
+    assert stats.draft_forwards == 4 * 4 + 2  # per step: catch-up + (k - 1) chain forwards; last step k = 2
+
+
+@pytest.mark.parametrize("kind", ["plain", "ngram", "draft"])
+def test_batch_of_prompts_of_different_lengths(kind):
+    """Rows finish at different steps (EOS, budget inside an accepted run): each row equals its own HF run."""
+    model = target("llama")
+    prompts = [prompt_of(n, 20 + n) for n in (1, 7, 12)]
+    fulls = [hf_greedy(model, p, 14) for p in prompts]
+    eos = fulls[1][3] if fulls[1][3] not in fulls[1][:3] else None
+    eos_list = [eos] if eos is not None else []
+    drafter = make_drafter(kind, model)
+    out, stats = generate(model, drafter, prompts, max_new_tokens=14, eos_token_id=eos_list)
+    for p, row, full in zip(prompts, out, fulls):
+        want = full
+        if eos is not None and eos in full:
+            want = full[: full.index(eos) + 1]
+        assert row.tolist() == p + want
+    assert stats.new_tokens == sum(len(r) - len(p) for r, p in zip(out, prompts))
+    # 2-D input: padded tensor output
+    out2, _ = generate(model, make_drafter(kind, model), torch.tensor([prompts[1], prompts[1]]), max_new_tokens=5,
+                       eos_token_id=[], pad_token_id=0)
+    assert out2.shape == (2, 12) and out2[0].tolist() == out2[1].tolist() == prompts[1] + fulls[1][:5]
+
+
+def test_streamer_receives_prompt_then_every_token():
+    class Collect:
+        def __init__(self):
+            self.puts, self.ended = [], False
+
+        def put(self, value):
+            self.puts.append(value.tolist())
+
+        def end(self):
+            self.ended = True
+
+    model = target("llama")
+    prompt = prompt_of(6, 4)
+    s = Collect()
+    out, _ = generate(model, NgramDrafter(4), torch.tensor([prompt]), max_new_tokens=12, eos_token_id=[], streamer=s)
+    assert s.ended and s.puts[0] == [prompt]
+    assert sum(s.puts[1:], []) == out[0, 6:].tolist()
+
+
+def test_ngram_lookup():
+    ctx = [1, 2, 3, 4, 9, 1, 2, 3, 7, 8, 2, 3]
+    assert ngram_lookup(ctx, 3, 4) == [7, 8, 2, 3]  # "2 3" most recently followed by 7 8 ...
+    assert ngram_lookup(ctx, 3, 2) == [7, 8]
+    assert ngram_lookup([5, 6, 7], 3, 4) == []
+    assert ngram_lookup([5, 5], 2, 3) == [5]
+    assert ngram_lookup([4], 3, 3) == []
+    assert ngram_lookup(ctx + [5], 3, 4, min_ngram_size=2) == []

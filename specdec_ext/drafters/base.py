@@ -1,0 +1,168 @@
+"""The drafter protocol: what :func:`specdec_ext.generate.generate` asks of a drafter, and what it hands over.
+
+One speculative step, for every row b of the batch::
+
+    tree  = drafter.propose(state, max_nodes)          # DraftTree: tokens[B, N], parents[B, N], draft_probs
+    logits = tree_forward(target, cache, tree.tokens, tree.parents, state.prefix_lens)
+    result = verify(logits, tree)                       # accepted path, accept_len, next_token
+    drafter.observe(state, tree, result)                # after the state took the emitted tokens
+
+The tree's node 0 is the **root**: the last emitted token of the row, not yet in the target's KV cache
+(``tokens[:, 0] == state.last_tokens``). ``parents`` are topologically ordered (parent index < child index).
+``draft_probs[B, N, V]`` (float32) is indexed by the parent: row u is the distribution u's children were sampled
+from (needed for lossless sampling of *sampled* drafts); ``None`` means deterministic drafts (n-gram, top-k
+children, greedy chains), which greedy and lossless verification both accept as they are. A drafter that has
+nothing to propose for a row pads: a 1-node tree is a plain decoding step, and extra nodes of any content are safe
+(verification is lossless whatever the drafts are), merely wasted work.
+
+Hidden states (for Medusa / EAGLE): a drafter lists the indices it needs into the target's ``output_hidden_states``
+tuple in ``hidden_state_layers`` (HF convention: 0 = embeddings, i = after decoder layer i, -1 = the last, which for
+most HF models is after the final norm). The loop then asks the target for hidden states, and passes them to
+:meth:`Drafter.begin` (prefill positions, ``[B, P_max - 1, H]`` each, row b meaningful up to ``prompt_len[b] - 1``)
+and :meth:`Drafter.observe` (every tree node, ``[B, N, H]`` each; gather with ``result.accepted``). Dynamic trees
+(EAGLE-2) simply return a different ``parents`` each step: the loop derives everything else from it.
+
+Lengths. ``state.lengths[b]`` counts the row's context tokens (prompt + emitted, root included); the target cache
+holds ``state.prefix_lens = lengths - 1`` of them. A row that has finished (EOS or budget) is *frozen*: its context
+and cache stay as they are and its results are ignored; ``result.appended[b]`` is 0 for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    """One step's draft tree per row (see the module doc)."""
+
+    tokens: torch.Tensor  # [B, N] int64; tokens[:, 0] is the root (last emitted token)
+    parents: torch.Tensor  # [B, N] int64; parents[:, 0] == -1, parents[:, i] < i
+    draft_probs: torch.Tensor | None = None  # [B, N, V] float32, row u = distribution of u's children; or None
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+
+@dataclass
+class SamplingParams:
+    """Sampling parameters of a generation (temperature 0 = greedy). Validated once by :func:`generate`."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5  # the ops' greedy epsilon (docs/ARCHITECTURE.md)
+
+    def validate(self) -> None:
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not (
+                self.temperature >= 0 and self.temperature < float("inf")):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = no top-k filter), got {self.top_k!r}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] (1 = no top-p filter), got {self.top_p!r}")
+
+
+@dataclass
+class DecodeState:
+    """What the loop knows about every row; drafters read it (and must not modify it).
+
+    ``tokens`` is a device buffer ``[B, max_len]`` (right-padded) with each row's context; ``host_tokens`` the same
+    as Python lists (available without a device sync: the loop reads its results back once per step).
+    """
+
+    tokens: torch.Tensor  # [B, max_len] int64 on the target's device
+    lengths: torch.Tensor  # [B] int64 on the device: context length (prompt + emitted, root included)
+    host_tokens: list[list[int]]  # per row, the context as Python ints
+    prompt_lens: list[int]
+    done: list[bool]  # per row: finished (EOS or budget); frozen from then on
+    max_len: int  # capacity of ``tokens`` and of the target cache
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    vocab_size: int
+    step: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    @property
+    def prefix_lens(self) -> torch.Tensor:
+        """``[B]``: tokens in the target cache before the root (``lengths - 1``)."""
+        return self.lengths - 1
+
+    @property
+    def last_tokens(self) -> torch.Tensor:
+        """``[B]``: each row's root, the last context token."""
+        return self.tokens.gather(1, (self.lengths - 1)[:, None])[:, 0]
+
+    def uniforms(self, *shape: int) -> torch.Tensor:
+        """Uniform [0, 1) numbers from the user's generator, on the state's device."""
+        gen = self.generator
+        dev = gen.device if gen is not None else self.device
+        return torch.rand(*shape, generator=gen, device=dev).to(self.device)
+
+
+@dataclass
+class StepResult:
+    """Verification outcome of one step, handed to :meth:`Drafter.observe` after ``state`` was updated."""
+
+    accepted: torch.Tensor  # [B, N] int64 node indices of the accepted path, root first, -1 padded
+    accept_len: torch.Tensor  # [B] int64 accepted draft tokens (root excluded); -1 for rows frozen before the step
+    next_token: torch.Tensor  # [B] int64 correction or bonus token
+    appended: list[int]  # per row, tokens appended to the context this step (0 for frozen rows)
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # per requested layer, [B, N, H] at every tree node
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A source of draft trees (see the module doc).
+
+    ``max_nodes``: the largest tree (root included) :meth:`propose` returns; the loop sizes the target cache with
+    it. ``hidden_state_layers``: indices into the target's hidden states that :meth:`begin` / :meth:`observe` need
+    (empty: none, and the target is run without ``output_hidden_states``).
+    """
+
+    max_nodes: int
+    hidden_state_layers: tuple[int, ...]
+
+    def begin(self, target: torch.nn.Module, state: DecodeState,
+              prefill_hidden_states: tuple[torch.Tensor, ...] | None = None) -> None:
+        """Start of a generation: check compatibility with ``target`` (clear errors), allocate caches."""
+
+    def propose(self, state: DecodeState, max_nodes: int) -> DraftTree:
+        """A tree of at most ``max_nodes`` nodes (root included) per row; no host synchronisation."""
+
+    def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
+        """After verification and the state update: roll internal caches back to the accepted prefix."""
+
+
+def check_vocab(name: str, drafter_vocab: int, target_vocab: int) -> None:
+    if drafter_vocab != target_vocab:
+        raise ValueError(f"{name}: the drafter's vocabulary size ({drafter_vocab}) differs from the target's "
+                         f"({target_vocab}); drafter and target must share one tokenizer and vocabulary")
+
+
+def pad_chains(chains: list[list[int]], roots: list[int], device: torch.device) -> DraftTree:
+    """A batch of chains (row b: root then ``chains[b]``) as one tree; shorter rows are padded by repeating their
+    last token (safe, see the module doc)."""
+    n = 1 + max((len(c) for c in chains), default=0)
+    rows = []
+    for root, chain in zip(roots, chains):
+        row = [root] + list(chain)
+        rows.append(row + [row[-1]] * (n - len(row)))
+    tokens = torch.tensor(rows, dtype=torch.int64, device=device)
+    parents = torch.arange(-1, n - 1, dtype=torch.int64, device=device).expand(len(rows), n).contiguous()
+    return DraftTree(tokens, parents, None)
+

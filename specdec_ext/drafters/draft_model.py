@@ -1,0 +1,124 @@
+"""Draft-model drafter: a smaller Hugging Face causal LM with the target's tokenizer drafts a chain of k tokens.
+
+Each step the draft model first catches up on the context tokens its own cache lacks (usually 1 or 2: the tokens the
+target accepted or corrected last step; the whole prompt at the first step), then samples k tokens one at a time
+with :func:`specdec_ext.ops.sample_tokens` under the generation's temperature / top-k / top-p (argmax when greedy),
+feeding each back. The draft probabilities (float32 ``[B, k + 1, V]``, row i = the distribution of token i + 1) go to
+lossless verification; greedy verification needs none. The draft's last token is never fed: k drafts cost k draft
+forwards.
+
+Cache. The draft model has its own :class:`~specdec_ext.models.TreeKVCache` with per-row lengths. After
+verification the rows keep the context prefix the cache already holds correctly: the old context plus the accepted
+drafts it fed (``min(accepted, k - 1)``), never the whole context (at least the newest token is pending, so that the
+next step has logits to draft from). Rejected entries are simply overwritten: rolling back is setting a length.
+
+Forwards go through :func:`~specdec_ext.models.tree_forward` with ``validate=False`` and per-row prefix lengths
+kept on the host (the loop reads its results once per step), so the drafter adds no device synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec_ext import ops
+from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab
+from specdec_ext.models import TreeKVCache, tree_forward, use_tree_attention
+from specdec_ext.models.tree_forward import EXTEND_KERNEL_MAX_TOKENS
+
+
+def _text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
+def _param(model: torch.nn.Module) -> torch.Tensor:
+    return next(p for p in model.parameters() if p.is_floating_point())
+
+
+class DraftModelDrafter:
+    """Chain drafts of ``num_draft_tokens`` tokens from ``model`` (see the module doc).
+
+    ``tree_attention``: switch the draft model to the ``specdec_tree`` attention implementation when it supports
+    transformers' attention interface (ordinary forwards are unchanged).
+    """
+
+    hidden_state_layers: tuple[int, ...] = ()
+
+    def __init__(self, model: torch.nn.Module, num_draft_tokens: int = 4, tree_attention: bool = True):
+        if num_draft_tokens < 1:
+            raise ValueError(f"DraftModelDrafter: num_draft_tokens must be >= 1, got {num_draft_tokens}")
+        self.model = model.eval()
+        self.k = num_draft_tokens
+        self.max_nodes = num_draft_tokens + 1
+        self.tree_attention = tree_attention
+        self.cache: TreeKVCache | None = None
+        self.forwards = 0  # draft model forwards in the current generation
+
+    def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
+        check_vocab("DraftModelDrafter", _text_config(self.model.config).vocab_size, state.vocab_size)
+        p = _param(self.model)
+        if p.device != state.device:
+            raise ValueError(f"DraftModelDrafter: the draft model is on {p.device} but the target on {state.device}; "
+                             "put both on one device")
+        if self.tree_attention:
+            use_tree_attention(self.model)
+        self.cache = TreeKVCache(self.model.config, state.batch_size, state.max_len + self.k + 1, dtype=p.dtype,
+                                 device=state.device)
+        self.valid = [0] * state.batch_size  # per row: context tokens the draft cache holds correctly
+        self.fed = 0  # drafts fed in the last propose (their K/V sit after the context)
+        self.forwards = 0
+
+    def _forward(self, tokens: torch.Tensor, prefix: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
+        """Appends ``tokens[B, T]`` (row b's first ``num[b]``) after ``prefix[b]``; returns logits ``[B, T, V]``."""
+        B, T = tokens.shape
+        use_kernel = False if T > EXTEND_KERNEL_MAX_TOKENS else None
+        logits = tree_forward(self.model, self.cache, tokens, ops.chain_parents(B, T, device=tokens.device), prefix,
+                              use_kernel=use_kernel, validate=False)
+        self.cache.rewind(prefix + num)
+        self.forwards += 1
+        return logits
+
+    def _sample(self, logits: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
+        s = state.sampling
+        if s.greedy:
+            return logits.argmax(-1), None
+        return ops.sample_tokens(logits, state.uniforms(logits.shape[0]), s.temperature, s.top_k, s.top_p,
+                                 validate=False)
+
+    def propose(self, state: DecodeState, max_nodes: int) -> DraftTree:
+        B, dev = state.batch_size, state.device
+        root = state.last_tokens
+        k = min(self.k, max_nodes - 1)
+        self.fed = 0
+        if k <= 0:
+            return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
+        lengths = [len(t) for t in state.host_tokens]
+        T = max(n - v for n, v in zip(lengths, self.valid))
+        valid = torch.tensor(self.valid, dtype=torch.int64, device=dev)
+        num = state.lengths - valid
+        idx = (valid[:, None] + torch.arange(T, device=dev)).clamp(max=state.max_len - 1)
+        logits = self._forward(state.tokens.gather(1, idx), valid, num)
+        last = logits.gather(1, (num - 1)[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0]
+        drafts, probs = [], []
+        pos = state.lengths
+        for i in range(k):
+            tok, p = self._sample(last, state)
+            drafts.append(tok)
+            probs.append(p)
+            if i < k - 1:
+                last = self._forward(tok[:, None], pos, torch.ones_like(pos))[:, 0]
+                pos = pos + 1
+        self.fed = k - 1
+        tokens = torch.stack([root] + drafts, 1)
+        parents = ops.chain_parents(B, k + 1, device=dev)
+        draft_probs = None
+        if not state.sampling.greedy:
+            draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], 1)  # leaf row: never read
+        return DraftTree(tokens, parents, draft_probs)
+
+    def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
+        for b, ctx in enumerate(state.host_tokens):
+            new_len = len(ctx)
+            old_len = new_len - result.appended[b]
+            accepted = max(result.appended[b] - 1, 0)
+            self.valid[b] = min(old_len + min(accepted, self.fed), new_len - 1)

@@ -1,0 +1,60 @@
+"""N-gram (prompt lookup) drafter: no model, no training.
+
+For each row, the longest suffix of the context (``max_ngram_size`` tokens down to ``min_ngram_size``) that also
+occurs earlier in the context proposes the tokens that followed that earlier occurrence, as a chain of up to
+``num_pred_tokens``. Among several earlier occurrences of the same n-gram the **most recent** wins (HF's prompt
+lookup takes the first; in repetitive text the latest repetition predicts best). No match: a 1-node tree (a plain
+decoding step). The drafts are deterministic (``draft_probs = None``), so lossless sampling accepts them as they are.
+
+The search runs on the host over the row's context (``DecodeState.host_tokens``), which the loop keeps without
+extra device synchronisation. Cost: O(context * n) Python work per step for the first match found.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, pad_chains
+
+
+def ngram_lookup(context: list[int], max_ngram_size: int, num_pred_tokens: int, min_ngram_size: int = 1) -> list[int]:
+    """The continuation (at most ``num_pred_tokens`` tokens) of the most recent earlier occurrence of the longest
+    context suffix of ``min_ngram_size..max_ngram_size`` tokens; ``[]`` when none occurs."""
+    L = len(context)
+    if num_pred_tokens <= 0:
+        return []
+    for n in range(min(max_ngram_size, L - 1), min_ngram_size - 1, -1):
+        suffix = context[L - n:]
+        first = suffix[0]
+        # Occurrences ending before the suffix's own position: start s with s + n <= L - 1 (a continuation exists).
+        for s in range(L - n - 1, -1, -1):
+            if context[s] == first and context[s:s + n] == suffix:
+                return context[s + n:s + n + num_pred_tokens]
+    return []
+
+
+class NgramDrafter:
+    """Prompt-lookup drafter (see the module doc). ``num_pred_tokens``: longest chain proposed."""
+
+    hidden_state_layers: tuple[int, ...] = ()
+
+    def __init__(self, num_pred_tokens: int = 8, max_ngram_size: int = 3, min_ngram_size: int = 1):
+        if num_pred_tokens < 1 or max_ngram_size < 1 or not 1 <= min_ngram_size <= max_ngram_size:
+            raise ValueError(f"NgramDrafter: need num_pred_tokens >= 1 and 1 <= min_ngram_size <= max_ngram_size, "
+                             f"got {num_pred_tokens}, {min_ngram_size}, {max_ngram_size}")
+        self.num_pred_tokens = num_pred_tokens
+        self.max_ngram_size = max_ngram_size
+        self.min_ngram_size = min_ngram_size
+        self.max_nodes = num_pred_tokens + 1
+
+    def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
+        pass
+
+    def propose(self, state: DecodeState, max_nodes: int) -> DraftTree:
+        k = min(self.num_pred_tokens, max_nodes - 1)
+        chains = [[] if done else ngram_lookup(ctx, self.max_ngram_size, k, self.min_ngram_size)
+                  for ctx, done in zip(state.host_tokens, state.done)]
+        return pad_chains(chains, [ctx[-1] for ctx in state.host_tokens], state.device)
+
+    def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
+        pass

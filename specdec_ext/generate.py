@@ -1,0 +1,327 @@
+"""The decode loop: prefill, then draft -> verify -> accept until EOS or the budget; :class:`DecodeStats`.
+
+::
+
+    prefill(prompt[:-1])                                  # the last prompt token is the first step's root
+    while rows are generating:
+        tree   = drafter.propose(state, max_nodes)        # 1-node tree without a drafter: plain decoding
+        logits = tree_forward(target, cache, tree)        # ONE target forward per step
+        accepted, accept_len, next_token = verify(logits, tree)   # greedy, or lossless rejection sampling
+        cache.accept(accepted, accept_len)                # one compact_kv call for every layer
+        emitted = path tokens + next_token  -> host       # the step's ONE device synchronisation
+        cut at EOS / budget, append, stream; drafter.observe(...)
+
+Every emitted token comes out of a verification: the prompt's last token is not prefilled but is the first root,
+so plain decoding (``drafter=None``) is the same loop with 1-node trees — the baseline runs through the same cache,
+forward and verification ops as every drafter. Greedy (temperature 0) uses ``ops.verify_tree_greedy``; otherwise
+``ops.verify_tree_sampling`` with uniforms from the user's ``torch.Generator`` (lossless whatever the drafts).
+
+Batch. Tensors are ``[B, ...]`` throughout and rows have their own lengths (prompts of different lengths, different
+accepted lengths). A finished row (EOS or ``max_new_tokens``) is frozen: it keeps riding along in the batch (its
+results are ignored and its cache length is held: accept_len = -1), so the step's shapes never depend on data.
+
+Budget. A step proposes at most ``remaining - 1`` drafts for the row with the most budget left, so the drafter
+never works for tokens that cannot be emitted; an accepted run that crosses EOS or the budget is cut there.
+
+Synchronisation. Inputs are validated once up front; inside the loop every op runs with ``validate=False`` and the
+host reads one small tensor per step (accepted lengths and emitted tokens), which also feeds host-side drafters
+(n-gram) and the streamer. Times in :class:`DecodeStats` are host wall times per phase; on an asynchronous device
+the queued work is attributed to the phase that waits for it (verification, whose read-back ends the step).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec_ext import ops
+from specdec_ext.drafters.base import DecodeState, DraftTree, SamplingParams, StepResult
+from specdec_ext.models import TreeKVCache, tree_forward, use_tree_attention
+from specdec_ext.models.tree_forward import EXTEND_KERNEL_MAX_TOKENS
+
+__all__ = ["DecodeStats", "generate", "load_model"]
+
+
+def _text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
+@dataclass
+class DecodeStats:
+    """What a generation did. A *row-step* is one row taking part in one step (B = 1: a step)."""
+
+    batch_size: int = 1
+    new_tokens: int = 0  # tokens emitted, all rows
+    steps: int = 0  # speculative steps
+    target_forwards: int = 0  # target forwards in the decode loop (one per step); the prefill is counted apart
+    prefill_forwards: int = 0  # 0 (prompts of one token) or 1
+    draft_forwards: int = 0  # draft model forwards (drafters that have a model)
+    row_steps: int = 0  # sum over steps of the rows still generating
+    accept_hist: list[int] = field(default_factory=list)  # [d] = row-steps that accepted d draft tokens
+    prefill_s: float = 0.0
+    draft_s: float = 0.0  # drafter.propose + drafter.observe
+    verify_s: float = 0.0  # target forward + verification + cache compaction + the read-back
+    bookkeeping_s: float = 0.0  # host work: EOS / budget cuts, context update, streaming
+    total_s: float = 0.0  # the whole call
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per row-step (= tokens per target forward at B = 1): 1 + mean accepted drafts."""
+        return self.new_tokens / self.row_steps if self.row_steps else 0.0
+
+    @property
+    def acceptance_by_depth(self) -> list[float]:
+        """``[d - 1]``: fraction of row-steps that accepted at least d draft tokens, d = 1, 2, ..."""
+        total = sum(self.accept_hist)
+        out, running = [], total
+        for d in range(1, len(self.accept_hist)):
+            running -= self.accept_hist[d - 1]
+            out.append(running / total if total else 0.0)
+        return out
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    def summary(self) -> str:
+        loop = self.draft_s + self.verify_s + self.bookkeeping_s
+        pct = (lambda x: 100.0 * x / loop) if loop > 0 else (lambda x: 0.0)
+        return (f"{self.new_tokens} tokens in {self.total_s:.3f} s: {self.tokens_per_s:.1f} tokens/s | mean accepted "
+                f"length {self.mean_accepted_length:.2f} | {self.target_forwards} target forwards (+"
+                f"{self.prefill_forwards} prefill) | time: draft {pct(self.draft_s):.0f}% verify "
+                f"{pct(self.verify_s):.0f}% bookkeeping {pct(self.bookkeeping_s):.0f}% (prefill "
+                f"{self.prefill_s:.3f} s)")
+
+
+def load_model(path_or_model, dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
+    """A causal LM from a local directory (``AutoModelForCausalLM``, no network) or an already-built model, in
+    eval mode, with ``dtype`` and on ``device`` when given."""
+    if isinstance(path_or_model, (str, os.PathLike)):
+        path = os.fspath(path_or_model)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"load_model: {path!r} is not a local directory (models are loaded from disk "
+                                    "only; download them first)")
+        from transformers import AutoModelForCausalLM
+
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto", local_files_only=True)
+    else:
+        model = path_or_model
+        if dtype is not None:
+            model = model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    if device is not None:
+        model = model.to(device)
+    return model.eval()
+
+
+def _prompts(input_ids) -> tuple[list[list[int]], str]:
+    """Prompts as lists of ints, and the input form ("1d", "2d" or "list") the output mirrors."""
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() == 1:
+            return [input_ids.tolist()], "1d"
+        if input_ids.dim() == 2:
+            return input_ids.tolist(), "2d"
+        raise ValueError(f"generate: input_ids must be [P] or [B, P], got shape {tuple(input_ids.shape)}")
+    if isinstance(input_ids, (list, tuple)):
+        if input_ids and all(isinstance(t, int) for t in input_ids):
+            return [list(input_ids)], "1d"
+        rows = [t.tolist() if isinstance(t, torch.Tensor) else list(t) for t in input_ids]
+        return rows, "list"
+    raise TypeError(f"generate: input_ids must be a tensor or a list of prompts, got {type(input_ids).__name__}")
+
+
+def _eos_list(eos_token_id, target) -> list[int]:
+    if eos_token_id is None:
+        gc = getattr(target, "generation_config", None)
+        eos_token_id = getattr(gc, "eos_token_id", None)
+    if eos_token_id is None:
+        return []
+    if isinstance(eos_token_id, torch.Tensor):
+        return [int(x) for x in eos_token_id.flatten().tolist()]
+    if isinstance(eos_token_id, int):
+        return [eos_token_id]
+    return [int(x) for x in eos_token_id]
+
+
+@torch.no_grad()
+def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_tokens: int = 32,
+             eos_token_id: int | list[int] | None = None, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, generator: torch.Generator | None = None, seed: int | None = None,
+             streamer=None, pad_token_id: int | None = None, max_cache_len: int | None = None,
+             tree_attention: bool = True):
+    """Speculative (or, with ``drafter=None``, plain) generation from ``target`` (an HF causal LM).
+
+    ``input_ids``: ``[P]`` or ``[B, P]`` tensor, or a list of prompts (lists of ints / 1-D tensors, any lengths).
+    ``eos_token_id``: one id or several (default: the target's ``generation_config``); generation of a row stops
+    after its first EOS (included in the output). ``temperature`` 0 is greedy; otherwise sampling with ``top_k``
+    (0 = off) and ``top_p`` (1 = off) from ``generator`` (or a fresh one seeded with ``seed``). ``streamer``: HF
+    style, ``put(prompt [1, P])`` then ``put(new tokens [n])`` per step, ``end()`` (batch 1 only).
+    ``max_cache_len``: positions to allocate in the target cache (default: longest prompt + ``max_new_tokens`` +
+    the drafter's tree size); too small is an error before anything runs. ``tree_attention``: switch the target
+    to the ``specdec_tree`` attention implementation when it supports it (ordinary forwards are unchanged).
+
+    Returns ``(tokens, stats)``: prompt + generated tokens in the input's form (a ``[B, P + n]`` tensor padded
+    with ``pad_token_id`` (default: the first EOS, else 0) for a 2-D input, a 1-D tensor for a 1-D input, a list of
+    1-D tensors for a list) and a :class:`DecodeStats`.
+    """
+    t_start = time.perf_counter()
+    # ---- validate everything once --------------------------------------------------------------------------------
+    if input_ids is None:
+        raise ValueError("generate: input_ids is required")
+    prompts, form = _prompts(input_ids)
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate: empty prompt (every prompt needs at least one token)")
+    cfg = _text_config(target.config)
+    V = cfg.vocab_size
+    bad = [(b, t) for b, p in enumerate(prompts) for t in p if not 0 <= t < V]
+    if bad:
+        raise ValueError(f"generate: prompt {bad[0][0]} holds token {bad[0][1]}, outside the target's vocabulary "
+                         f"[0, {V})")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"generate: max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    sampling = SamplingParams(temperature, top_k, top_p)
+    sampling.validate()
+    eos = _eos_list(eos_token_id, target)
+    if any(not 0 <= e < V for e in eos):
+        raise ValueError(f"generate: eos_token_id {eos} outside the target's vocabulary [0, {V})")
+    B = len(prompts)
+    if streamer is not None and B != 1:
+        raise ValueError("generate: a streamer needs batch size 1")
+    max_nodes = int(drafter.max_nodes) if drafter is not None else 1
+    if max_nodes < 1:
+        raise ValueError(f"generate: drafter.max_nodes must be >= 1, got {max_nodes}")
+    P = max(len(p) for p in prompts)
+    needed = P + max_new_tokens
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if limit is not None and needed > limit:
+        raise ValueError(f"generate: the longest prompt ({P} tokens) plus max_new_tokens ({max_new_tokens}) = {needed} "
+                         f"exceeds the target's max_position_embeddings = {limit}")
+    max_len = needed + max_nodes
+    if max_cache_len is not None:
+        if max_cache_len < max_len:
+            raise ValueError(f"generate: max_cache_len = {max_cache_len} is too small: the longest prompt ({P}) + "
+                             f"max_new_tokens ({max_new_tokens}) + the drafter's tree size ({max_nodes}) needs "
+                             f"{max_len} cache positions")
+        max_len = max_cache_len
+    param = next(p for p in target.parameters() if p.is_floating_point())
+    device = param.device
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    if tree_attention:
+        use_tree_attention(target)
+
+    # ---- state, cache, prefill --------------------------------------------------------------------------------------
+    buf = torch.zeros(B, max_len, dtype=torch.int64)
+    for b, p in enumerate(prompts):
+        buf[b, : len(p)] = torch.tensor(p)
+    state = DecodeState(tokens=buf.to(device), lengths=torch.tensor([len(p) for p in prompts], device=device),
+                        host_tokens=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts],
+                        done=[False] * B, max_len=max_len, sampling=sampling, generator=generator, vocab_size=V)
+    stats = DecodeStats(batch_size=B, accept_hist=[0] * max_nodes)
+    cache = TreeKVCache(target.config, B, max_len, dtype=param.dtype, device=device)
+    layers = tuple(drafter.hidden_state_layers) if drafter is not None else ()
+    hidden_kwargs = {"output_hidden_states": True, "return_outputs": True} if layers else {}
+    prefill_hidden = None
+    if streamer is not None:
+        streamer.put(torch.tensor([prompts[0]]))
+    t0 = time.perf_counter()
+    if P > 1:  # everything but each prompt's last token (the first root)
+        T = P - 1
+        out = tree_forward(target, cache, state.tokens[:, :T], ops.chain_parents(B, T, device=device), 0,
+                           use_kernel=False if T > EXTEND_KERNEL_MAX_TOKENS else None, validate=False,
+                           **hidden_kwargs)
+        if layers:
+            prefill_hidden = tuple(out.hidden_states[i] for i in layers)
+        stats.prefill_forwards = 1
+    cache.rewind(state.prefix_lens)
+    if drafter is not None:
+        drafter.begin(target, state, prefill_hidden)
+    stats.prefill_s = time.perf_counter() - t0
+    generated = [0] * B
+
+    # ---- the loop -----------------------------------------------------------------------------------------------------
+    while not all(state.done):
+        t0 = time.perf_counter()
+        budget = max(max_new_tokens - generated[b] for b in range(B) if not state.done[b])
+        n_max = min(max_nodes, budget)
+        if drafter is None:
+            tree = DraftTree(state.last_tokens[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=device))
+        else:
+            tree = drafter.propose(state, n_max)
+        t1 = time.perf_counter()
+        N = tree.tokens.shape[1]
+        prefix = state.prefix_lens
+        out = tree_forward(target, cache, tree.tokens, tree.parents, prefix, validate=False, **hidden_kwargs)
+        logits = out.logits if layers else out
+        if sampling.greedy:
+            v = ops.verify_tree_greedy(logits, tree.tokens, tree.parents, validate=False)
+        else:
+            v = ops.verify_tree_sampling(logits, tree.tokens, tree.parents, state.uniforms(B, N), tree.draft_probs,
+                                         sampling.temperature, sampling.top_k, sampling.top_p, validate=False)
+        frozen = torch.tensor(state.done, device=device)
+        accept_len = torch.where(frozen, -1, v.accept_len)
+        cache.accept(v.accepted, accept_len, prefix, validate=False)
+        path = tree.tokens.gather(1, v.accepted.clamp(min=0))  # [B, N] accepted path tokens, root first
+        j = torch.arange(N, device=device)
+        emitted = torch.where(j == v.accept_len[:, None], v.next_token[:, None],
+                              torch.cat([path[:, 1:], v.next_token[:, None]], 1))  # [B, N], first accept_len + 1
+        host = torch.cat([v.accept_len[:, None], emitted], 1).tolist()  # the step's one synchronisation
+        stats.target_forwards += 1
+        t2 = time.perf_counter()
+
+        appended = [0] * B
+        for b in range(B):
+            if state.done[b]:
+                continue
+            a = host[b][0]
+            new = host[b][1: a + 2][: max_new_tokens - generated[b]]
+            for i, t in enumerate(new):
+                if t in eos:
+                    new = new[: i + 1]
+                    state.done[b] = True
+                    break
+            state.host_tokens[b].extend(new)
+            appended[b] = len(new)
+            generated[b] += len(new)
+            if generated[b] >= max_new_tokens:
+                state.done[b] = True
+            stats.accept_hist[a] += 1
+            stats.row_steps += 1
+            stats.new_tokens += len(new)
+        n_app = torch.tensor(appended, device=device)
+        pos = state.lengths[:, None] + j
+        state.tokens.scatter_(1, pos, torch.where(j < n_app[:, None], emitted, state.tokens.gather(1, pos)))
+        state.lengths = state.lengths + n_app
+        state.step += 1
+        stats.steps += 1
+        if streamer is not None and appended[0]:
+            streamer.put(torch.tensor(state.host_tokens[0][-appended[0]:]))
+        t3 = time.perf_counter()
+        if drafter is not None:
+            drafter.observe(state, tree, StepResult(v.accepted, accept_len, v.next_token, appended,
+                                                    tuple(out.hidden_states[i] for i in layers) if layers else None))
+        t4 = time.perf_counter()
+        stats.draft_s += (t1 - t0) + (t4 - t3)
+        stats.verify_s += t2 - t1
+        stats.bookkeeping_s += t3 - t2
+
+    if streamer is not None:
+        streamer.end()
+    stats.draft_forwards = int(getattr(drafter, "forwards", 0) or 0)
+    stats.total_s = time.perf_counter() - t_start
+    rows = [torch.tensor(t, dtype=torch.int64) for t in state.host_tokens]
+    if form == "1d":
+        return rows[0], stats
+    if form == "list":
+        return rows, stats
+    pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
+    width = max(r.numel() for r in rows)
+    result = torch.full((B, width), pad, dtype=torch.int64)
+    for b, r in enumerate(rows):
+        result[b, : r.numel()] = r
+    return result, stats
