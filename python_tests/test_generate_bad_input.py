@@ -97,7 +97,8 @@ def test_cli_generate_ngram_and_draft_model(model_dir, capsys):
                        eos_token_id=[0])
     assert streamed == want[10:].tolist()
     assert cli.main(["generate", "--model", model_dir, "--draft-model", model_dir, "--prompt-ids", ids,
-                     "--max-new-tokens", "8", "--temperature", "0.7", "--top-p", "0.9", "--no-stream"]) == 0
+                     "--max-new-tokens", "8", "--temperature", "0.7", "--top-p", "0.9", "--no-stream",
+                     "--tree-width", "2"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out[0].split()) <= 8
     _summary_ok(out[-1])

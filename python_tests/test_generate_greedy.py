@@ -52,6 +52,8 @@ def make_drafter(kind: str, model, k: int = 4):
         return None
     if kind == "ngram":
         return NgramDrafter(num_pred_tokens=k, max_ngram_size=3)
+    if kind == "tree":  # top-2 tree: 1 + 2 * k nodes
+        return DraftModelDrafter(perturbed_copy(model, scale=3e-3), num_draft_tokens=k, tree_width=2)
     return DraftModelDrafter(perturbed_copy(model), num_draft_tokens=k)
 
 
@@ -106,7 +108,7 @@ def run_and_check(model, drafter, prompt, max_new_tokens, eos=None):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-@pytest.mark.parametrize("kind", ["plain", "ngram", "draft"])
+@pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "tree"])
 def test_greedy_equals_hf_generate(family, kind):
     model = target(family)
     accepted_lengths = []
@@ -122,7 +124,7 @@ def test_greedy_equals_hf_generate(family, kind):
         assert max(accepted_lengths) > 1.2, accepted_lengths  # drafts were accepted
 
 
-@pytest.mark.parametrize("kind", ["ngram", "draft"])
+@pytest.mark.parametrize("kind", ["ngram", "draft", "tree"])
 def test_eos_and_budget_inside_an_accepted_run(kind):
     """EOS at every position of the first accepted runs, and budgets ending anywhere: output is HF's."""
     model = target("llama")
@@ -163,7 +165,7 @@ def test_draft_model_identical_to_target_accepts_everything():
     assert stats.draft_forwards == 4 * 4 + 2  # per step: catch-up + (k - 1) chain forwards; last step k = 2
 
 
-@pytest.mark.parametrize("kind", ["plain", "ngram", "draft"])
+@pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "tree"])
 def test_batch_of_prompts_of_different_lengths(kind):
     """Rows finish at different steps (EOS, budget inside an accepted run): each row equals its own HF run."""
     model = target("llama")
@@ -212,3 +214,23 @@ def test_ngram_lookup():
     assert ngram_lookup([5, 5], 2, 3) == [5]
     assert ngram_lookup([4], 3, 3) == []
     assert ngram_lookup(ctx + [5], 3, 4, min_ngram_size=2) == []
+
+
+def test_top_k_tree_accepts_other_branches():
+    """With a draft whose argmax often differs from the target's, the top-3 tree's other branches get accepted."""
+    model = target("llama")
+    prompt = prompt_of(11, 2)
+    drafter = DraftModelDrafter(perturbed_copy(model, scale=3e-3), num_draft_tokens=4, tree_width=3)
+    first_nodes = []
+    observe = drafter.observe
+
+    def recording(state, tree, result):
+        if tree.num_nodes > 1:
+            first_nodes.append(int(result.accepted[0, 1]))
+        observe(state, tree, result)
+
+    drafter.observe = recording
+    got, stats = run_and_check(model, drafter, prompt, 40)
+    assert got == hf_greedy(model, prompt, 40)
+    assert drafter.max_nodes == 13 and stats.mean_accepted_length > 2
+    assert {2, 3} & set(first_nodes), first_nodes  # a second or third branch was the accepted one

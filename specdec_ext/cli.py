@@ -161,7 +161,7 @@ def generate_cmd(args: argparse.Namespace) -> int:
         drafter = None
         if args.draft_model:
             drafter = DraftModelDrafter(load_model(args.draft_model, dtype=dtype, device=args.device),
-                                        num_draft_tokens=args.num_draft_tokens)
+                                        num_draft_tokens=args.num_draft_tokens, tree_width=args.tree_width)
         elif args.ngram:
             drafter = NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
     except (FileNotFoundError, OSError, ValueError) as err:
@@ -214,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--draft-model", help="directory of a smaller draft model with the same tokenizer")
     p_gen.add_argument("--ngram", action="store_true", help="n-gram (prompt lookup) drafter")
     p_gen.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length")
+    p_gen.add_argument("--tree-width", type=int, default=1,
+                       help="--draft-model: top-k tree with this many branches at the root (1 = chain)")
     p_gen.add_argument("--max-ngram", type=int, default=3, help="longest n-gram matched by --ngram")
     p_gen.add_argument("--prompt", help="prompt text (needs a tokenizer in --model)")
     p_gen.add_argument("--chat", action="store_true", help="wrap --prompt in the tokenizer's chat template")

@@ -4,7 +4,7 @@
 
     prefill(prompt[:-1])                                  # the last prompt token is the first step's root
     while rows are generating:
-        tree   = drafter.propose(state, max_nodes)        # 1-node tree without a drafter: plain decoding
+        tree   = drafter.propose(state, max_depth)        # 1-node tree without a drafter: plain decoding
         logits = tree_forward(target, cache, tree)        # ONE target forward per step
         accepted, accept_len, next_token = verify(logits, tree)   # greedy, or lossless rejection sampling
         cache.accept(accepted, accept_len)                # one compact_kv call for every layer
@@ -20,7 +20,7 @@ Batch. Tensors are ``[B, ...]`` throughout and rows have their own lengths (prom
 accepted lengths). A finished row (EOS or ``max_new_tokens``) is frozen: it keeps riding along in the batch (its
 results are ignored and its cache length is held: accept_len = -1), so the step's shapes never depend on data.
 
-Budget. A step proposes at most ``remaining - 1`` drafts for the row with the most budget left, so the drafter
+Budget. A drafter is asked for trees at most ``remaining - 1`` deep (for the row with the most budget left), so it
 never works for tokens that cannot be emitted; an accepted run that crosses EOS or the budget is cut there.
 
 Synchronisation. Inputs are validated once up front; inside the loop every op runs with ``validate=False`` and the
@@ -248,11 +248,10 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     while not all(state.done):
         t0 = time.perf_counter()
         budget = max(max_new_tokens - generated[b] for b in range(B) if not state.done[b])
-        n_max = min(max_nodes, budget)
         if drafter is None:
             tree = DraftTree(state.last_tokens[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=device))
         else:
-            tree = drafter.propose(state, n_max)
+            tree = drafter.propose(state, budget - 1)
         t1 = time.perf_counter()
         N = tree.tokens.shape[1]
         prefix = state.prefix_lens

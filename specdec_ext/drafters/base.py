@@ -2,7 +2,7 @@
 
 One speculative step, for every row b of the batch::
 
-    tree  = drafter.propose(state, max_nodes)          # DraftTree: tokens[B, N], parents[B, N], draft_probs
+    tree  = drafter.propose(state, max_depth)          # DraftTree: tokens[B, N], parents[B, N], draft_probs
     logits = tree_forward(target, cache, tree.tokens, tree.parents, state.prefix_lens)
     result = verify(logits, tree)                       # accepted path, accept_len, next_token
     drafter.observe(state, tree, result)                # after the state took the emitted tokens
@@ -141,8 +141,10 @@ class Drafter(Protocol):
               prefill_hidden_states: tuple[torch.Tensor, ...] | None = None) -> None:
         """Start of a generation: check compatibility with ``target`` (clear errors), allocate caches."""
 
-    def propose(self, state: DecodeState, max_nodes: int) -> DraftTree:
-        """A tree of at most ``max_nodes`` nodes (root included) per row; no host synchronisation."""
+    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+        """A tree of at most ``max_nodes`` nodes (root included) per row, no deeper than ``max_depth`` (drafts past
+        the remaining budget could not be emitted; deeper trees are still correct, only wasted work). No host
+        synchronisation beyond reading ``state``."""
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
         """After verification and the state update: roll internal caches back to the accepted prefix."""

@@ -12,6 +12,15 @@ verification the rows keep the context prefix the cache already holds correctly:
 drafts it fed (``min(accepted, k - 1)``), never the whole context (at least the newest token is pending, so that the
 next step has logits to draft from). Rejected entries are simply overwritten: rolling back is setting a length.
 
+Top-k tree (``tree_width = w > 1``). The root gets the draft's top-w tokens as children and each of them grows a
+greedy (argmax) chain, to depth k: ``N = 1 + w * k`` nodes, in level order (node ``(d - 1) * w + i`` is branch i at
+depth d). Each level is drafted by one tree forward over the root and every node so far (the draft model's tree
+forward writes a tree's nodes right after the prefix, so a level's nodes cannot attend to tree nodes written by an
+earlier forward; recomputing the small tree is the simple correct choice). After verification
+:meth:`~specdec_ext.models.TreeKVCache.accept` moves the accepted path's K/V into place, as for the target. The
+drafts are deterministic (``draft_probs = None``), which lossless verification accepts as they are, so the tree
+also serves sampling (with the acceptance of deterministic drafts; i.i.d. sampled siblings are not implemented).
+
 Forwards go through :func:`~specdec_ext.models.tree_forward` with ``validate=False`` and per-row prefix lengths
 kept on the host (the loop reads its results once per step), so the drafter adds no device synchronisation.
 """
@@ -38,24 +47,30 @@ def _param(model: torch.nn.Module) -> torch.Tensor:
 class DraftModelDrafter:
     """Chain drafts of ``num_draft_tokens`` tokens from ``model`` (see the module doc).
 
+    ``tree_width``: 1 = a chain; w > 1 = the top-k tree of the module doc (``1 + w * k`` nodes).
     ``tree_attention``: switch the draft model to the ``specdec_tree`` attention implementation when it supports
     transformers' attention interface (ordinary forwards are unchanged).
     """
 
     hidden_state_layers: tuple[int, ...] = ()
 
-    def __init__(self, model: torch.nn.Module, num_draft_tokens: int = 4, tree_attention: bool = True):
-        if num_draft_tokens < 1:
-            raise ValueError(f"DraftModelDrafter: num_draft_tokens must be >= 1, got {num_draft_tokens}")
+    def __init__(self, model: torch.nn.Module, num_draft_tokens: int = 4, tree_width: int = 1,
+                 tree_attention: bool = True):
+        if num_draft_tokens < 1 or tree_width < 1:
+            raise ValueError(f"DraftModelDrafter: num_draft_tokens and tree_width must be >= 1, got "
+                             f"{num_draft_tokens}, {tree_width}")
         self.model = model.eval()
         self.k = num_draft_tokens
-        self.max_nodes = num_draft_tokens + 1
+        self.width = tree_width
+        self.max_nodes = 1 + tree_width * num_draft_tokens
         self.tree_attention = tree_attention
         self.cache: TreeKVCache | None = None
         self.forwards = 0  # draft model forwards in the current generation
 
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
         check_vocab("DraftModelDrafter", _text_config(self.model.config).vocab_size, state.vocab_size)
+        if self.width > state.vocab_size:
+            raise ValueError(f"DraftModelDrafter: tree_width = {self.width} exceeds the vocabulary ({state.vocab_size})")
         p = _param(self.model)
         if p.device != state.device:
             raise ValueError(f"DraftModelDrafter: the draft model is on {p.device} but the target on {state.device}; "
@@ -85,10 +100,10 @@ class DraftModelDrafter:
         return ops.sample_tokens(logits, state.uniforms(logits.shape[0]), s.temperature, s.top_k, s.top_p,
                                  validate=False)
 
-    def propose(self, state: DecodeState, max_nodes: int) -> DraftTree:
+    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
         B, dev = state.batch_size, state.device
         root = state.last_tokens
-        k = min(self.k, max_nodes - 1)
+        k = min(self.k, max_depth)
         self.fed = 0
         if k <= 0:
             return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
@@ -99,6 +114,8 @@ class DraftModelDrafter:
         idx = (valid[:, None] + torch.arange(T, device=dev)).clamp(max=state.max_len - 1)
         logits = self._forward(state.tokens.gather(1, idx), valid, num)
         last = logits.gather(1, (num - 1)[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0]
+        if self.width > 1:
+            return self._propose_tree(state, root, last, k)
         drafts, probs = [], []
         pos = state.lengths
         for i in range(k):
@@ -116,7 +133,30 @@ class DraftModelDrafter:
             draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], 1)  # leaf row: never read
         return DraftTree(tokens, parents, draft_probs)
 
+    def _propose_tree(self, state: DecodeState, root: torch.Tensor, last: torch.Tensor, k: int) -> DraftTree:
+        B, w, dev = state.batch_size, self.width, state.device
+        prefix = state.lengths - 1  # the root's position
+        tokens = [root[:, None], last.topk(w, dim=-1).indices]  # level 1: the top-w children of the root
+        parents = [-1] + [0] * w
+        for d in range(1, k):  # level d + 1: each branch's argmax child
+            flat = torch.cat(tokens, 1)
+            par = torch.tensor(parents, dtype=torch.int64, device=dev).expand(B, -1).contiguous()
+            logits = tree_forward(self.model, self.cache, flat, par, prefix, validate=False)
+            self.forwards += 1
+            tokens.append(logits[:, -w:].argmax(-1))
+            parents += list(range(1 + (d - 1) * w, 1 + d * w))
+        self.fed = k - 1  # levels 1 .. k - 1 have K/V in the cache (after the prefix, in node order)
+        self.tree_fed = k > 1
+        par = torch.tensor(parents, dtype=torch.int64, device=dev).expand(B, -1).contiguous()
+        return DraftTree(torch.cat(tokens, 1), par, None)
+
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
+        if self.width > 1 and getattr(self, "tree_fed", False):
+            # The last tree forward left the nodes' K/V at prefix + node index: keep the accepted path's fed nodes.
+            prefix = torch.tensor([len(ctx) - n - 1 for ctx, n in zip(state.host_tokens, result.appended)],
+                                  dtype=torch.int64, device=state.device)
+            self.cache.accept(result.accepted, result.accept_len.clamp(min=0, max=self.fed), prefix, validate=False)
+            self.tree_fed = False
         for b, ctx in enumerate(state.host_tokens):
             new_len = len(ctx)
             old_len = new_len - result.appended[b]

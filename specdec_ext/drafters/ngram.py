@@ -50,8 +50,8 @@ class NgramDrafter:
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
         pass
 
-    def propose(self, state: DecodeState, max_nodes: int) -> DraftTree:
-        k = min(self.num_pred_tokens, max_nodes - 1)
+    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+        k = min(self.num_pred_tokens, max_depth)
         chains = [[] if done else ngram_lookup(ctx, self.max_ngram_size, k, self.min_ngram_size)
                   for ctx, done in zip(state.host_tokens, state.done)]
         return pad_chains(chains, [ctx[-1] for ctx in state.host_tokens], state.device)

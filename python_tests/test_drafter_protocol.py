@@ -1,0 +1,87 @@
+"""The drafter protocol as Medusa / EAGLE drafters will use it: target hidden states at the prefill and at every
+tree node, dynamic trees (a different shape every step), and what begin/propose/observe see."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from test_hf_tree_attention import V, make_model  # noqa: E402
+
+from specdec_ext.drafters import DecodeState, DraftTree, NgramDrafter, StepResult  # noqa: E402
+from specdec_ext.generate import generate  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+class Probe:
+    """Records what the loop hands over; proposes a random tree (sizes vary by step) whose first child of the root
+    is the n-gram guess, so that some drafts are accepted."""
+
+    max_nodes = 6
+    hidden_state_layers = (0, 1, -1)
+
+    def __init__(self):
+        self.gen = torch.Generator().manual_seed(0)
+        self.ngram = NgramDrafter(num_pred_tokens=3)
+        self.steps = []
+
+    def begin(self, target, state: DecodeState, prefill_hidden_states=None):
+        self.prefill = prefill_hidden_states
+        self.prompt = list(state.host_tokens[0])
+
+    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+        assert torch.equal(state.last_tokens.cpu(), torch.tensor([ctx[-1] for ctx in state.host_tokens]))
+        chain = self.ngram.propose(state, max_depth)
+        n = int(torch.randint(1, self.max_nodes + 1, (1,), generator=self.gen))
+        n = max(n, chain.num_nodes)
+        parents = [-1] + list(range(chain.num_nodes - 1))
+        tokens = chain.tokens[0].tolist()
+        while len(tokens) < n:  # random extra branches
+            parents.append(int(torch.randint(0, len(tokens), (1,), generator=self.gen)))
+            tokens.append(int(torch.randint(0, V, (1,), generator=self.gen)))
+        self.prefix = int(state.prefix_lens[0])
+        return DraftTree(torch.tensor([tokens]), torch.tensor([parents]), None)
+
+    def observe(self, state: DecodeState, tree: DraftTree, result: StepResult):
+        self.steps.append((self.prefix, tree, result))
+
+
+def test_hidden_states_reach_begin_and_observe():
+    model = make_model("llama", seed=8)
+    prompt = ([5, 9, 13, 5, 9] * 3)[:12]
+    probe = Probe()
+    out, stats = generate(model, probe, torch.tensor(prompt), max_new_tokens=20, eos_token_id=[])
+    seq = out[None]
+    with torch.no_grad():
+        saved = model.config._attn_implementation
+        model.set_attn_implementation("sdpa")
+        ref = model(seq, output_hidden_states=True).hidden_states
+        model.set_attn_implementation(saved)
+    layers = [ref[i][0] for i in Probe.hidden_state_layers]
+    P = len(prompt)
+    assert len(probe.prefill) == 3
+    for got, want in zip(probe.prefill, layers):
+        assert got.shape == (1, P - 1, want.shape[-1])
+        torch.testing.assert_close(got[0], want[: P - 1], atol=1e-4, rtol=1e-4)
+    sizes = {tree.num_nodes for _, tree, _ in probe.steps}
+    assert len(sizes) > 1  # dynamic trees: the shape changes between steps
+    assert sum(int(r.accept_len[0]) for _, _, r in probe.steps) > 0
+    for prefix, tree, result in probe.steps:
+        a = int(result.accept_len[0])
+        path = result.accepted[0, : a + 1]
+        assert result.appended[0] <= a + 1
+        m = min(a + 1, seq.shape[1] - prefix)  # path nodes inside the final sequence (the budget may cut it)
+        for got, want in zip(result.hidden_states, layers):
+            assert got.shape == (1, tree.num_nodes, want.shape[-1])
+            # the accepted path's nodes sit at prefix + depth of the final sequence
+            torch.testing.assert_close(got[0, path[:m]], want[prefix: prefix + m], atol=1e-4, rtol=1e-4)
+    assert stats.new_tokens == 20 and stats.target_forwards == len(probe.steps)
