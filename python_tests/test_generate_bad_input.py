@@ -108,6 +108,26 @@ def test_cli_generate_ngram_and_draft_model(model_dir, capsys):
         cli.main(["generate", "--model", model_dir + "_missing", "--prompt-ids", "1"])
 
 
+def test_cli_generate_text_prompt_with_a_local_tokenizer(model, tmp_path, capsys):
+    """A word-level tokenizer ("w0" .. "w100") saved next to the model: --prompt text in, text streamed out."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(101)}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="w0"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    backend.decoder = tokenizers.decoders.WordPiece(prefix="##")
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0").save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)
+    prompt = "w5 w6 w7 w8 w5 w6 w7"
+    assert cli.main(["generate", "--model", str(tmp_path), "--ngram", "--prompt", prompt, "--max-new-tokens", "9",
+                     "--eos-id", "0"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    want, _ = generate(model, None, torch.tensor([5, 6, 7, 8, 5, 6, 7]), max_new_tokens=9, eos_token_id=[0])
+    assert out[0].split() == [f"w{t}" for t in want[7:].tolist()]
+    _summary_ok(out[-1])
+
+
 def test_python_m_specdec_ext_generate(model_dir):
     proc = subprocess.run([sys.executable, "-m", "specdec_ext", "generate", "--model", model_dir, "--ngram",
                            "--prompt-ids", "1 2 3 1 2 3", "--max-new-tokens", "6"],

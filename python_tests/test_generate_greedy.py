@@ -234,3 +234,22 @@ def test_top_k_tree_accepts_other_branches():
     assert got == hf_greedy(model, prompt, 40)
     assert drafter.max_nodes == 13 and stats.mean_accepted_length > 2
     assert {2, 3} & set(first_nodes), first_nodes  # a second or third branch was the accepted one
+
+
+def test_ngram_index_equals_the_scan():
+    """The drafter's incremental n-gram index proposes exactly what the plain scan (ngram_lookup) proposes."""
+    from specdec_ext.drafters import DecodeState, SamplingParams
+
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(20):
+        vocab = 3 + trial % 5
+        ctx = torch.randint(0, vocab, (1,), generator=gen).tolist()
+        state = DecodeState(torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, dtype=torch.int64), [ctx], [1],
+                            [False], 1, SamplingParams(), None, vocab)
+        drafter = NgramDrafter(num_pred_tokens=4, max_ngram_size=3, min_ngram_size=1 + trial % 2)
+        drafter.begin(None, state)
+        for _ in range(15):
+            want = ngram_lookup(ctx, 3, 4, drafter.min_ngram_size)
+            assert drafter._lookup(0, ctx, 4) == want, ctx
+            ctx.extend(torch.randint(0, vocab, (int(torch.randint(1, 4, (1,), generator=gen)),),
+                                     generator=gen).tolist())

@@ -31,6 +31,7 @@ the queued work is attributed to the phase that waits for it (verification, whos
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from dataclasses import dataclass, field
@@ -135,6 +136,13 @@ def _prompts(input_ids) -> tuple[list[list[int]], str]:
     raise TypeError(f"generate: input_ids must be a tensor or a list of prompts, got {type(input_ids).__name__}")
 
 
+def _accepts(model, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _eos_list(eos_token_id, target) -> list[int]:
     if eos_token_id is None:
         gc = getattr(target, "generation_config", None)
@@ -230,11 +238,12 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     if streamer is not None:
         streamer.put(torch.tensor([prompts[0]]))
     t0 = time.perf_counter()
-    if P > 1:  # everything but each prompt's last token (the first root)
+    if P > 1:  # everything but each prompt's last token (the first root); its logits are not needed
         T = P - 1
+        extra = {"logits_to_keep": 1} if _accepts(target, "logits_to_keep") else {}
         out = tree_forward(target, cache, state.tokens[:, :T], ops.chain_parents(B, T, device=device), 0,
                            use_kernel=False if T > EXTEND_KERNEL_MAX_TOKENS else None, validate=False,
-                           **hidden_kwargs)
+                           **hidden_kwargs, **extra)
         if layers:
             prefill_hidden = tuple(out.hidden_states[i] for i in layers)
         stats.prefill_forwards = 1

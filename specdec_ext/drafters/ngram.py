@@ -7,7 +7,10 @@ lookup takes the first; in repetitive text the latest repetition predicts best).
 decoding step). The drafts are deterministic (``draft_probs = None``), so lossless sampling accepts them as they are.
 
 The search runs on the host over the row's context (``DecodeState.host_tokens``), which the loop keeps without
-extra device synchronisation. Cost: O(context * n) Python work per step for the first match found.
+extra device synchronisation. Per row and n-gram size, a dictionary maps every n-gram that has a continuation to its
+latest start; it is extended with the tokens appended since the last step, so a step costs O(new tokens *
+max_ngram_size) dictionary operations, not a scan of the context. :func:`ngram_lookup` is the plain scan (the
+specification; the tests compare the two).
 """
 
 from __future__ import annotations
@@ -48,12 +51,31 @@ class NgramDrafter:
         self.max_nodes = num_pred_tokens + 1
 
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
-        pass
+        sizes = range(self.min_ngram_size, self.max_ngram_size + 1)
+        self._index = [{n: {} for n in sizes} for _ in range(state.batch_size)]
+        self._indexed = [0] * state.batch_size  # per row: context length the index covers
+
+    def _lookup(self, b: int, ctx: list[int], k: int) -> list[int]:
+        """:func:`ngram_lookup` through row b's incremental index."""
+        index, L = self._index[b], len(ctx)
+        for n, table in index.items():  # windows that now have a continuation: starts i with i + n <= L - 1
+            for i in range(max(self._indexed[b] - n, 0), L - n):
+                table[tuple(ctx[i:i + n])] = i
+        self._indexed[b] = L
+        if k <= 0:
+            return []
+        for n in range(min(self.max_ngram_size, L - 1), self.min_ngram_size - 1, -1):
+            start = index[n].get(tuple(ctx[L - n:]))
+            if start is not None:
+                return ctx[start + n:start + n + k]
+        return []
 
     def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+        if getattr(self, "_index", None) is None or len(self._index) != state.batch_size:
+            self.begin(None, state)
         k = min(self.num_pred_tokens, max_depth)
-        chains = [[] if done else ngram_lookup(ctx, self.max_ngram_size, k, self.min_ngram_size)
-                  for ctx, done in zip(state.host_tokens, state.done)]
+        chains = [[] if done else self._lookup(b, ctx, k)
+                  for b, (ctx, done) in enumerate(zip(state.host_tokens, state.done))]
         return pad_chains(chains, [ctx[-1] for ctx in state.host_tokens], state.device)
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
