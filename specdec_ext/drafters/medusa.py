@@ -1,0 +1,229 @@
+"""Medusa drafter: K heads on the target's last hidden state propose a static tree (Medusa-1).
+
+Heads. Head h is ``L`` ResBlocks (``x = x + SiLU(W x + b)``) and its own ``lm_head`` ``[V, H]`` (no bias), or, in
+the legacy variant, ResBlocks only with the target's ``lm_head`` reused. It reads the target's last hidden state
+after the final norm (HF ``hidden_states[-1]``, which for Llama in transformers 5.x is after the final norm:
+``lm_head(hidden_states[-1]) == logits``) at position t, where the target itself predicts token t + 1, and
+predicts token t + 2 + h. :class:`MedusaHeads` keeps the official module layout, so its ``heads.state_dict()``
+uses the official keys (``{h}.{l}.linear.weight``, ``{h}.{l}.linear.bias``, ``{h}.{L}.weight``);
+:func:`specdec_ext.models.checkpoints.load_medusa` reads published checkpoints.
+
+Tree. The root of a step is the last emitted token (token t + 1, which the target chose at position t). The heads
+applied to the hidden state at t give candidates for the depths below the root: depth d comes from head d - 1's
+top-k. A static tree from a choices list (:mod:`specdec_ext.drafters.trees`, default ``mc_sim_7b_63``) says which
+ranks are combined: choice ``(i, j)`` is head 0's i-th best followed by head 1's j-th best. The drafts are
+deterministic (``draft_probs = None``): greedy and lossless-sampling verification both accept them as they are.
+
+State. One hidden state per row: after the prefill, the last prompt position before the root; after each step,
+the last accepted tree node (where the target chose the new root). A row whose prompt has one token has no hidden
+state before its first step; its first tree is then drafted from zeros (wasted but safe: verification is lossless
+whatever the drafts). ``propose`` does no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab
+from specdec_ext.drafters.trees import MC_SIM_7B_63, StaticTree, static_tree
+
+__all__ = ["MedusaDrafter", "MedusaHeads", "ResBlock"]
+
+
+def _text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
+class ResBlock(nn.Module):
+    """Medusa's residual block: ``x + SiLU(linear(x))`` (official key names ``linear.weight`` / ``linear.bias``)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """``num_heads`` Medusa heads of ``num_layers`` ResBlocks each, with their own ``lm_head`` ``[vocab_size, H]``,
+    or without (``vocab_size=None``: legacy heads that reuse the target's ``lm_head``).
+
+    ``self.heads`` is laid out as Medusa's ``nn.ModuleList`` (head h = ``nn.Sequential(ResBlock * L, Linear)``), so
+    ``self.heads.state_dict()`` has the official keys. ResBlocks start as identities (zero weights, as Medusa) and
+    a head's ``lm_head`` as zeros; load weights or copy the target's ``lm_head`` (:meth:`init_lm_heads_from`).
+    """
+
+    def __init__(self, num_heads: int, hidden_size: int, vocab_size: int | None = None, num_layers: int = 1):
+        super().__init__()
+        if num_heads < 1 or hidden_size < 1 or num_layers < 0 or (vocab_size is not None and vocab_size < 1):
+            raise ValueError(f"MedusaHeads: need num_heads >= 1, hidden_size >= 1, num_layers >= 0, vocab_size >= 1 "
+                             f"or None; got {num_heads}, {hidden_size}, {num_layers}, {vocab_size}")
+        self.num_heads = num_heads
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        self.num_layers = num_layers
+        heads = []
+        for _ in range(num_heads):
+            mods: list[nn.Module] = [ResBlock(hidden_size) for _ in range(num_layers)]
+            if vocab_size is not None:
+                mods.append(nn.Linear(hidden_size, vocab_size, bias=False))
+            heads.append(nn.Sequential(*mods))
+        self.heads = nn.ModuleList(heads)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.zero_()
+
+    @property
+    def has_lm_head(self) -> bool:
+        """True: every head has its own ``lm_head``; False: legacy heads (the target's ``lm_head`` is reused)."""
+        return self.vocab_size is not None
+
+    @torch.no_grad()
+    def init_lm_heads_from(self, lm_head: nn.Module) -> "MedusaHeads":
+        """Copies a target's ``lm_head`` weight into every head's own ``lm_head`` (Medusa's initialisation)."""
+        if not self.has_lm_head:
+            raise ValueError("MedusaHeads.init_lm_heads_from: legacy heads have no lm_head of their own")
+        for head in self.heads:
+            head[-1].weight.copy_(lm_head.weight)
+        return self
+
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Module | None = None,
+                num_heads: int | None = None) -> torch.Tensor:
+        """Logits ``[..., num_heads, V]`` of the first ``num_heads`` heads (default all) on ``hidden[..., H]``.
+        ``lm_head``: the target's, required by legacy heads (ignored otherwise)."""
+        k = self.num_heads if num_heads is None else num_heads
+        if not 0 < k <= self.num_heads:
+            raise ValueError(f"MedusaHeads: num_heads must be in [1, {self.num_heads}], got {k}")
+        if not self.has_lm_head and lm_head is None:
+            raise ValueError("MedusaHeads: legacy heads (no lm_head of their own) need the target's lm_head")
+        out = []
+        for head in self.heads[:k]:
+            if self.has_lm_head:
+                out.append(head(hidden))
+            else:
+                x = head(hidden)
+                out.append(lm_head(x.to(lm_head.weight.dtype)))
+        return torch.stack(out, -2)
+
+
+class MedusaDrafter:
+    """Medusa-1 drafting with ``heads`` (:class:`MedusaHeads`) on a static tree (see the module doc).
+
+    ``choices``: a Medusa choices list or a :class:`StaticTree`; the default, None, is ``mc_sim_7b_63`` without
+    the choices deeper than the number of heads. ``max_nodes`` (root included) truncates the tree (choices kept in
+    listed order). Given choices may be no deeper than the number of heads.
+    """
+
+    hidden_state_layers: tuple[int, ...] = (-1,)
+
+    def __init__(self, heads: MedusaHeads, choices=None, max_nodes: int | None = None):
+        if not isinstance(heads, MedusaHeads):
+            raise TypeError(f"MedusaDrafter: heads must be MedusaHeads, got {type(heads).__name__} (load published "
+                            "heads with specdec_ext.models.checkpoints.load_medusa or MedusaDrafter.from_pretrained)")
+        if choices is None:
+            choices = [c for c in MC_SIM_7B_63 if len(c) <= heads.num_heads]
+        if isinstance(choices, StaticTree):
+            tree = static_tree(choices.choices, max_nodes) if max_nodes is not None else choices
+        else:
+            tree = static_tree(choices, max_nodes)
+        if tree.max_depth > heads.num_heads:
+            raise ValueError(f"MedusaDrafter: the tree is {tree.max_depth} levels deep but there are only "
+                             f"{heads.num_heads} Medusa heads (depth d needs head d - 1); pass choices no deeper "
+                             f"than {heads.num_heads}")
+        self.heads = heads.eval()
+        self.tree = tree
+        self.max_nodes = tree.num_nodes
+        self._trees: dict[int, StaticTree] = {tree.max_depth: tree}
+        self._lm_head = None
+        self.hidden: torch.Tensor | None = None
+        self._ready = False  # some row has a hidden state (host flag: no sync)
+
+    @classmethod
+    def from_pretrained(cls, path, target: nn.Module | None = None, choices=None,
+                        max_nodes: int | None = None, dtype: torch.dtype | None = None,
+                        device: torch.device | str | None = None) -> "MedusaDrafter":
+        """Loads an official Medusa-1 checkpoint directory (``config.json`` + ``medusa_lm_head.pt`` or
+        ``.safetensors``); with ``target`` its hidden size / vocabulary are checked and, unless given, dtype and
+        device are taken from it."""
+        from specdec_ext.models.checkpoints import load_medusa
+
+        return cls(load_medusa(path, target=target, dtype=dtype, device=device), choices, max_nodes)
+
+    def _tree_for(self, max_depth: int) -> StaticTree:
+        """The tree without its nodes deeper than ``max_depth`` (built once per depth)."""
+        d = max(0, min(int(max_depth), self.tree.max_depth))
+        tree = self._trees.get(d)
+        if tree is None:
+            tree = self._trees[d] = static_tree([c for c in self.tree.choices if len(c) <= d])
+        return tree
+
+    def begin(self, target: nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
+        cfg = _text_config(target.config)
+        H = getattr(cfg, "hidden_size", None)
+        if H is not None and H != self.heads.hidden_size:
+            raise ValueError(f"MedusaDrafter: the heads were built for hidden size {self.heads.hidden_size} but the "
+                             f"target's hidden_size is {H}; these heads belong to another model")
+        lm_head = target.get_output_embeddings()
+        if self.heads.has_lm_head:
+            check_vocab("MedusaDrafter", self.heads.vocab_size, state.vocab_size)
+        else:
+            if lm_head is None:
+                raise ValueError("MedusaDrafter: legacy heads reuse the target's lm_head, but the target has no "
+                                 "output embeddings")
+            if lm_head.weight.shape[-1] != self.heads.hidden_size:
+                raise ValueError(f"MedusaDrafter: the target's lm_head takes {lm_head.weight.shape[-1]} features, the "
+                                 f"heads produce {self.heads.hidden_size}")
+        p = next(self.heads.parameters())
+        if p.device != state.device:
+            raise ValueError(f"MedusaDrafter: the Medusa heads are on {p.device} but the target on {state.device}; "
+                             "put both on one device")
+        self._lm_head = lm_head
+        B, dev = state.batch_size, state.device
+        self.hidden = torch.zeros(B, self.heads.hidden_size, dtype=p.dtype, device=dev)
+        self._ready = False
+        if prefill_hidden_states is not None:
+            hs = prefill_hidden_states[0]  # [B, P_max - 1, H]
+            last = torch.tensor([max(n - 2, 0) for n in state.prompt_lens], dtype=torch.int64, device=dev)
+            has = torch.tensor([n >= 2 for n in state.prompt_lens], device=dev)
+            picked = hs.gather(1, last[:, None, None].expand(B, 1, hs.shape[-1]))[:, 0]
+            self.hidden = torch.where(has[:, None], picked.to(p.dtype), self.hidden)
+            self._ready = any(n >= 2 for n in state.prompt_lens)
+
+    @torch.no_grad()
+    def candidates(self, num_heads: int, top_k: int) -> torch.Tensor:
+        """``[B, num_heads, top_k]``: each row's top-k tokens of the first ``num_heads`` heads, best first."""
+        logits = self.heads(self.hidden, self._lm_head, num_heads)  # [B, D, V]
+        k = min(top_k, logits.shape[-1])
+        cand = logits.topk(k, dim=-1).indices
+        if k < top_k:  # vocabulary smaller than the tree's widest rank: repeat the last candidate (safe)
+            cand = torch.cat([cand, cand[..., -1:].expand(*cand.shape[:-1], top_k - k)], -1)
+        return cand
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+        """The static tree (nodes deeper than ``max_depth`` left out), drafted from each row's hidden state."""
+        B, dev = state.batch_size, state.device
+        root = state.last_tokens
+        tree = self._tree_for(max_depth)
+        if tree.num_nodes == 1 or not self._ready:
+            return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
+        cand = self.candidates(tree.max_depth, tree.top_k).reshape(B, tree.max_depth * tree.top_k)
+        drafts = cand.index_select(1, tree.gather_index_tensor(dev))
+        tokens = torch.cat([root[:, None], drafts], 1)
+        return DraftTree(tokens, tree.parents_tensor(B, dev), None)
+
+    def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
+        if result.hidden_states is None:
+            raise ValueError("MedusaDrafter.observe: the step's hidden states are missing (the loop must run the "
+                             "target with output_hidden_states for hidden_state_layers = (-1,))")
+        hs = result.hidden_states[0]  # [B, N, H]
+        B, N, H = hs.shape
+        alen = result.accept_len
+        node = result.accepted.gather(1, alen.clamp(min=0)[:, None]).clamp(min=0)  # last accepted node
+        new = hs.gather(1, node[:, :, None].expand(B, 1, H))[:, 0].to(self.hidden.dtype)
+        self.hidden = torch.where((alen >= 0)[:, None], new, self.hidden)
+        self._ready = True

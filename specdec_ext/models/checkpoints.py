@@ -1,0 +1,216 @@
+"""Loaders for drafter checkpoints in their official published formats (Medusa-1 now; EAGLE later).
+
+Medusa-1 (e.g. ``FasterDecoding/medusa-vicuna-7b-v1.3``): a directory with ``config.json`` (``medusa_num_heads``,
+``medusa_num_layers``, ``base_model_name_or_path``) and ``medusa_lm_head.pt`` (``torch.save`` of the heads'
+``nn.ModuleList`` state dict) or ``medusa_lm_head.safetensors``. Keys, with H the hidden size, V the vocabulary, L
+the ResBlocks per head and h the head::
+
+    {h}.{l}.linear.weight  [H, H]      l < L
+    {h}.{l}.linear.bias    [H]
+    {h}.{L}.weight         [V, H]      the head's own lm_head (no bias); absent in legacy heads
+
+The published configs' head count is not reliable (Medusa's own loader overrides it), so the number of heads and
+of ResBlocks are inferred from the keys; a config that disagrees gives a warning. Files are read with
+``torch.load(weights_only=True)`` or safetensors: no code is executed. Shapes are checked key by key, and against
+the target when one is given (hidden size, vocabulary), with errors naming the key and both shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+
+import torch
+
+from specdec_ext.drafters.medusa import MedusaHeads
+
+__all__ = ["MEDUSA_CONFIG", "MEDUSA_WEIGHTS", "load_medusa", "load_medusa_state_dict", "medusa_heads_from_state_dict",
+           "save_medusa"]
+
+MEDUSA_CONFIG = "config.json"
+MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+
+_KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+
+
+def _text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
+def _weights_file(path: str) -> str:
+    if os.path.isfile(path):
+        return path
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"load_medusa: {path!r} is neither a Medusa checkpoint directory nor a weights file "
+                                "(checkpoints are read from disk only; download them first)")
+    for name in MEDUSA_WEIGHTS:
+        f = os.path.join(path, name)
+        if os.path.isfile(f):
+            return f
+    raise FileNotFoundError(f"load_medusa: {path!r} holds neither {MEDUSA_WEIGHTS[1]} nor {MEDUSA_WEIGHTS[0]} (the "
+                            "Medusa-1 head weights)")
+
+
+def load_medusa_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict, str]:
+    """``(state_dict, config, weights_file)`` of a Medusa-1 checkpoint directory (or a weights file; then the
+    ``config.json`` beside it is read when present). Tensors on the CPU as stored."""
+    path = os.fspath(path)
+    wfile = _weights_file(path)
+    cfg_file = os.path.join(os.path.dirname(wfile), MEDUSA_CONFIG)
+    config = {}
+    if os.path.isfile(cfg_file):
+        with open(cfg_file) as f:
+            config = json.load(f)
+    if wfile.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        sd = load_file(wfile, device="cpu")
+    else:
+        try:
+            sd = torch.load(wfile, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - re-raised with the file named
+            raise ValueError(f"load_medusa: cannot read {wfile!r} as a weights-only torch.save state dict: {e}") from e
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise ValueError(f"load_medusa: {wfile!r} does not hold a state dict (a mapping of names to tensors)")
+    return dict(sd), config, wfile
+
+
+def medusa_heads_from_state_dict(sd: dict[str, torch.Tensor], config: dict | None = None,
+                                 source: str = "state dict") -> MedusaHeads:
+    """:class:`MedusaHeads` holding an official-layout state dict (head and ResBlock counts inferred from the keys,
+    every shape checked; ``source`` names the file in errors)."""
+    config = config or {}
+    if sd and all(k.startswith("medusa_head.") for k in sd):  # heads saved inside a full (Medusa-2 style) model
+        sd = {k[len("medusa_head."):]: v for k, v in sd.items()}
+    if not sd:
+        raise ValueError(f"load_medusa: {source} is empty (no Medusa head weights)")
+    heads: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
+    for key, t in sd.items():
+        m = _KEY.match(key)
+        if m is None:
+            raise ValueError(f"load_medusa: unexpected key {key!r} in {source} (Medusa-1 keys are '{{h}}.{{l}}.linear."
+                             "weight', '{h}.{l}.linear.bias' and '{h}.{L}.weight')")
+        heads.setdefault(int(m[1]), {}).setdefault(int(m[2]), {})[m[3]] = t
+    K = len(heads)
+    if sorted(heads) != list(range(K)):
+        raise ValueError(f"load_medusa: {source} has heads {sorted(heads)}; head indices must be 0..{K - 1}")
+    first = heads[0].get(0, {}).get("linear.weight", heads[0].get(0, {}).get("weight"))
+    if first is None or first.dim() != 2:
+        raise ValueError(f"load_medusa: {source} lacks '0.0.linear.weight' (a 2-D [H, H] tensor)")
+    H = first.shape[1]
+    layouts = []
+    for h in range(K):
+        mods = heads[h]
+        n = len(mods)
+        if sorted(mods) != list(range(n)):
+            raise ValueError(f"load_medusa: head {h} in {source} has modules {sorted(mods)}; indices must be "
+                             f"0..{n - 1}")
+        blocks = [i for i in range(n) if "weight" not in mods[i]]
+        own = [i for i in range(n) if "weight" in mods[i]]
+        if own and (own != [n - 1] or set(mods[n - 1]) != {"weight"}):
+            raise ValueError(f"load_medusa: head {h} in {source}: only its last module may be an lm_head "
+                             f"('{h}.{n - 1}.weight'); got modules {own} with a bare 'weight'")
+        for i in blocks:
+            for name in ("linear.weight", "linear.bias"):
+                if name not in mods[i]:
+                    raise ValueError(f"load_medusa: {source} lacks key '{h}.{i}.{name}'")
+            if set(mods[i]) != {"linear.weight", "linear.bias"}:
+                raise ValueError(f"load_medusa: head {h} module {i} in {source} mixes ResBlock and lm_head keys")
+        layouts.append((len(blocks), bool(own)))
+    if len(set(layouts)) != 1:
+        raise ValueError(f"load_medusa: the heads in {source} differ in layout ((ResBlocks, own lm_head) per head: "
+                         f"{layouts}); all heads must be alike")
+    L, has_lm = layouts[0]
+    V = None
+    if has_lm:
+        lm = heads[0][L]["weight"]
+        if lm.dim() != 2:
+            raise ValueError(f"load_medusa: key '0.{L}.weight' in {source} has shape {list(lm.shape)}, expected "
+                             f"[V, {H}] (the head's lm_head)")
+        V = lm.shape[0]
+    for h in range(K):
+        for i in range(L):
+            for name, want in (("linear.weight", (H, H)), ("linear.bias", (H,))):
+                got = tuple(heads[h][i][name].shape)
+                if got != want:
+                    raise ValueError(f"load_medusa: key '{h}.{i}.{name}' in {source} has shape {list(got)}, "
+                                     f"expected {list(want)} (hidden size {H} from '0.0.linear.weight')")
+        if has_lm:
+            got = tuple(heads[h][L]["weight"].shape)
+            if got != (V, H):
+                raise ValueError(f"load_medusa: key '{h}.{L}.weight' in {source} has shape {list(got)}, expected "
+                                 f"[{V}, {H}] (vocabulary {V} from '0.{L}.weight', hidden size {H})")
+    cfg_heads, cfg_layers = config.get("medusa_num_heads"), config.get("medusa_num_layers")
+    if cfg_heads is not None and cfg_heads != K:
+        warnings.warn(f"load_medusa: config.json says medusa_num_heads = {cfg_heads} but {source} holds {K} heads; "
+                      f"using {K} (the published configs are known to be wrong here)", stacklevel=3)
+    if cfg_layers is not None and cfg_layers != L:
+        warnings.warn(f"load_medusa: config.json says medusa_num_layers = {cfg_layers} but {source} holds {L} "
+                      f"ResBlocks per head; using {L}", stacklevel=3)
+    dtype = first.dtype if first.is_floating_point() else torch.float32
+    heads_mod = MedusaHeads(K, H, V, L).to(dtype)
+    heads_mod.heads.load_state_dict(sd, strict=True)
+    heads_mod.config = dict(config)
+    heads_mod.source = source
+    return heads_mod
+
+
+def load_medusa(path: str | os.PathLike, target: torch.nn.Module | None = None, dtype: torch.dtype | None = None,
+                device: torch.device | str | None = None) -> MedusaHeads:
+    """Medusa-1 heads from an official checkpoint directory (or weights file) as :class:`MedusaHeads`.
+
+    ``target`` (an HF causal LM): check that the heads fit it (hidden size; the heads' vocabulary, or for legacy
+    heads the target's ``lm_head``) and, unless ``dtype`` / ``device`` are given, move the heads to its dtype and
+    device. The checkpoint's ``config.json`` is kept as ``heads.config``.
+    """
+    sd, config, wfile = load_medusa_state_dict(path)
+    heads = medusa_heads_from_state_dict(sd, config, repr(wfile))
+    if target is not None:
+        cfg = _text_config(target.config)
+        H, V = getattr(cfg, "hidden_size", None), getattr(cfg, "vocab_size", None)
+        base = config.get("base_model_name_or_path")
+        built = f" (built for {base!r})" if base else ""
+        if H is not None and H != heads.hidden_size:
+            raise ValueError(f"load_medusa: the heads in {wfile!r}{built} have hidden size {heads.hidden_size} (key "
+                             f"'0.0.linear.weight' has shape [{heads.hidden_size}, {heads.hidden_size}]) but the "
+                             f"target's hidden_size is {H}")
+        if heads.has_lm_head and V is not None and V != heads.vocab_size:
+            raise ValueError(f"load_medusa: the heads in {wfile!r}{built} have a vocabulary of {heads.vocab_size} "
+                             f"(key '0.{heads.num_layers}.weight' has shape [{heads.vocab_size}, "
+                             f"{heads.hidden_size}]) but the target's vocab_size is {V}")
+        if not heads.has_lm_head:
+            lm = target.get_output_embeddings()
+            if lm is None or lm.weight.shape[-1] != heads.hidden_size:
+                raise ValueError(f"load_medusa: the legacy heads in {wfile!r} reuse the target's lm_head, which "
+                                 f"{'is missing' if lm is None else f'takes {lm.weight.shape[-1]} features'}; "
+                                 f"the heads produce {heads.hidden_size}")
+        p = next(q for q in target.parameters() if q.is_floating_point())
+        dtype = p.dtype if dtype is None else dtype
+        device = p.device if device is None else device
+    if dtype is not None or device is not None:
+        heads = heads.to(device=device, dtype=dtype)
+    return heads.eval()
+
+
+def save_medusa(heads: MedusaHeads, path: str | os.PathLike, base_model_name_or_path: str = "",
+                safetensors: bool = False) -> str:
+    """Writes ``heads`` as an official Medusa-1 checkpoint directory (``config.json`` + ``medusa_lm_head.pt``, or
+    ``.safetensors``); returns the weights file."""
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, MEDUSA_CONFIG), "w") as f:
+        json.dump({"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
+                   "base_model_name_or_path": base_model_name_or_path}, f, indent=2)
+    sd = {k: v.detach().cpu().contiguous() for k, v in heads.heads.state_dict().items()}
+    if safetensors:
+        from safetensors.torch import save_file
+
+        out = os.path.join(path, MEDUSA_WEIGHTS[0])
+        save_file(sd, out)
+    else:
+        out = os.path.join(path, MEDUSA_WEIGHTS[1])
+        torch.save(sd, out)
+    return out
