@@ -1,9 +1,10 @@
 """specdec_ext.generate, greedy: plain decoding and every drafter give exactly Hugging Face's greedy output.
 
-Tiny random models (Llama and Qwen3, float32, CPU). The n-gram drafter is made to accept (random tiny models fall
-into cycles under greedy decoding; a repetitive prompt helps) and the draft-model drafter uses a slightly perturbed
-copy of the target, so that both accept drafts: the tests assert mean accepted length > 1 and count the target's
-forwards (one per step, plus at most one prefill) so that they cannot pass vacuously or hide extra passes.
+Tiny random models (Llama, Qwen3 and Gemma3, float32, CPU). The n-gram drafter is made to accept (random tiny models
+fall into cycles under greedy decoding; a repetitive prompt helps) and the draft-model drafter (chain and top-k
+tree) uses a slightly perturbed copy of the target, so that both accept drafts: the tests assert mean accepted
+length > 1 and count the target's forwards (one per step, plus at most one prefill) so that they cannot pass
+vacuously or hide extra passes.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def run_and_check(model, drafter, prompt, max_new_tokens, eos=None):
     return new, stats
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
 @pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "tree"])
 def test_greedy_equals_hf_generate(family, kind):
     model = target(family)

@@ -1,11 +1,11 @@
 """specdec_ext.generate, sampling: speculative sampling is lossless end to end.
 
-A tiny-vocabulary target (V = 8, random 1-layer Llama) and a draft model with a perturbed output head. One generate call runs B
-copies of the prompt as a batch (rows accept different lengths, so this also exercises per-row lengths and frozen
-rows); the first three generated tokens of every row are compared with the exact target distribution (computed
-by running the target on every continuation): a chi-square test on the joint distribution of the first two tokens
-and on the marginal of the third, for the draft-model drafter (chain of sampled drafts with their probabilities,
-and the deterministic top-2 tree) and, as a check of the test itself, plain sampling.
+A tiny-vocabulary target (V = 8, random 1-layer Llama) and a draft model with a perturbed output head. One generate
+call runs B copies of the prompt as a batch (rows accept different lengths, so this also exercises per-row lengths
+and frozen rows); the first three generated tokens of every row are compared with the exact target distribution
+(computed by running the target on every continuation): a chi-square test on the joint distribution of the first two
+tokens and on the marginal of the third, for the draft-model drafter (chain of sampled drafts with their
+probabilities, and the deterministic top-2 tree) and, as a check of the test itself, plain sampling.
 
 False-alarm rate: each chi-square test rejects at p < 1e-3 (6 tests per parameter set, 2 parameter sets: at most
 1.2% false alarms over independent seeds); seeds are fixed, so the outcome is deterministic. Power: replacing the

@@ -25,8 +25,10 @@ never works for tokens that cannot be emitted; an accepted run that crosses EOS 
 
 Synchronisation. Inputs are validated once up front; inside the loop every op runs with ``validate=False`` and the
 host reads one small tensor per step (accepted lengths and emitted tokens), which also feeds host-side drafters
-(n-gram) and the streamer. Times in :class:`DecodeStats` are host wall times per phase; on an asynchronous device
-the queued work is attributed to the phase that waits for it (verification, whose read-back ends the step).
+(n-gram) and the streamer. Host values going to the device (frozen rows, appended counts, drafters' lengths) are
+copied with ``non_blocking=True``, which does not wait for the device. Times in :class:`DecodeStats` are host wall
+times per phase; on an asynchronous device the queued work is attributed to the phase that waits for it
+(verification, whose read-back ends the step).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import DecodeState, DraftTree, SamplingParams, StepResult
+from specdec_ext.drafters.base import DecodeState, DraftTree, SamplingParams, StepResult, to_device
 from specdec_ext.models import TreeKVCache, tree_forward, use_tree_attention
 from specdec_ext.models.tree_forward import EXTEND_KERNEL_MAX_TOKENS
 
@@ -223,7 +225,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     if tree_attention:
         use_tree_attention(target)
 
-    # ---- state, cache, prefill --------------------------------------------------------------------------------------
+    # ---- state, cache, prefill -------------------------------------------------------------------------------
     buf = torch.zeros(B, max_len, dtype=torch.int64)
     for b, p in enumerate(prompts):
         buf[b, : len(p)] = torch.tensor(p)
@@ -253,7 +255,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     stats.prefill_s = time.perf_counter() - t0
     generated = [0] * B
 
-    # ---- the loop -----------------------------------------------------------------------------------------------------
+    # ---- the loop ---------------------------------------------------------------------------------------------
     while not all(state.done):
         t0 = time.perf_counter()
         budget = max(max_new_tokens - generated[b] for b in range(B) if not state.done[b])
@@ -271,7 +273,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
         else:
             v = ops.verify_tree_sampling(logits, tree.tokens, tree.parents, state.uniforms(B, N), tree.draft_probs,
                                          sampling.temperature, sampling.top_k, sampling.top_p, validate=False)
-        frozen = torch.tensor(state.done, device=device)
+        frozen = to_device(state.done, device, torch.bool)
         accept_len = torch.where(frozen, -1, v.accept_len)
         cache.accept(v.accepted, accept_len, prefix, validate=False)
         path = tree.tokens.gather(1, v.accepted.clamp(min=0))  # [B, N] accepted path tokens, root first
@@ -301,7 +303,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
             stats.accept_hist[a] += 1
             stats.row_steps += 1
             stats.new_tokens += len(new)
-        n_app = torch.tensor(appended, device=device)
+        n_app = to_device(appended, device)
         pos = state.lengths[:, None] + j
         state.tokens.scatter_(1, pos, torch.where(j < n_app[:, None], emitted, state.tokens.gather(1, pos)))
         state.lengths = state.lengths + n_app

@@ -150,6 +150,14 @@ class Drafter(Protocol):
         """After verification and the state update: roll internal caches back to the accepted prefix."""
 
 
+def to_device(values, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Host values (lists of numbers) as a tensor on ``device`` without a device synchronisation: built on the host,
+    then copied with ``non_blocking=True`` (a blocking host-to-device copy waits for the stream on CUDA; from
+    pageable memory the asynchronous copy stages the data at once, so the host list may go away)."""
+    t = torch.tensor(values, dtype=dtype)
+    return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
+
+
 def check_vocab(name: str, drafter_vocab: int, target_vocab: int) -> None:
     if drafter_vocab != target_vocab:
         raise ValueError(f"{name}: the drafter's vocabulary size ({drafter_vocab}) differs from the target's "
@@ -164,7 +172,7 @@ def pad_chains(chains: list[list[int]], roots: list[int], device: torch.device) 
     for root, chain in zip(roots, chains):
         row = [root] + list(chain)
         rows.append(row + [row[-1]] * (n - len(row)))
-    tokens = torch.tensor(rows, dtype=torch.int64, device=device)
+    tokens = to_device(rows, device)
     parents = torch.arange(-1, n - 1, dtype=torch.int64, device=device).expand(len(rows), n).contiguous()
     return DraftTree(tokens, parents, None)
 

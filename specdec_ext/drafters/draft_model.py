@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab
+from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
 from specdec_ext.models import TreeKVCache, tree_forward, use_tree_attention
 from specdec_ext.models.tree_forward import EXTEND_KERNEL_MAX_TOKENS
 
@@ -70,7 +70,8 @@ class DraftModelDrafter:
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
         check_vocab("DraftModelDrafter", _text_config(self.model.config).vocab_size, state.vocab_size)
         if self.width > state.vocab_size:
-            raise ValueError(f"DraftModelDrafter: tree_width = {self.width} exceeds the vocabulary ({state.vocab_size})")
+            raise ValueError(f"DraftModelDrafter: tree_width = {self.width} exceeds the vocabulary "
+                             f"({state.vocab_size})")
         p = _param(self.model)
         if p.device != state.device:
             raise ValueError(f"DraftModelDrafter: the draft model is on {p.device} but the target on {state.device}; "
@@ -109,7 +110,7 @@ class DraftModelDrafter:
             return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
         lengths = [len(t) for t in state.host_tokens]
         T = max(n - v for n, v in zip(lengths, self.valid))
-        valid = torch.tensor(self.valid, dtype=torch.int64, device=dev)
+        valid = to_device(self.valid, dev)
         num = state.lengths - valid
         idx = (valid[:, None] + torch.arange(T, device=dev)).clamp(max=state.max_len - 1)
         logits = self._forward(state.tokens.gather(1, idx), valid, num)
@@ -140,21 +141,21 @@ class DraftModelDrafter:
         parents = [-1] + [0] * w
         for d in range(1, k):  # level d + 1: each branch's argmax child
             flat = torch.cat(tokens, 1)
-            par = torch.tensor(parents, dtype=torch.int64, device=dev).expand(B, -1).contiguous()
+            par = to_device(parents, dev).expand(B, -1).contiguous()
             logits = tree_forward(self.model, self.cache, flat, par, prefix, validate=False)
             self.forwards += 1
             tokens.append(logits[:, -w:].argmax(-1))
             parents += list(range(1 + (d - 1) * w, 1 + d * w))
         self.fed = k - 1  # levels 1 .. k - 1 have K/V in the cache (after the prefix, in node order)
         self.tree_fed = k > 1
-        par = torch.tensor(parents, dtype=torch.int64, device=dev).expand(B, -1).contiguous()
+        par = to_device(parents, dev).expand(B, -1).contiguous()
         return DraftTree(torch.cat(tokens, 1), par, None)
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
         if self.width > 1 and getattr(self, "tree_fed", False):
             # The last tree forward left the nodes' K/V at prefix + node index: keep the accepted path's fed nodes.
-            prefix = torch.tensor([len(ctx) - n - 1 for ctx, n in zip(state.host_tokens, result.appended)],
-                                  dtype=torch.int64, device=state.device)
+            prefix = to_device([len(ctx) - n - 1 for ctx, n in zip(state.host_tokens, result.appended)],
+                               state.device)
             self.cache.accept(result.accepted, result.accept_len.clamp(min=0, max=self.fed), prefix, validate=False)
             self.tree_fed = False
         for b, ctx in enumerate(state.host_tokens):
