@@ -197,6 +197,22 @@ def test_drafter_errors():
     d = MedusaDrafter(MedusaHeads(2, 32, V), choices=[[0]])
     with pytest.raises(ValueError, match="hidden size 32 but the target's hidden_size is 64"):
         d.begin(target(), make_state([[1, 2]]), None)
+    d = MedusaDrafter(MedusaHeads(2, H, V).to("meta"), choices=[[0]])
+    with pytest.raises(ValueError, match="heads are on meta but the target on cpu"):
+        d.begin(target(), make_state([[1, 2]]), None)
+    d = MedusaDrafter(MedusaHeads(2, H, V + 1), choices=[[0]])
+    with pytest.raises(ValueError, match=r"vocabulary size \(102\) differs from the target's \(101\)"):
+        d.begin(target(), make_state([[1, 2]]), None)
+
+
+@pytest.mark.parametrize("own_lm_head", [True, False], ids=["own_lm_head", "legacy"])
+def test_float32_heads_on_a_bfloat16_target(own_lm_head):
+    """Hidden states are cast to the heads' dtype (and, for legacy heads, back to the target's lm_head dtype)."""
+    m = make_model("llama", seed=11, dtype=torch.bfloat16)
+    drafter = MedusaDrafter(random_heads(own_lm_head), choices=[[0], [1], [0, 0]])
+    out, stats = generate(m, drafter, [PROMPTS[1], PROMPTS[0]], max_new_tokens=6)
+    assert [len(o) for o in out] == [len(PROMPTS[1]) + 6, len(PROMPTS[0]) + 6] and stats.steps >= 2
+    assert drafter.hidden.dtype == torch.float32
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -315,3 +331,30 @@ def test_sampling_runs():
     assert all(len(x) == len(p) + 12 and 0 <= int(x.min()) and int(x.max()) < V
                for x, p in zip(a, [PROMPTS[1], PROMPTS[3]]))
     assert stats.target_forwards == stats.steps
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sampling: lossless with Medusa's deterministic tree drafts.
+
+
+@pytest.mark.parametrize("T,top_k,top_p", [(1.0, 0, 1.0), (0.8, 5, 0.9)])
+def test_sampling_matches_the_target_distribution(T, top_k, top_p):
+    """The chi-square test of test_generate_sampling (same tiny V = 8 target, rows, thresholds; p < 1e-3 per test,
+    2 tests per parameter set) with a Medusa drafter: heads whose lm_heads are the target's (so they propose likely
+    tokens) on a tree with 2 candidates at depth 1 and 2 below the first."""
+    sampling = pytest.importorskip("test_generate_sampling")
+    tgt = sampling.tiny(21)
+    Vs = sampling.V
+    joint, third = sampling.exact_distributions(tgt, T, top_k, top_p)
+    heads = MedusaHeads(2, tgt.config.hidden_size, Vs).init_lm_heads_from(tgt.lm_head)
+    drafter = MedusaDrafter(heads, choices=[[0], [1], [0, 0], [0, 1], [1, 0]])
+    prompts = torch.tensor(sampling.PROMPT).expand(sampling.ROWS, -1).contiguous()
+    out, st = generate(tgt, drafter, prompts, max_new_tokens=3, eos_token_id=[], temperature=T, top_k=top_k,
+                       top_p=top_p, generator=torch.Generator().manual_seed(97))
+    new = out[:, len(sampling.PROMPT):]
+    assert new.shape == (sampling.ROWS, 3)
+    p_pair = sampling.chi_square_p(torch.bincount(new[:, 0] * Vs + new[:, 1], minlength=Vs * Vs), joint)
+    p_third = sampling.chi_square_p(torch.bincount(new[:, 2], minlength=Vs), third)
+    assert p_pair > 1e-3 and p_third > 1e-3, (p_pair, p_third)
+    # not vacuous: drafts were accepted, and some rejected (the residual distribution was sampled)
+    assert st.accept_hist[0] > 0 and sum(st.accept_hist[1:]) > sampling.ROWS // 10, st.accept_hist
