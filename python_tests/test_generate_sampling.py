@@ -5,10 +5,11 @@ call runs B copies of the prompt as a batch (rows accept different lengths, so t
 and frozen rows); the first three generated tokens of every row are compared with the exact target distribution
 (computed by running the target on every continuation): a chi-square test on the joint distribution of the first two
 tokens and on the marginal of the third, for the draft-model drafter (chain of sampled drafts with their
-probabilities, and the deterministic top-2 tree) and, as a check of the test itself, plain sampling.
+probabilities, and the deterministic top-2 tree), the n-gram drafter (deterministic drafts) and, as a check of the
+test itself, plain sampling.
 
-False-alarm rate: each chi-square test rejects at p < 1e-3 (6 tests per parameter set, 2 parameter sets: at most
-1.2% false alarms over independent seeds); seeds are fixed, so the outcome is deterministic. Power: replacing the
+False-alarm rate: each chi-square test rejects at p < 1e-3 (8 tests per parameter set, 2 parameter sets: at most
+1.6% false alarms over independent seeds); seeds are fixed, so the outcome is deterministic. Power: replacing the
 draft probabilities by a uniform distribution (a lossy verifier) gives p-values below 1e-200 here.
 """
 
@@ -22,7 +23,7 @@ stats_mod = pytest.importorskip("scipy.stats")
 
 from test_hf_tree_attention import make_model  # noqa: E402
 
-from specdec_ext.drafters import DraftModelDrafter  # noqa: E402
+from specdec_ext.drafters import DraftModelDrafter, NgramDrafter  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.ops.reference import filtered_weights  # noqa: E402
 
@@ -91,7 +92,8 @@ def test_speculative_sampling_matches_the_target_distribution(T, top_k, top_p):
     joint, third = exact_distributions(target, T, top_k, top_p)
     prompts = torch.tensor(PROMPT).expand(ROWS, -1).contiguous()
     for seed, drafter in ((1234, None), (4321, DraftModelDrafter(draft, num_draft_tokens=3)),
-                          (5678, DraftModelDrafter(draft, num_draft_tokens=3, tree_width=2))):
+                          (5678, DraftModelDrafter(draft, num_draft_tokens=3, tree_width=2)),
+                          (8765, NgramDrafter(num_pred_tokens=2, max_ngram_size=2))):
         gen = torch.Generator().manual_seed(seed)
         out, st = generate(target, drafter, prompts, max_new_tokens=3, eos_token_id=[], temperature=T, top_k=top_k,
                            top_p=top_p, generator=gen)
@@ -101,7 +103,9 @@ def test_speculative_sampling_matches_the_target_distribution(T, top_k, top_p):
         p_pair = chi_square_p(pair, joint)
         p_third = chi_square_p(torch.bincount(new[:, 2], minlength=V), third)
         assert p_pair > 1e-3 and p_third > 1e-3, (drafter, p_pair, p_third)
-        if drafter is not None:
+        if isinstance(drafter, NgramDrafter):  # "1" occurs in the prompt: it proposes "4 1" / "5 ..." after a "1"
+            assert sum(st.accept_hist[1:]) > 0, st.accept_hist
+        elif drafter is not None:
             # not vacuous: drafts were accepted, and some rejected (the residual distribution was sampled)
             assert st.accept_hist[0] > 0 and sum(st.accept_hist[1:]) > ROWS // 10, st.accept_hist
             assert st.mean_accepted_length > 1.1

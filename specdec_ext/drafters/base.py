@@ -111,7 +111,8 @@ class DecodeState:
         """Uniform [0, 1) numbers from the user's generator, on the state's device."""
         gen = self.generator
         dev = gen.device if gen is not None else self.device
-        return torch.rand(*shape, generator=gen, device=dev).to(self.device)
+        u = torch.rand(*shape, generator=gen, device=dev)
+        return u if u.device == self.device else u.to(self.device, non_blocking=True)
 
 
 @dataclass
