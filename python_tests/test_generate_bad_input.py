@@ -117,7 +117,10 @@ def test_cli_generate_text_prompt_with_a_local_tokenizer(model, tmp_path, capsys
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="w0"))
     backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     backend.decoder = tokenizers.decoders.WordPiece(prefix="##")
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0").save_pretrained(tmp_path)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0")
+    tok.chat_template = ("{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
+                         "{% if add_generation_prompt %}w3{% endif %}")
+    tok.save_pretrained(tmp_path)
     model.save_pretrained(tmp_path)
     prompt = "w5 w6 w7 w8 w5 w6 w7"
     assert cli.main(["generate", "--model", str(tmp_path), "--ngram", "--prompt", prompt, "--max-new-tokens", "9",
@@ -126,6 +129,12 @@ def test_cli_generate_text_prompt_with_a_local_tokenizer(model, tmp_path, capsys
     want, _ = generate(model, None, torch.tensor([5, 6, 7, 8, 5, 6, 7]), max_new_tokens=9, eos_token_id=[0])
     assert out[0].split() == [f"w{t}" for t in want[7:].tolist()]
     _summary_ok(out[-1])
+    # --chat: the tokenizer's chat template wraps the prompt (here "w1 <prompt> w2 w3")
+    assert cli.main(["generate", "--model", str(tmp_path), "--prompt", "w5 w6", "--chat", "--max-new-tokens", "5",
+                     "--eos-id", "0"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    want, _ = generate(model, None, torch.tensor([1, 5, 6, 2, 3]), max_new_tokens=5, eos_token_id=[0])
+    assert out[0].split() == [f"w{t}" for t in want[5:].tolist()]
 
 
 def test_python_m_specdec_ext_generate(model_dir):
