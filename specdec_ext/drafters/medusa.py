@@ -187,8 +187,9 @@ class MedusaDrafter:
         self._ready = False
         if prefill_hidden_states is not None:
             hs = prefill_hidden_states[0]  # [B, P_max - 1, H]
-            last = torch.tensor([max(n - 2, 0) for n in state.prompt_lens], dtype=torch.int64, device=dev)
-            has = torch.tensor([n >= 2 for n in state.prompt_lens], device=dev)
+            last = torch.tensor([max(n - 2, 0) for n in state.prompt_lens], dtype=torch.int64)
+            last = last.to(dev, non_blocking=True)
+            has = torch.tensor([n >= 2 for n in state.prompt_lens]).to(dev, non_blocking=True)
             picked = hs.gather(1, last[:, None, None].expand(B, 1, hs.shape[-1]))[:, 0]
             self.hidden = torch.where(has[:, None], picked.to(p.dtype), self.hidden)
             self._ready = any(n >= 2 for n in state.prompt_lens)
