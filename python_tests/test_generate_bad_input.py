@@ -66,6 +66,31 @@ def test_bad_input(model):
     assert isinstance(NgramDrafter(), Drafter) and isinstance(DraftModelDrafter(other, 2), Drafter)
 
 
+def test_sliding_window_models_are_refused_past_the_window():
+    """Tree verification applies no sliding-window mask: a generation that could reach past the window is an error
+    (never wrong tokens); one that fits runs and equals HF."""
+    import transformers
+
+    config = transformers.GPTNeoConfig(vocab_size=101, max_position_embeddings=64, hidden_size=64, num_layers=2,
+                                       num_heads=4, attention_types=[[["global", "local"], 1]], window_size=16,
+                                       intermediate_size=128)
+    torch.manual_seed(0)
+    neo = transformers.GPTNeoForCausalLM(config).eval()
+    with pytest.raises(NotImplementedError, match=r"sliding-window attention \(window 16\).*needs? 19 positions"):
+        generate(neo, NgramDrafter(num_pred_tokens=3), torch.tensor([1, 2, 3, 4]), max_new_tokens=12, eos_token_id=[])
+    out, _ = generate(neo, NgramDrafter(num_pred_tokens=3), torch.tensor([1, 2, 3, 4]), max_new_tokens=9,
+                      eos_token_id=[])
+    hf = neo.generate(torch.tensor([[1, 2, 3, 4]]), max_new_tokens=9, do_sample=False, eos_token_id=None,
+                      pad_token_id=0)
+    assert out.tolist() == hf[0].tolist()
+    mistral = make_model("mistral", seed=1, sliding_window=12)
+    with pytest.raises(NotImplementedError, match=r"window 12"):
+        generate(mistral, None, torch.tensor([1, 2, 3]), max_new_tokens=10, eos_token_id=[])
+    with pytest.raises(NotImplementedError, match=r"DraftModelDrafter: .*window 12"):
+        generate(make_model("llama", seed=1), DraftModelDrafter(mistral, 2), torch.tensor([1, 2, 3]),
+                 max_new_tokens=8, eos_token_id=[])
+
+
 def test_exact_cache_fits(model):
     """The default cache is exactly large enough: max_cache_len at the minimum works."""
     out, _ = generate(model, NgramDrafter(num_pred_tokens=5), torch.tensor([1, 2, 3, 4]), max_new_tokens=16,

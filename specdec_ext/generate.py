@@ -138,6 +138,30 @@ def _prompts(input_ids) -> tuple[list[list[int]], str]:
     raise TypeError(f"generate: input_ids must be a tensor or a list of prompts, got {type(input_ids).__name__}")
 
 
+def attention_window(config) -> int | None:
+    """The sliding window of a model's local-attention layers, if it has any (``sliding_window`` with sliding
+    layers, as :class:`~specdec_ext.models.TreeKVCache` reads it, or GPT-Neo's ``window_size`` with local layers)."""
+    cfg = _text_config(config)
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if window and ("sliding_attention" in layer_types if layer_types else getattr(cfg, "use_sliding_window", True)):
+        return int(window)
+    if "local" in (getattr(cfg, "attention_layers", None) or []) and getattr(cfg, "window_size", None):
+        return int(cfg.window_size)
+    return None
+
+
+def check_window(name: str, config, positions: int) -> None:
+    """Tree verification and the cache do not apply sliding-window masks: refuse a generation that could reach
+    past the window (a clear error, never wrong tokens)."""
+    window = attention_window(config)
+    if window is not None and positions > window:
+        raise NotImplementedError(f"{name}: the model has sliding-window attention (window {window}) and this "
+                                  f"generation may need {positions} positions; tree verification does not apply "
+                                  "sliding-window masks, so prompt + max_new_tokens + the draft tree must fit in the "
+                                  "window")
+
+
 def _accepts(model, name: str) -> bool:
     try:
         return name in inspect.signature(model.forward).parameters
@@ -218,6 +242,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
                              f"max_new_tokens ({max_new_tokens}) + the drafter's tree size ({max_nodes}) needs "
                              f"{max_len} cache positions")
         max_len = max_cache_len
+    check_window("generate", target.config, needed + max_nodes - 1)
     param = next(p for p in target.parameters() if p.is_floating_point())
     device = param.device
     if generator is None and seed is not None:

@@ -72,6 +72,10 @@ class DraftModelDrafter:
         if self.width > state.vocab_size:
             raise ValueError(f"DraftModelDrafter: tree_width = {self.width} exceeds the vocabulary "
                              f"({state.vocab_size})")
+        from specdec_ext.generate import check_window
+
+        # positions used: below the longest context (prompt + budget) + the tree, i.e. the target cache's size - 1
+        check_window("DraftModelDrafter", self.model.config, state.max_len - 1)
         p = _param(self.model)
         if p.device != state.device:
             raise ValueError(f"DraftModelDrafter: the draft model is on {p.device} but the target on {state.device}; "
