@@ -214,3 +214,208 @@ def save_medusa(heads: MedusaHeads, path: str | os.PathLike, base_model_name_or_
         out = os.path.join(path, MEDUSA_WEIGHTS[1])
         torch.save(sd, out)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# EAGLE-1 and EAGLE-3 drafts (anchors section 5.4 / 5.5): ``config.json`` (a LlamaConfig, ``num_hidden_layers: 1``)
+# plus ``pytorch_model.bin`` or ``model.safetensors``. The layout (EAGLE-1 ``layers.0.*`` without
+# ``input_layernorm``, ``fc`` [H, 2H] with optional bias; EAGLE-3 ``midlayer.*`` with 2H attention inputs, ``fc``
+# [H, 3 H_t], ``norm``, ``lm_head`` [Vd, H], ``d2t`` / ``t2d``) decides the version; every key's shape is checked
+# against the config and, with a target, against the target (hidden size, vocabulary), naming the key.
+
+from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig, default_eagle3_layers  # noqa: E402
+
+EAGLE_CONFIG = "config.json"
+EAGLE_WEIGHTS = ("pytorch_model.bin", "model.safetensors")
+
+__all__ += ["EAGLE_CONFIG", "EAGLE_WEIGHTS", "eagle_from_state_dict", "load_eagle", "load_eagle_state_dict",
+            "save_eagle"]
+
+
+def load_eagle_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict, str]:
+    """``(state_dict, config, weights_file)`` of an EAGLE checkpoint directory (``pytorch_model.bin``, else
+    ``model.safetensors``) or weights file (its directory's ``config.json`` is read). Tensors on the CPU."""
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        wfile = path
+    elif os.path.isdir(path):
+        found = [os.path.join(path, n) for n in EAGLE_WEIGHTS if os.path.isfile(os.path.join(path, n))]
+        if not found:
+            raise FileNotFoundError(f"load_eagle: {path!r} holds neither {EAGLE_WEIGHTS[0]} nor {EAGLE_WEIGHTS[1]} "
+                                    "(the EAGLE draft weights)")
+        wfile = found[0]
+    else:
+        raise FileNotFoundError(f"load_eagle: {path!r} is neither an EAGLE checkpoint directory nor a weights file "
+                                "(checkpoints are read from disk only; download them first)")
+    cfg_file = os.path.join(os.path.dirname(wfile), EAGLE_CONFIG)
+    if not os.path.isfile(cfg_file):
+        raise FileNotFoundError(f"load_eagle: {cfg_file!r} is missing (EAGLE drafts need their config.json)")
+    with open(cfg_file) as f:
+        config = json.load(f)
+    if wfile.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        sd = load_file(wfile, device="cpu")
+    else:
+        try:
+            sd = torch.load(wfile, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - re-raised with the file named
+            raise ValueError(f"load_eagle: cannot read {wfile!r} as a weights-only torch.save state dict: {e}") from e
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise ValueError(f"load_eagle: {wfile!r} does not hold a state dict (a mapping of names to tensors)")
+    return dict(sd), config, wfile
+
+
+def _check_keys(sd: dict, expected: dict, optional: set, source: str) -> None:
+    missing = [k for k in expected if k not in sd and k not in optional]
+    if missing:
+        raise ValueError(f"load_eagle: {source} lacks key(s) {missing}")
+    extra = [k for k in sd if k not in expected]
+    if extra:
+        raise ValueError(f"load_eagle: unexpected key(s) {extra} in {source}")
+    for k, want in expected.items():
+        if k in sd and tuple(sd[k].shape) != tuple(want):
+            raise ValueError(f"load_eagle: key {k!r} in {source} has shape {list(sd[k].shape)}, expected "
+                             f"{list(want)} (from config.json)")
+
+
+def eagle_from_state_dict(sd: dict[str, torch.Tensor], config: dict, source: str = "state dict"):
+    """An :class:`Eagle1Model` or :class:`Eagle3Model` holding an official-layout state dict (version from the keys,
+    every shape checked against ``config``)."""
+    if not sd:
+        raise ValueError(f"load_eagle: {source} is empty (no EAGLE draft weights)")
+    v3 = any(k.startswith("midlayer.") for k in sd) or "d2t" in sd or "lm_head.weight" in sd
+    if v3 and not any(k.startswith("midlayer.") for k in sd):  # vLLM's renaming midlayer. -> layers.0.
+        sd = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): t for k, t in sd.items()}
+    if "fc.weight" not in sd or sd["fc.weight"].dim() != 2:
+        raise ValueError(f"load_eagle: {source} lacks 'fc.weight' (a 2-D tensor)")
+    d = dict(config)
+    if v3 and d.get("target_hidden_size") is None and sd["fc.weight"].shape[1] % 3 == 0:
+        d["target_hidden_size"] = sd["fc.weight"].shape[1] // 3
+    if v3 and d.get("draft_vocab_size") is None and "lm_head.weight" in sd:
+        d["draft_vocab_size"] = sd["lm_head.weight"].shape[0]
+    cfg = EagleConfig.from_dict(d)
+    H, I, V, Vd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.draft_vocab_size
+    q_out, kv_out = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    pre = "midlayer." if v3 else "layers.0."
+    a_in = 2 * H if v3 else H
+    exp = {f"{pre}self_attn.q_proj.weight": (q_out, a_in), f"{pre}self_attn.k_proj.weight": (kv_out, a_in),
+           f"{pre}self_attn.v_proj.weight": (kv_out, a_in), f"{pre}self_attn.o_proj.weight": (H, q_out),
+           f"{pre}mlp.gate_proj.weight": (I, H), f"{pre}mlp.up_proj.weight": (I, H),
+           f"{pre}mlp.down_proj.weight": (H, I), f"{pre}post_attention_layernorm.weight": (H,),
+           "embed_tokens.weight": (V, H)}
+    optional = {"embed_tokens.weight"}
+    attn_bias = f"{pre}self_attn.q_proj.bias" in sd
+    if attn_bias:
+        exp.update({f"{pre}self_attn.q_proj.bias": (q_out,), f"{pre}self_attn.k_proj.bias": (kv_out,),
+                    f"{pre}self_attn.v_proj.bias": (kv_out,)})
+    if v3:
+        exp.update({"fc.weight": (H, 3 * cfg.target_hidden_size), f"{pre}hidden_norm.weight": (H,),
+                    f"{pre}input_layernorm.weight": (H,), "norm.weight": (H,), "lm_head.weight": (Vd, H)})
+        if Vd != V:
+            exp.update({"d2t": (Vd,), "t2d": (V,)})
+        else:  # the EAGLE repo deletes them when the vocabularies agree; identity maps are ignored
+            sd = {k: t for k, t in sd.items() if k not in ("d2t", "t2d")}
+    else:
+        exp.update({"fc.weight": (H, 2 * H), "fc.bias": (H,)})
+        optional.add("fc.bias")
+        if f"{pre}input_layernorm.weight" in sd:
+            raise ValueError(f"load_eagle: unexpected key '{pre}input_layernorm.weight' in {source}: EAGLE-1's layer 0 "
+                             "has no input_layernorm")
+    _check_keys(sd, exp, optional, source)
+    if v3:
+        model = Eagle3Model(cfg, attention_bias=attn_bias)
+        if Vd != V:
+            d2t = sd["d2t"].to(torch.int64)
+            ids = d2t + torch.arange(Vd)
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V):
+                raise ValueError(f"load_eagle: 'd2t' in {source} maps draft ids outside the vocabulary [0, {V})")
+            sd = {**sd, "d2t": d2t, "t2d": sd["t2d"].to(torch.bool)}
+    else:
+        model = Eagle1Model(cfg, fc_bias="fc.bias" in sd, attention_bias=attn_bias)
+        cfg_bias = config.get("bias", True)
+        if bool(cfg_bias) != ("fc.bias" in sd):
+            warnings.warn(f"load_eagle: config.json says bias = {cfg_bias} but {source} "
+                          f"{'has' if 'fc.bias' in sd else 'lacks'} 'fc.bias'; following the weights", stacklevel=3)
+    if "embed_tokens.weight" in sd:
+        model.embed_tokens = torch.nn.Embedding(V, H)
+    dtype = sd["fc.weight"].dtype if sd["fc.weight"].is_floating_point() else torch.float32
+    model = model.to(dtype)
+    model.load_state_dict(sd, strict=True)
+    model.source = source
+    model.checkpoint_config = dict(config)
+    return model
+
+
+def load_eagle(path: str | os.PathLike, target: torch.nn.Module | None = None, dtype: torch.dtype | None = None,
+               device: torch.device | str | None = None):
+    """An EAGLE-1 (:class:`Eagle1Model`) or EAGLE-3 (:class:`Eagle3Model`) draft from an official checkpoint
+    directory (``config.json`` + ``pytorch_model.bin`` / ``model.safetensors``).
+
+    ``target`` (an HF causal LM): check that the draft fits it (hidden size from ``fc.weight``; vocabulary from the
+    config, ``embed_tokens`` and ``t2d``), set EAGLE-3's feature layers (config ``eagle_config`` or
+    ``(2, L // 2, L - 3)``), and, unless ``dtype`` / ``device`` are given, move the draft to its dtype and device."""
+    sd, config, wfile = load_eagle_state_dict(path)
+    model = eagle_from_state_dict(sd, config, repr(wfile))
+    if target is not None:
+        tcfg = _text_config(target.config)
+        Ht, Vt = getattr(tcfg, "hidden_size", None), getattr(tcfg, "vocab_size", None)
+        c = model.config
+        base = config.get("base_model_name_or_path")
+        built = f" (built for {base!r})" if base else ""
+        if model.version == 1:
+            if Ht is not None and Ht != c.hidden_size:
+                raise ValueError(f"load_eagle: the EAGLE-1 draft in {wfile!r}{built} has hidden size {c.hidden_size} "
+                                 f"(key 'fc.weight' has shape {list(model.fc.weight.shape)}) but the target's "
+                                 f"hidden_size is {Ht}")
+        elif Ht is not None and Ht != c.target_hidden_size:
+            raise ValueError(f"load_eagle: the EAGLE-3 draft in {wfile!r}{built} reads target features of hidden size "
+                             f"{c.target_hidden_size} (key 'fc.weight' has shape {list(model.fc.weight.shape)} = "
+                             f"[H, 3 * {c.target_hidden_size}]) but the target's hidden_size is {Ht}")
+        if Vt is not None and Vt != c.vocab_size:
+            what = "'t2d' and config vocab_size" if getattr(model, "t2d", None) is not None else "config vocab_size"
+            raise ValueError(f"load_eagle: the draft in {wfile!r}{built} has a vocabulary of {c.vocab_size} ({what}) "
+                             f"but the target's vocab_size is {Vt}")
+        if model.embed_tokens is None:
+            emb = target.get_input_embeddings()
+            if emb is None or tuple(emb.weight.shape) != (c.vocab_size, c.hidden_size):
+                raise ValueError(f"load_eagle: the draft in {wfile!r} takes its token embeddings from the target, "
+                                 f"whose input embeddings are {None if emb is None else list(emb.weight.shape)}; "
+                                 f"[{c.vocab_size}, {c.hidden_size}] needed")
+        if model.version == 3 and model.aux_layers is None:
+            model.aux_layers = default_eagle3_layers(tcfg.num_hidden_layers)
+        p = next(q for q in target.parameters() if q.is_floating_point())
+        dtype = p.dtype if dtype is None else dtype
+        device = p.device if device is None else device
+    if dtype is not None or device is not None:
+        model = model.to(device=device, dtype=dtype)
+    return model.eval()
+
+
+def save_eagle(model, path: str | os.PathLike, base_model_name_or_path: str = "", safetensors: bool = False) -> str:
+    """Writes an :class:`Eagle1Model` / :class:`Eagle3Model` as an official checkpoint directory (``config.json`` +
+    ``pytorch_model.bin``, or ``model.safetensors``); returns the weights file. EAGLE-3 never saves
+    ``embed_tokens`` (taken from the target)."""
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    cfg = model.config.to_dict(model.version)
+    if model.version == 1:
+        cfg["bias"] = model.fc.bias is not None
+    if getattr(model, "aux_layers", None) is not None:
+        cfg["eagle_config"] = {"use_aux_hidden_state": True,
+                               "eagle_aux_hidden_state_layer_ids": list(model.aux_layers)}
+    if base_model_name_or_path:
+        cfg["base_model_name_or_path"] = base_model_name_or_path
+    with open(os.path.join(path, EAGLE_CONFIG), "w") as f:
+        json.dump(cfg, f, indent=2)
+    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if model.version == 3:
+        sd.pop("embed_tokens.weight", None)
+    out = os.path.join(path, EAGLE_WEIGHTS[1] if safetensors else EAGLE_WEIGHTS[0])
+    if safetensors:
+        from safetensors.torch import save_file
+
+        save_file(sd, out)
+    else:
+        torch.save(sd, out)
+    return out

@@ -1,0 +1,258 @@
+"""EAGLE drafter: EAGLE-1 / EAGLE-3 draft networks with EAGLE-2 dynamic trees.
+
+Features. The draft autoregresses over target features: its input at position t is (the embedding of token t + 1,
+the target's feature at t) and its output there yields the logits of token t + 2 (EAGLE-1: the predicted feature
+through the target's ``lm_head``; EAGLE-3: ``norm`` + its own ``lm_head`` over the draft vocabulary, mapped to target
+ids with ``d2t``). EAGLE-1 reads the target's last hidden state (``hidden_state_layers = (-1,)``, after the final
+norm), EAGLE-3 the residual-stream inputs of three target layers (default ``(2, L // 2, L - 3)``), concatenated.
+The drafter keeps every context position's target feature (from the prefill and from the accepted tree nodes).
+
+Draft cache. The draft layer has its own :class:`~specdec_ext.models.eagle.EagleKVCache`; ``valid[b]`` entries
+(positions ``0 .. valid[b] - 1``) were computed from real target features. Each :meth:`propose` first *catches up*:
+one chain forward over the positions ``valid[b] .. n - 2`` (n = context length; the last one pairs the feature
+before the root with the root token), which also gives the root's predicted feature. Tree nodes are then written
+after the valid prefix and discarded at the next step (rolling back is setting ``valid``): the next catch-up
+recomputes the accepted positions from the target's real features.
+
+Dynamic tree (EAGLE-2, E ``topK_genrate``). From the root's logits, the top ``top_k`` tokens are the depth-1
+candidates (scores = log-probabilities). Each further depth runs the draft once on the ``top_k`` frontier nodes
+(attending to the valid prefix and their own ancestors in the tree, explicit mask), and
+:func:`specdec_ext.ops.expand_tree_step` scores the ``top_k`` children of every frontier node (cumulative
+log-probability) and keeps the best ``top_k`` as the next frontier. At the end the ``total_tokens`` best candidates
+by cumulative score (ties: shallower / earlier first, so a node's parent always ranks before it) form the tree, in
+candidate order (parents first). ``depth`` levels at most (fewer when the loop's budget is shorter). The drafts are
+deterministic (``draft_probs = None``), lossless under greedy and sampling verification. ``top_k = 1`` gives a
+chain of ``depth`` tokens. ``propose`` does no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specdec_ext import ops
+from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
+from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
+
+__all__ = ["EagleDrafter"]
+
+
+def _text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
+class EagleDrafter:
+    """EAGLE drafting with ``model`` (:class:`Eagle1Model` or :class:`Eagle3Model`) on EAGLE-2 dynamic trees.
+
+    ``depth`` (levels below the root: the deepest draft token), ``top_k`` (children scored per frontier node and
+    frontier width), ``total_tokens`` (draft tokens per tree, root excluded; EAGLE's ``total_token``). Defaults are
+    EAGLE-2's ``total_token=60, depth=7, top_k=10``: EAGLE's ``depth`` counts the expansions *after* the root's
+    children (``topK_genrate`` runs ``depth`` draft steps after the first), so its trees reach ``depth + 1`` levels;
+    here ``depth`` is the tree depth itself, 8 by default (EAGLE ``depth = d`` is ``depth = d + 1`` here). ``target``: for EAGLE-3 without explicit ``aux_layers``, the target whose layer count decides the
+    default feature layers ``(2, L // 2, L - 3)``.
+    """
+
+    def __init__(self, model: nn.Module, depth: int = 8, top_k: int = 10, total_tokens: int = 60,
+                 target: nn.Module | None = None, aux_layers=None):
+        if not isinstance(model, (Eagle1Model, Eagle3Model)):
+            raise TypeError(f"EagleDrafter: model must be an Eagle1Model or Eagle3Model, got {type(model).__name__} "
+                            "(load published drafts with specdec_ext.models.checkpoints.load_eagle)")
+        for name, val in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"EagleDrafter: {name} must be an integer >= 1, got {val!r}")
+        if top_k > model.draft_vocab_size:
+            raise ValueError(f"EagleDrafter: top_k = {top_k} exceeds the draft vocabulary ({model.draft_vocab_size})")
+        self.model = model.eval()
+        self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        self.max_nodes = 1 + min(total_tokens, top_k + (depth - 1) * top_k * top_k)
+        if model.version == 1:
+            self.hidden_state_layers: tuple[int, ...] = (-1,)
+        else:
+            layers = aux_layers if aux_layers is not None else model.aux_layers
+            if layers is None:
+                if target is None:
+                    raise ValueError("EagleDrafter: an EAGLE-3 draft needs its target feature layers: pass target= "
+                                     "(default layers (2, L//2, L-3)) or aux_layers=")
+                layers = default_eagle3_layers(_text_config(target.config).num_hidden_layers)
+            layers = tuple(int(x) for x in layers)
+            if len(layers) != 3:
+                raise ValueError(f"EagleDrafter: EAGLE-3 reads three target layers, got aux_layers = {layers}")
+            self.hidden_state_layers = layers
+        self.cache: EagleKVCache | None = None
+        self.forwards = 0
+
+    @classmethod
+    def from_pretrained(cls, path, target: nn.Module, depth: int = 8, top_k: int = 10, total_tokens: int = 60,
+                        dtype: torch.dtype | None = None, device=None) -> "EagleDrafter":
+        """An official EAGLE-1 or EAGLE-3 checkpoint directory (``config.json`` + ``pytorch_model.bin`` or
+        ``model.safetensors``), checked against ``target`` and moved to its dtype / device unless given."""
+        from specdec_ext.models.checkpoints import load_eagle
+
+        return cls(load_eagle(path, target=target, dtype=dtype, device=device), depth, top_k, total_tokens,
+                   target=target)
+
+    # ---- start of a generation ------------------------------------------------------------------------------
+    def begin(self, target: nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
+        m = self.model
+        cfg = _text_config(target.config)
+        H = getattr(cfg, "hidden_size", None)
+        name = f"EagleDrafter (EAGLE-{m.version})"
+        want_h = m.hidden_size if m.version == 1 else m.config.target_hidden_size
+        if H is not None and H != want_h:
+            raise ValueError(f"{name}: the draft was built for a target hidden size of {want_h} but the target's "
+                             f"hidden_size is {H}; this draft belongs to another model")
+        check_vocab(name, m.config.vocab_size, state.vocab_size)
+        if m.version == 3:
+            L = getattr(cfg, "num_hidden_layers", None)
+            if L is not None and any(not 0 <= i <= L for i in self.hidden_state_layers):
+                raise ValueError(f"{name}: feature layers {self.hidden_state_layers} are outside the target's "
+                                 f"hidden states [0, {L}]")
+        p = next(q for q in m.parameters() if q.is_floating_point())
+        if p.device != state.device:
+            raise ValueError(f"{name}: the draft is on {p.device} but the target on {state.device}; put both on one "
+                             "device")
+        embed = m.embed_tokens if m.embed_tokens is not None else target.get_input_embeddings()
+        if embed is None or embed.weight.shape != (m.config.vocab_size, m.hidden_size):
+            got = None if embed is None else list(embed.weight.shape)
+            raise ValueError(f"{name}: token embeddings of shape [{m.config.vocab_size}, {m.hidden_size}] needed "
+                             f"(the target's input embeddings are {got})")
+        self._embed = embed
+        self._lm_head = None
+        if m.version == 1:
+            lm = target.get_output_embeddings()
+            if lm is None or lm.weight.shape[-1] != m.hidden_size:
+                raise ValueError(f"{name}: EAGLE-1 uses the target's lm_head, which "
+                                 f"{'is missing' if lm is None else f'takes {lm.weight.shape[-1]} features'}; the "
+                                 f"draft predicts {m.hidden_size}")
+            self._lm_head = lm
+        B, dev = state.batch_size, state.device
+        self._tree_slots = (self.depth - 1) * self.top_k
+        S = state.max_len + self._tree_slots + 2  # the last slot takes padding writes, never read
+        c = m.config
+        self.cache = EagleKVCache(B, c.num_key_value_heads, S, c.head_dim, p.dtype, dev)
+        self.feats = torch.zeros(B, state.max_len + 1, m.feature_size, dtype=p.dtype, device=dev)
+        self.valid = [0] * B
+        self.forwards = 0
+        if prefill_hidden_states is not None:
+            f = torch.cat([h.to(p.dtype) for h in prefill_hidden_states], -1)  # [B, P_max - 1, Hf]
+            self.feats[:, : f.shape[1]] = f
+
+    def _features(self, hidden_states) -> torch.Tensor:
+        return torch.cat([h.to(self.feats.dtype) for h in hidden_states], -1)
+
+    def _embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._embed(ids)
+
+    # ---- drafting ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _catch_up(self, state: DecodeState):
+        """One chain forward over each row's positions ``valid .. n - 2``; returns the root's predicted hidden
+        ``[B, H]``, the root entry's position ``[B]`` and the new valid lengths (host)."""
+        B, dev = state.batch_size, state.device
+        lengths = [len(t) for t in state.host_tokens]
+        start = [min(v, max(n - 2, 0)) for v, n in zip(self.valid, lengths)]
+        count = [max(n - 1 - s, 1) for s, n in zip(start, lengths)]
+        T = max(count)
+        j = torch.arange(T, device=dev)
+        start_t, count_t = to_device(start, dev), to_device(count, dev)
+        pos = start_t[:, None] + j  # [B, T]
+        tok = state.tokens.gather(1, (pos + 1).clamp(max=state.max_len - 1))
+        tok = torch.where(pos + 1 < state.lengths[:, None], tok, state.last_tokens[:, None])
+        feat = self.feats.gather(1, pos.clamp(max=self.feats.shape[1] - 1)[:, :, None].expand(
+            B, T, self.feats.shape[-1]))
+        S = self.cache.max_len
+        slots = torch.where(j < count_t[:, None], pos, S - 1)
+        kv_len = max(s + c for s, c in zip(start, count))
+        mask = torch.arange(kv_len, device=dev)[None, None, :] <= pos[:, :, None]
+        out = self.model(feat, self._embed_ids(tok), pos, from_target=True, mask=mask, cache=self.cache,
+                         write_slots=slots, kv_len=kv_len)
+        self.forwards += 1
+        root_h = out.gather(1, (count_t - 1)[:, None, None].expand(B, 1, out.shape[-1]))[:, 0]
+        self.valid = [min(s + c, n - 1) for s, c, n in zip(start, count, lengths)]
+        return root_h, start_t + count_t - 1
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+        B, dev = state.batch_size, state.device
+        root = state.last_tokens
+        depth = min(self.depth, int(max_depth))
+        if depth <= 0:
+            return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
+        m, k = self.model, self.top_k
+        root_h, root_pos = self._catch_up(state)
+        valid = to_device(self.valid, dev)
+        logits = m.logits(root_h, self._lm_head)[:, None]  # [B, 1, Vd]
+        zero = torch.zeros(B, 1, dtype=torch.float32, device=dev)
+        ct, cs, _ = ops.expand_tree_step(logits, zero, k, k, validate=False)
+        # all candidates so far (flat), their scores and parent candidate (-1 = the root)
+        cand_tok = [m.to_target_ids(ct.reshape(B, k))]
+        cand_score = [cs.reshape(B, k)]
+        cand_parent = [torch.full((B, k), -1, dtype=torch.int64, device=dev)]
+        front_cand = torch.arange(k, device=dev).expand(B, k)  # frontier = all depth-1 candidates
+        front_tok, front_score = cand_tok[0], cand_score[0]
+        front_h = root_h[:, None].expand(B, k, root_h.shape[-1])
+        slots_n = (depth - 1) * k
+        front_anc = torch.zeros(B, k, max(slots_n, 1), dtype=torch.bool, device=dev)
+        ar = torch.arange(k, device=dev)
+        if slots_n:
+            front_anc[:, ar, ar] = True
+        base = k
+        if depth > 1:
+            kv_len = max(self.valid) + slots_n
+            s_idx = torch.arange(kv_len, device=dev)
+            rel = s_idx[None, :] - valid[:, None]  # [B, kv_len]: tree slot index (or < 0: prefix)
+            in_tree = (rel >= 0) & (rel < slots_n)
+            rel_c = rel.clamp(0, slots_n - 1)
+        for d in range(1, depth):
+            slots = valid[:, None] + (d - 1) * k + ar  # this level's K/V slots
+            anc = front_anc.gather(2, rel_c[:, None, :].expand(B, k, kv_len)) & in_tree[:, None, :]
+            mask = (rel < 0)[:, None, :] | anc  # prefix or an ancestor (self included)
+            pos = (root_pos + d)[:, None].expand(B, k)
+            h = m(front_h, self._embed_ids(front_tok), pos, from_target=False, mask=mask, cache=self.cache,
+                  write_slots=slots, kv_len=kv_len)
+            self.forwards += 1
+            lg = m.logits(h, self._lm_head)  # [B, k, Vd]
+            ct, cs, sel = ops.expand_tree_step(lg, front_score, k, k, validate=False)
+            cand_tok.append(m.to_target_ids(ct.reshape(B, k * k)))
+            cand_score.append(cs.reshape(B, k * k))
+            cand_parent.append(front_cand.repeat_interleave(k, 1))
+            if d == depth - 1:
+                break
+            p = sel // k  # parent frontier slot of each new frontier node
+            front_cand = base + sel
+            front_tok = cand_tok[-1].gather(1, sel)
+            front_score = cand_score[-1].gather(1, sel)
+            front_h = h.gather(1, p[:, :, None].expand(B, k, h.shape[-1]))
+            front_anc = front_anc.gather(1, p[:, :, None].expand(B, k, front_anc.shape[-1])).clone()
+            front_anc[:, ar, d * k + ar] = True
+            base += k * k
+        tok = torch.cat(cand_tok, 1)
+        score = torch.cat(cand_score, 1)
+        parent = torch.cat(cand_parent, 1)
+        C = tok.shape[1]
+        M = min(self.total_tokens, C)
+        order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :M]
+        chosen = order.sort(dim=1).values  # candidate order: parents before children
+        node_of = torch.full((B, C), -1, dtype=torch.int64, device=dev)
+        node_of.scatter_(1, chosen, torch.arange(1, M + 1, device=dev).expand(B, M))
+        par_c = parent.gather(1, chosen)
+        par_node = torch.where(par_c < 0, 0, node_of.gather(1, par_c.clamp(min=0)))
+        tokens = torch.cat([root[:, None], tok.gather(1, chosen)], 1)
+        parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64, device=dev), par_node], 1)
+        return DraftTree(tokens, parents, None)
+
+    def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
+        if result.hidden_states is None:
+            raise ValueError("EagleDrafter.observe: the step's hidden states are missing (the loop must run the "
+                             f"target with output_hidden_states for hidden_state_layers = {self.hidden_state_layers})")
+        hs = self._features(result.hidden_states)  # [B, N, Hf]
+        B, N, Hf = hs.shape
+        g = hs.gather(1, result.accepted.clamp(min=0)[:, :, None].expand(B, N, Hf))
+        dump = self.feats.shape[1] - 1
+        idx = []
+        for b, ctx in enumerate(state.host_tokens):
+            a = result.appended[b]
+            old = len(ctx) - a
+            idx.append([old - 1 + j if j < a else dump for j in range(N)])
+        self.feats.scatter_(1, to_device(idx, state.device)[:, :, None].expand(B, N, Hf), g)

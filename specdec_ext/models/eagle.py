@@ -1,0 +1,358 @@
+"""EAGLE draft networks (EAGLE-1 and EAGLE-3), written with plain torch in the official key layout.
+
+EAGLE-1 (:class:`Eagle1Model`, E ``cnets1.Model``): the draft's input at position t is the embedding of token t + 1
+and the target's feature at t (its last hidden state, after the final norm); ``fc`` maps ``cat(embed, feature)``
+``[2H] -> [H]`` (bias optional), then one Llama decoder layer *without* ``input_layernorm`` predicts the feature at
+t + 1, which goes through the *target's* ``lm_head``. Keys::
+
+    fc.weight [H, 2H]   fc.bias [H] (optional)   embed_tokens.weight [V, H] (optional; else the target's)
+    layers.0.self_attn.{q,k,v,o}_proj.weight   layers.0.mlp.{gate,up,down}_proj.weight
+    layers.0.post_attention_layernorm.weight
+
+EAGLE-3 (:class:`Eagle3Model`, E ``cnets.Model``): target features are three layers' residual-stream inputs
+(default layers ``[2, L // 2, L - 3]``) concatenated ``[3 H_t]`` and mapped by ``fc`` to ``[H]``; later draft steps
+feed back the layer's own (pre-norm) output instead. The decoder layer normalises the hidden state
+(``hidden_norm``) and the token embedding (``input_layernorm``) and attends over ``cat(embed, hidden)`` ``[2H]``;
+``norm`` + ``lm_head`` give logits over a draft vocabulary, mapped to target ids by ``target = draft + d2t[draft]``
+(``t2d`` marks the target ids in the draft vocabulary). ``embed_tokens`` is taken from the target. Keys::
+
+    fc.weight [H, 3 H_t]   midlayer.self_attn.{q,k,v}_proj.weight [nH*hd | nKV*hd, 2H]   midlayer.self_attn.o_proj
+    midlayer.mlp.*   midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight   norm.weight
+    lm_head.weight [Vd, H]   d2t [Vd] int64   t2d [V] bool   (d2t / t2d absent when Vd == V)
+
+Both modules take an explicit attention mask and, optionally, a :class:`EagleKVCache` with explicit write slots, so
+a drafter can run chains and trees through them (see :mod:`specdec_ext.drafters.eagle`). Load published checkpoints
+with :func:`specdec_ext.models.checkpoints.load_eagle`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["Eagle1Model", "Eagle3Model", "EagleConfig", "EagleKVCache", "default_eagle3_layers"]
+
+
+def default_eagle3_layers(num_target_layers: int) -> tuple[int, ...]:
+    """The target layers whose residual-stream inputs feed EAGLE-3: ``(2, L // 2, L - 3)`` (vLLM, EAGLE)."""
+    L = int(num_target_layers)
+    if L < 4:
+        raise ValueError(f"EAGLE-3 reads the inputs of target layers [2, L//2, L-3], which needs L >= 4 decoder "
+                         f"layers; the target has {L} (pass aux_layers explicitly)")
+    return (2, L // 2, L - 3)
+
+
+@dataclass
+class EagleConfig:
+    """The fields of an EAGLE ``config.json`` (a LlamaConfig) the draft networks use."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    draft_vocab_size: int | None = None  # EAGLE-3
+    target_hidden_size: int | None = None  # EAGLE-3 (default hidden_size)
+    aux_layers: tuple[int, ...] | None = None  # EAGLE-3 target layers (eagle_config.eagle_aux_hidden_state_layer_ids)
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.draft_vocab_size is None:
+            self.draft_vocab_size = self.vocab_size
+        if self.target_hidden_size is None:
+            self.target_hidden_size = self.hidden_size
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EagleConfig":
+        need = ["hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"]
+        missing = [k for k in need if d.get(k) is None]
+        if missing:
+            raise ValueError(f"EAGLE config.json lacks {missing}")
+        rope = d.get("rope_scaling") or d.get("rope_parameters")
+        theta = d.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0
+        aux = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        return cls(hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
+                   num_attention_heads=d["num_attention_heads"],
+                   num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+                   vocab_size=d["vocab_size"], head_dim=d.get("head_dim"), rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+                   rope_theta=float(theta), rope_scaling=rope, draft_vocab_size=d.get("draft_vocab_size"),
+                   target_hidden_size=d.get("target_hidden_size"), aux_layers=tuple(aux) if aux else None,
+                   extra=dict(d))
+
+    def to_dict(self, version: int) -> dict:
+        out = dict(self.extra)
+        out.update(hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+                   num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+                   vocab_size=self.vocab_size, head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
+                   rope_theta=self.rope_theta, num_hidden_layers=1, model_type="llama",
+                   architectures=["LlamaForCausalLM" if version == 1 else "LlamaForCausalLMEagle3"])
+        if self.rope_scaling:
+            out["rope_scaling"] = self.rope_scaling
+        if version == 3:
+            out["draft_vocab_size"] = self.draft_vocab_size
+            out["target_hidden_size"] = self.target_hidden_size
+            if self.aux_layers is not None:
+                out["eagle_config"] = {"use_aux_hidden_state": True,
+                                       "eagle_aux_hidden_state_layer_ids": list(self.aux_layers)}
+        return out
+
+
+def _inv_freq(cfg: EagleConfig) -> torch.Tensor:
+    hd = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    rs = cfg.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind in (None, "default"):
+        pass
+    elif kind == "linear":
+        inv = inv / rs["factor"]
+    elif kind == "llama3":
+        factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        lo_wl, hi_wl = old / lo, old / hi
+        wl = 2 * math.pi / inv
+        scaled = torch.where(wl > lo_wl, inv / factor, inv)
+        smooth = (old / wl - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wl < hi_wl) & ~(wl > lo_wl)
+        inv = torch.where(medium, smoothed, scaled)
+    else:
+        raise ValueError(f"EAGLE draft: rope scaling type {kind!r} is not supported (default, linear, llama3)")
+    return inv.float()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dt)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class EagleKVCache:
+    """The draft layer's K/V: ``k``, ``v`` ``[B, nKV, S, hd]``. Entries are written at explicit slots; what is
+    valid is the drafter's business (it passes masks)."""
+
+    def __init__(self, batch: int, num_kv_heads: int, max_len: int, head_dim: int, dtype, device):
+        self.k = torch.zeros(batch, num_kv_heads, max_len, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat((-x2, x1), -1)
+
+
+class Attention(nn.Module):
+    """Llama attention with RoPE (input width ``in_dim``: H for EAGLE-1, 2H for EAGLE-3) and an explicit mask."""
+
+    def __init__(self, cfg: EagleConfig, in_dim: int, bias: bool = False):
+        super().__init__()
+        nH, nKV, hd, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        self.nH, self.nKV, self.hd = nH, nKV, hd
+        self.q_proj = nn.Linear(in_dim, nH * hd, bias=bias)
+        self.k_proj = nn.Linear(in_dim, nKV * hd, bias=bias)
+        self.v_proj = nn.Linear(in_dim, nKV * hd, bias=bias)
+        self.o_proj = nn.Linear(nH * hd, H, bias=False)
+        self.register_buffer("inv_freq", _inv_freq(cfg), persistent=False)
+
+    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        freqs = pos.float()[..., None] * self.inv_freq.float()  # [B, T, hd/2]
+        emb = torch.cat((freqs, freqs), -1)[:, None]  # [B, 1, T, hd]
+        xf = x.float()
+        return (xf * emb.cos() + _rotate_half(xf) * emb.sin()).to(x.dtype)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None = None,
+                cache: EagleKVCache | None = None, write_slots: torch.Tensor | None = None,
+                kv_len: int | None = None) -> torch.Tensor:
+        """``x[B, T, in_dim]``, ``position_ids[B, T]``. Without ``cache``: attention among the T inputs under
+        ``mask[B, T, T]`` (default causal). With ``cache``: the inputs' K/V are written at ``write_slots[B, T]``
+        and the queries attend to cache slots ``[0, kv_len)`` under ``mask[B, T, kv_len]`` (True = attend)."""
+        B, T, _ = x.shape
+        q = self._rope(self.q_proj(x).view(B, T, self.nH, self.hd).transpose(1, 2), position_ids)
+        k = self._rope(self.k_proj(x).view(B, T, self.nKV, self.hd).transpose(1, 2), position_ids)
+        v = self.v_proj(x).view(B, T, self.nKV, self.hd).transpose(1, 2)
+        if cache is not None:
+            idx = write_slots[:, None, :, None].expand(B, self.nKV, T, self.hd)
+            cache.k.scatter_(2, idx, k.to(cache.k.dtype))
+            cache.v.scatter_(2, idx, v.to(cache.v.dtype))
+            S = cache.max_len if kv_len is None else kv_len
+            k, v = cache.k[:, :, :S], cache.v[:, :, :S]
+        elif mask is None:
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()[None].expand(B, T, T)
+        rep = self.nH // self.nKV
+        if rep > 1:
+            k = k.repeat_interleave(rep, 1)
+            v = v.repeat_interleave(rep, 1)
+        o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask[:, None])
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.nH * self.hd))
+
+
+class Eagle1Layer(nn.Module):
+    """Llama decoder layer 0 of EAGLE-1: no ``input_layernorm``."""
+
+    def __init__(self, cfg: EagleConfig, attention_bias: bool = False):
+        super().__init__()
+        self.self_attn = Attention(cfg, cfg.hidden_size, attention_bias)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h, position_ids, **attn):
+        h = h + self.self_attn(h, position_ids, **attn)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle1Model(nn.Module):
+    """EAGLE-1 draft (see the module doc). ``fc_bias``: Vicuna drafts have ``fc.bias``; ``with_embeddings``: an own
+    ``embed_tokens`` (else the drafter uses the target's)."""
+
+    version = 1
+
+    def __init__(self, cfg: EagleConfig, fc_bias: bool = True, with_embeddings: bool = False,
+                 attention_bias: bool = False):
+        super().__init__()
+        H = cfg.hidden_size
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, H) if with_embeddings else None
+        self.fc = nn.Linear(2 * H, H, bias=fc_bias)
+        self.layers = nn.ModuleList([Eagle1Layer(cfg, attention_bias)])
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the target features this draft reads per position."""
+        return self.config.hidden_size
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor, position_ids: torch.Tensor,
+                from_target: bool = True, **attn) -> torch.Tensor:
+        """``hidden[B, T, H]`` (target features or the draft's own predictions; EAGLE-1 treats both alike),
+        ``embeds[B, T, H]`` (embeddings of the next tokens) -> predicted features ``[B, T, H]``."""
+        x = self.fc(torch.cat((embeds.to(self.fc.weight.dtype), hidden.to(self.fc.weight.dtype)), -1))
+        return self.layers[0](x, position_ids, **attn)
+
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
+        """Target-vocabulary logits of predicted features through the target's ``lm_head``."""
+        if lm_head is None:
+            raise ValueError("Eagle1Model.logits: EAGLE-1 uses the target's lm_head; pass it")
+        return lm_head(hidden.to(lm_head.weight.dtype))
+
+    def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+
+class Eagle3Layer(nn.Module):
+    """EAGLE-3's ``midlayer``: attention over ``cat(input_layernorm(embed), hidden_norm(h))`` ``[2H]``."""
+
+    def __init__(self, cfg: EagleConfig, attention_bias: bool = False):
+        super().__init__()
+        H = cfg.hidden_size
+        self.self_attn = Attention(cfg, 2 * H, attention_bias)
+        self.mlp = MLP(H, cfg.intermediate_size)
+        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+
+    def forward(self, h, embeds, position_ids, **attn):
+        x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(h)), -1)
+        h = h + self.self_attn(x, position_ids, **attn)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Model(nn.Module):
+    """EAGLE-3 draft (see the module doc). ``d2t`` / ``t2d`` are buffers (None when the draft vocabulary is the
+    target's); ``aux_layers``: the target's hidden-state indices that feed ``fc`` (None: decided from the target)."""
+
+    version = 3
+
+    def __init__(self, cfg: EagleConfig, attention_bias: bool = False):
+        super().__init__()
+        H, Ht = cfg.hidden_size, cfg.target_hidden_size
+        self.config = cfg
+        self.embed_tokens = None
+        self.fc = nn.Linear(3 * Ht, H, bias=False)
+        self.midlayer = Eagle3Layer(cfg, attention_bias)
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        if cfg.draft_vocab_size != cfg.vocab_size:
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+            self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        else:
+            self.d2t = None
+            self.t2d = None
+        self.aux_layers = cfg.aux_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def feature_size(self) -> int:
+        return 3 * self.config.target_hidden_size
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.config.draft_vocab_size
+
+    @torch.no_grad()
+    def set_vocab_map(self, draft_to_target: torch.Tensor) -> "Eagle3Model":
+        """Sets ``d2t`` / ``t2d`` from the target id of every draft id (``[Vd]``, distinct, increasing)."""
+        ids = torch.as_tensor(draft_to_target, dtype=torch.int64)
+        if self.d2t is None:
+            raise ValueError("Eagle3Model.set_vocab_map: the draft vocabulary is the target's (no d2t)")
+        self.d2t.copy_(ids - torch.arange(ids.numel()))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+        return self
+
+    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor, position_ids: torch.Tensor,
+                from_target: bool = True, **attn) -> torch.Tensor:
+        """``hidden``: target features ``[B, T, 3 H_t]`` (``from_target``, through ``fc``) or the draft's own
+        outputs ``[B, T, H]``; ``embeds[B, T, H]`` -> the layer's pre-norm outputs ``[B, T, H]``."""
+        dt = self.fc.weight.dtype
+        h = self.fc(hidden.to(dt)) if from_target else hidden.to(dt)
+        return self.midlayer(h, embeds.to(dt), position_ids, **attn)
+
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
+        """Draft-vocabulary logits ``[..., Vd]`` (``lm_head`` ignored: EAGLE-3 has its own)."""
+        return self.lm_head(self.norm(hidden))
+
+    def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids -> target ids (``id + d2t[id]``)."""
+        return ids if self.d2t is None else ids + self.d2t[ids]
