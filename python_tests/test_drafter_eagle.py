@@ -437,3 +437,31 @@ def test_sampling_matches_the_target_distribution(T, top_k, top_p):
     p_third = sampling.chi_square_p(torch.bincount(new[:, 2], minlength=Vs), third)
     assert p_pair > 1e-3 and p_third > 1e-3, (p_pair, p_third)
     assert st.accept_hist[0] > 0 and sum(st.accept_hist[1:]) > sampling.ROWS // 10, st.accept_hist
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_official_checkpoint_end_to_end(tmp_path, version):
+    """A trained draft written in the official layout and loaded back drafts as well as before."""
+    from specdec_ext.models.checkpoints import save_eagle
+
+    m = target()
+    save_eagle(trained_draft(version), tmp_path / "draft", base_model_name_or_path="tiny-llama",
+               safetensors=version == 3)
+    drafter = EagleDrafter.from_pretrained(tmp_path / "draft", target=m, depth=5, top_k=4, total_tokens=24)
+    assert drafter.max_nodes == 25
+    out, stats = generate(m, drafter, torch.tensor(PROMPTS[1]), max_new_tokens=NEW, eos_token_id=[])
+    assert out[len(PROMPTS[1]):].tolist() == reference_outputs()[1]
+    assert stats.mean_accepted_length > 1.5
+
+
+@pytest.mark.parametrize("version", [1, 3])
+@pytest.mark.parametrize("draft_dtype", [torch.float32, torch.bfloat16], ids=["f32_draft", "bf16_draft"])
+def test_bfloat16_target(version, draft_dtype):
+    """Features, embeddings and logits are cast between the target's and the draft's dtypes."""
+    m = make_model("llama", seed=11, num_hidden_layers=L_TARGET, dtype=torch.bfloat16)
+    drafter = EagleDrafter(random_draft(version).to(draft_dtype), depth=3, top_k=3, total_tokens=8, target=m)
+    prompts = [PROMPTS[1], [PROMPTS[0][0]]]
+    plain, _ = generate(m, None, prompts, max_new_tokens=8, eos_token_id=[])
+    out, stats = generate(m, drafter, prompts, max_new_tokens=8, eos_token_id=[])
+    assert all(torch.equal(a, b) for a, b in zip(out, plain))
+    assert drafter.feats.dtype == draft_dtype and stats.target_forwards == stats.steps
