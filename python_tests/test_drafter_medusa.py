@@ -358,3 +358,47 @@ def test_sampling_matches_the_target_distribution(T, top_k, top_p):
     assert p_pair > 1e-3 and p_third > 1e-3, (p_pair, p_third)
     # not vacuous: drafts were accepted, and some rejected (the residual distribution was sampled)
     assert st.accept_hist[0] > 0 and sum(st.accept_hist[1:]) > sampling.ROWS // 10, st.accept_hist
+
+
+def test_typical_acceptance_at_temperature_zero_is_greedy():
+    m = target()
+    drafter = MedusaDrafter(trained_heads(True))
+    out, stats = generate(m, drafter, torch.tensor(PROMPTS[0]), max_new_tokens=NEW, acceptance="typical")
+    assert out[len(PROMPTS[0]):].tolist() == reference_outputs()[0]
+    assert stats.mean_accepted_length > 1.5
+
+
+def test_typical_acceptance_thresholds_decide():
+    """Thresholds 0 make every node whose token has non-zero probability acceptable (at temperature 1 that is
+    every node), so each step accepts the deepest path of the tree: every step but the budget-cut last one accepts
+    exactly the tree's depth — which exact verification of the same drafts does not. Typical acceptance is lossy
+    by design: its rule is tested here, not a distribution."""
+    m = target()
+    drafter = MedusaDrafter(trained_heads(True))
+    depth = max(drafter.tree.depth)
+    _, loose = generate(m, drafter, torch.tensor(PROMPTS[0]), max_new_tokens=NEW, temperature=1.0, seed=0,
+                        acceptance="typical", posterior_threshold=0.0, posterior_alpha=0.0, eos_token_id=[])
+    assert loose.steps >= 2
+    assert loose.accept_hist[depth] >= loose.steps - 1  # all steps but possibly the last took the deepest path
+    _, exact = generate(m, drafter, torch.tensor(PROMPTS[0]), max_new_tokens=NEW, temperature=1.0, seed=0,
+                        eos_token_id=[])
+    assert exact.mean_accepted_length < loose.mean_accepted_length
+    with pytest.raises(ValueError, match="acceptance"):
+        generate(m, drafter, torch.tensor(PROMPTS[0]), max_new_tokens=2, acceptance="fast")
+    with pytest.raises(ValueError, match="posterior_threshold"):
+        generate(m, drafter, torch.tensor(PROMPTS[0]), max_new_tokens=2, acceptance="typical",
+                 posterior_threshold=2.0)
+
+
+def test_cli_medusa(tmp_path, capsys):
+    from specdec_ext.cli import main
+
+    m = target()
+    m.save_pretrained(tmp_path / "target")
+    save_medusa(trained_heads(True), tmp_path / "heads", base_model_name_or_path="tiny-llama", safetensors=True)
+    prompt = " ".join(map(str, PROMPTS[1]))
+    assert main(["generate", "--model", str(tmp_path / "target"), "--medusa", str(tmp_path / "heads"),
+                 "--prompt-ids", prompt, "--max-new-tokens", str(NEW), "--no-stream"]) == 0
+    out = capsys.readouterr().out
+    assert " ".join(map(str, reference_outputs()[1])) in out
+    assert "accepted" in out

@@ -216,3 +216,28 @@ def test_speculative_step_on_device_matches_cpu(device, use_kernel):
     got = _speculative_step(model, device, *args)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_forwards_work_with_grad_enabled():
+    """tree_forward / extend run without the caller wrapping them in torch.no_grad (the cache is inference state)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec_ext import ops
+    from specdec_ext.models import TreeKVCache, extend, tree_forward, use_tree_attention
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                                         vocab_size=100)).eval()
+    assert use_tree_attention(model)
+    assert torch.is_grad_enabled()
+    cache = TreeKVCache(model.config, batch_size=1, max_len=32)
+    extend(model, cache, torch.randint(0, 100, (1, 7)))
+    parents = torch.tensor([[-1, 0, 0, 1]])
+    tokens = torch.randint(0, 100, (1, 4))
+    prefix = cache.lengths.clone()
+    logits = tree_forward(model, cache, tokens, parents, prefix)
+    result = ops.verify_tree_greedy(logits, tokens, parents)
+    cache.accept(result.accepted, result.accept_len, prefix)
+    assert int(cache.lengths[0]) == 7 + int(result.accept_len[0]) + 1

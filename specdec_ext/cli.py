@@ -3,7 +3,7 @@
 ``specdec demo`` runs a short tour of the kernels: it builds a draft tree, verifies it greedily and by lossless
 rejection sampling, shows that sampled verification reproduces the target distribution, and times each op.
 
-``specdec generate --model DIR [--ngram | --draft-model DIR] (--prompt TEXT [--chat] | --prompt-ids "1 2 3")``
+``specdec generate --model DIR [--ngram | --draft-model DIR | --medusa DIR] (--prompt TEXT [--chat] | --prompt-ids "1 2 3")``
 generates from a local Hugging Face model (plain decoding without a drafter), streams the output and ends with a
 summary line (tokens/s, mean accepted length, target forwards, time split).
 """
@@ -148,13 +148,13 @@ def _load_tokenizer(path: str, required: bool):
 
 
 def generate_cmd(args: argparse.Namespace) -> int:
-    from specdec_ext.drafters import DraftModelDrafter, NgramDrafter
+    from specdec_ext.drafters import DraftModelDrafter, MedusaDrafter, NgramDrafter
     from specdec_ext.generate import generate, load_model
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise SystemExit("specdec generate: pass exactly one of --prompt and --prompt-ids")
-    if args.ngram and args.draft_model:
-        raise SystemExit("specdec generate: choose one drafter (--ngram or --draft-model)")
+    if sum(map(bool, (args.ngram, args.draft_model, args.medusa))) > 1:
+        raise SystemExit("specdec generate: choose one drafter (--ngram, --draft-model or --medusa)")
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
         target = load_model(args.model, dtype=dtype, device=args.device)
@@ -164,6 +164,8 @@ def generate_cmd(args: argparse.Namespace) -> int:
                                         num_draft_tokens=args.num_draft_tokens, tree_width=args.tree_width)
         elif args.ngram:
             drafter = NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
+        elif args.medusa:
+            drafter = MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device)
     except (FileNotFoundError, OSError, ValueError) as err:
         raise SystemExit(f"specdec generate: {err}") from None
     tokenizer = _load_tokenizer(args.model, required=args.prompt is not None)
@@ -191,7 +193,8 @@ def generate_cmd(args: argparse.Namespace) -> int:
         tokens, stats = generate(target, drafter, torch.tensor(ids, dtype=torch.int64),
                                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                  top_p=args.top_p, seed=args.seed, streamer=streamer,
-                                 eos_token_id=None if args.eos_id is None else args.eos_id)
+                                 eos_token_id=None if args.eos_id is None else args.eos_id,
+                                 acceptance="typical" if args.typical else "exact")
     except ValueError as err:
         raise SystemExit(f"specdec generate: {err}") from None
     if args.no_stream:
@@ -213,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--model", required=True, help="directory of the target model (save_pretrained layout)")
     p_gen.add_argument("--draft-model", help="directory of a smaller draft model with the same tokenizer")
     p_gen.add_argument("--ngram", action="store_true", help="n-gram (prompt lookup) drafter")
+    p_gen.add_argument("--medusa", help="directory of Medusa-1 heads (config.json + medusa_lm_head.pt/.safetensors)")
+    p_gen.add_argument("--typical", action="store_true",
+                       help="Medusa typical acceptance when sampling (LOSSY: faster, not the exact distribution)")
     p_gen.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length")
     p_gen.add_argument("--tree-width", type=int, default=1,
                        help="--draft-model: top-k tree with this many branches at the root (1 = chain)")

@@ -187,7 +187,8 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
              eos_token_id: int | list[int] | None = None, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, generator: torch.Generator | None = None, seed: int | None = None,
              streamer=None, pad_token_id: int | None = None, max_cache_len: int | None = None,
-             tree_attention: bool = True):
+             tree_attention: bool = True, acceptance: str = "exact", posterior_threshold: float = 0.09,
+             posterior_alpha: float = 0.3):
     """Speculative (or, with ``drafter=None``, plain) generation from ``target`` (an HF causal LM).
 
     ``input_ids``: ``[P]`` or ``[B, P]`` tensor, or a list of prompts (lists of ints / 1-D tensors, any lengths).
@@ -198,6 +199,9 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     ``max_cache_len``: positions to allocate in the target cache (default: longest prompt + ``max_new_tokens`` +
     the drafter's tree size); too small is an error before anything runs. ``tree_attention``: switch the target
     to the ``specdec_tree`` attention implementation when it supports it (ordinary forwards are unchanged).
+    ``acceptance``: ``"exact"`` (default; greedy-identical at temperature 0, lossless when sampling) or
+    ``"typical"``: Medusa's typical acceptance with ``posterior_threshold`` / ``posterior_alpha`` — **lossy**: sampled
+    output no longer follows the target distribution exactly (at temperature 0 it equals greedy).
 
     Returns ``(tokens, stats)``: prompt + generated tokens in the input's form (a ``[B, P + n]`` tensor padded
     with ``pad_token_id`` (default: the first EOS, else 0) for a 2-D input, a 1-D tensor for a 1-D input, a list of
@@ -207,6 +211,11 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     # ---- validate everything once --------------------------------------------------------------------------------
     if input_ids is None:
         raise ValueError("generate: input_ids is required")
+    if acceptance not in ("exact", "typical"):
+        raise ValueError(f"generate: acceptance must be 'exact' or 'typical', got {acceptance!r}")
+    if acceptance == "typical" and not (0 <= posterior_threshold <= 1 and 0 <= posterior_alpha <= 1):
+        raise ValueError(f"generate: posterior_threshold and posterior_alpha must be in [0, 1], got "
+                         f"{posterior_threshold}, {posterior_alpha}")
     prompts, form = _prompts(input_ids)
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate: empty prompt (every prompt needs at least one token)")
@@ -295,6 +304,9 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
         logits = out.logits if layers else out
         if sampling.greedy:
             v = ops.verify_tree_greedy(logits, tree.tokens, tree.parents, validate=False)
+        elif acceptance == "typical":
+            v = ops.verify_tree_typical(logits, tree.tokens, tree.parents, state.uniforms(B), sampling.temperature,
+                                        posterior_threshold, posterior_alpha, validate=False)
         else:
             v = ops.verify_tree_sampling(logits, tree.tokens, tree.parents, state.uniforms(B, N), tree.draft_probs,
                                          sampling.temperature, sampling.top_k, sampling.top_p, validate=False)

@@ -13,8 +13,9 @@ namespace {
 // Rows are independent. A parallel region costs tens of microseconds, so rows are only split across threads when
 // each thread gets at least ~64k elements of work (`work_per_row` estimates one row's).
 template <typename Params, typename Kernel>
-void for_rows(const Params& p, int64_t rows, int64_t work_per_row, Kernel kernel) {
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, work_per_row));
+void for_rows(const Params& p, int64_t rows, int64_t work_per_row, Kernel kernel,
+              int64_t min_work_per_thread = int64_t{1} << 16) {
+  const int64_t grain = std::max<int64_t>(1, min_work_per_thread / std::max<int64_t>(1, work_per_row));
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
 }
 
@@ -51,8 +52,13 @@ struct CpuBackend {
   static int64_t tree_attention_workspace_floats(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { return 0; }
   template <typename T>
   static void tree_attention(const TreeAttentionParams<T>& p) {
+    // Work from the rows' actual prefixes (host memory on this backend), not the cache capacity: a one-token
+    // decoding step over a short prefix is tens of microseconds and must not pay for a parallel region.
+    int64_t longest = 0;
+    for (int64_t b = 0; b < p.batch; ++b) longest = std::max(longest, p.prefix_lens[b]);
     const int64_t G = p.num_heads / p.num_kv_heads;
-    for_rows(p, p.batch * p.num_kv_heads, 2 * G * p.num_nodes * p.seq_len * p.head_dim, cpu::TreeAttention<T>);
+    const int64_t flops = 4 * G * p.num_nodes * (std::min(longest, p.seq_len) + p.num_nodes) * p.head_dim;
+    for_rows(p, p.batch * p.num_kv_heads, flops, cpu::TreeAttention<T>, /*min_work_per_thread=*/int64_t{1} << 21);
   }
   static void compact_kv(const CompactKvParams& p) {
     for_rows(p, p.num_caches * p.batch, std::max<int64_t>(1, p.outer * p.max_len * p.inner_bytes / 4),

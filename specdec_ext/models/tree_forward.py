@@ -79,6 +79,7 @@ def _as_rows(value, B: int, device, name: str) -> torch.Tensor:
     return torch.full((B,), int(value), dtype=torch.int64, device=device)
 
 
+@torch.no_grad()  # a KV cache is inference state: writing K/V that require grad into it would fail in place
 def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch.Tensor,
                  prefix_lens: torch.Tensor | int | None = None, *, use_kernel: bool | None = None,
                  packed: bool = True, validate: bool = True, return_outputs: bool = False,
@@ -145,6 +146,7 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
 EXTEND_KERNEL_MAX_TOKENS = 64
 
 
+@torch.no_grad()
 def extend(model, cache: TreeKVCache, tokens: torch.Tensor, num_tokens: torch.Tensor | int | None = None,
            **kwargs) -> torch.Tensor:
     """Appends ``tokens[B, T]`` (right-padded; row b's first ``num_tokens[b]``, default T) to every row of the cache
