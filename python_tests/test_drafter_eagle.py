@@ -11,6 +11,8 @@
   target's own greedy continuations give exactly Hugging Face's greedy output with a mean accepted length > 1
   (not vacuous): EAGLE-1 chain and dynamic tree, EAGLE-3 (draft vocabulary of 64 of 101 ids) dynamic tree;
   batches with a one-token prompt and budgets inside accepted runs; sampling (chi-square, lossless).
+* EAGLE-1 static trees from a choices list (``mc_sim_7b_63`` truncated): node (.., r) is the r-th best child of its
+  parent by the uncached draft; greedy equals HF.
 """
 
 from __future__ import annotations
@@ -136,6 +138,8 @@ def test_construction_and_errors():
         EagleDrafter(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="top_k = 65 exceeds the draft vocabulary"):
         EagleDrafter(random_draft(3), top_k=65, target=tgt)
+    with pytest.raises(ValueError, match="the tree uses rank 64 but the draft vocabulary has 64 ids"):
+        EagleDrafter(random_draft(3), target=tgt, choices=[[64]])
     with pytest.raises(ValueError, match="depth must be an integer >= 1"):
         EagleDrafter(random_draft(1), depth=0)
     with pytest.raises(ValueError, match="needs L >= 4"):
@@ -465,3 +469,52 @@ def test_bfloat16_target(version, draft_dtype):
     out, stats = generate(m, drafter, prompts, max_new_tokens=8, eos_token_id=[])
     assert all(torch.equal(a, b) for a, b in zip(out, plain))
     assert drafter.feats.dtype == draft_dtype and stats.target_forwards == stats.steps
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# EAGLE-1 static trees (choices lists).
+
+
+@pytest.mark.parametrize("version", [1, 3])
+@torch.no_grad()
+def test_static_tree_nodes_equal_uncached_ranks(version):
+    from specdec_ext.drafters.trees import MC_SIM_7B_63, static_tree
+
+    tgt = target()
+    tree = static_tree(MC_SIM_7B_63, max_nodes=20)
+    drafter = EagleDrafter(random_draft(version, seed=7), target=tgt, choices=tree)
+    assert drafter.max_nodes == 20 and drafter.depth == tree.max_depth
+    state = make_state(PROMPTS_P)
+    feats = [target_features(drafter, p) for p in PROMPTS_P]
+    P = max(len(p) for p in PROMPTS_P)
+    pre = torch.zeros(3, P - 1, feats[0].shape[-1])
+    for b, f in enumerate(feats):
+        pre[b, : len(PROMPTS_P[b]) - 1] = f[:-1]
+    drafter.begin(tgt, state, (pre,) if version == 1 else tuple(pre.split(H, -1)))
+    out = drafter.propose(state, 10)
+    assert out.parents[0].tolist() == list(tree.parents) and out.draft_probs is None
+    m = drafter.model
+    for b, p in enumerate(PROMPTS_P):
+        toks = out.tokens[b].tolist()
+        assert toks[0] == p[-1]
+        for i in range(1, tree.num_nodes):
+            path = node_path(list(tree.parents), toks, i)
+            lg = uncached_logits(drafter, feats[b], p, path[:-1])
+            assert toks[i] == int(m.to_target_ids(lg.topk(tree.top_k).indices)[tree.rank[i]]), (b, i)
+    shallow = drafter.propose(state, 1)
+    assert shallow.parents[0].tolist() == [-1] + [0] * sum(1 for d in tree.depth if d == 1)
+
+
+def test_static_tree_greedy_equals_hf():
+    from specdec_ext.drafters.trees import MC_SIM_7B_63, static_tree
+
+    m = target()
+    drafter = EagleDrafter(trained_draft(1), choices=static_tree(MC_SIM_7B_63, max_nodes=26))
+    accepted = []
+    for p, want in zip(PROMPTS, reference_outputs()):
+        out, stats = generate(m, drafter, torch.tensor(p), max_new_tokens=NEW, eos_token_id=[])
+        assert out[len(p):].tolist() == want
+        accepted.append(stats.mean_accepted_length)
+    mean = sum(accepted) / len(accepted)
+    print(f"eagle1_static_tree: mean accepted length {mean:.2f}")
+    assert mean > 1.5, accepted

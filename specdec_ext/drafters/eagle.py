@@ -23,6 +23,10 @@ by cumulative score (ties: shallower / earlier first, so a node's parent always 
 candidate order (parents first). ``depth`` levels at most (fewer when the loop's budget is shorter). The drafts are
 deterministic (``draft_probs = None``), lossless under greedy and sampling verification. ``top_k = 1`` gives a
 chain of ``depth`` tokens. ``propose`` does no host synchronisation.
+
+Static tree (EAGLE-1's original mode, ``choices=``): a Medusa-style choices list (e.g.
+:data:`~specdec_ext.drafters.trees.MC_SIM_7B_63`, EAGLE-1's ``mc_sim_7b_63``); node ``(i, j)`` is the j-th best
+child of the i-th best child of the root, each level drafted by one forward over the previous level's nodes.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from torch import nn
 
 from specdec_ext import ops
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
+from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
 
 __all__ = ["EagleDrafter"]
@@ -54,7 +59,7 @@ class EagleDrafter:
     """
 
     def __init__(self, model: nn.Module, depth: int = 8, top_k: int = 10, total_tokens: int = 60,
-                 target: nn.Module | None = None, aux_layers=None):
+                 target: nn.Module | None = None, aux_layers=None, choices=None):
         if not isinstance(model, (Eagle1Model, Eagle3Model)):
             raise TypeError(f"EagleDrafter: model must be an Eagle1Model or Eagle3Model, got {type(model).__name__} "
                             "(load published drafts with specdec_ext.models.checkpoints.load_eagle)")
@@ -66,6 +71,16 @@ class EagleDrafter:
         self.model = model.eval()
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
         self.max_nodes = 1 + min(total_tokens, top_k + (depth - 1) * top_k * top_k)
+        self.static: StaticTree | None = None
+        if choices is not None:
+            tree = choices if isinstance(choices, StaticTree) else static_tree(choices)
+            if tree.top_k > model.draft_vocab_size:
+                raise ValueError(f"EagleDrafter: the tree uses rank {tree.top_k - 1} but the draft vocabulary has "
+                                 f"{model.draft_vocab_size} ids")
+            self.static = tree
+            self.depth, self.top_k, self.total_tokens = tree.max_depth, tree.top_k, tree.num_nodes - 1
+            self.max_nodes = tree.num_nodes
+            self._static_trees: dict[int, StaticTree] = {tree.max_depth: tree}
         if model.version == 1:
             self.hidden_state_layers: tuple[int, ...] = (-1,)
         else:
@@ -127,7 +142,7 @@ class EagleDrafter:
                                  f"draft predicts {m.hidden_size}")
             self._lm_head = lm
         B, dev = state.batch_size, state.device
-        self._tree_slots = (self.depth - 1) * self.top_k
+        self._tree_slots = max((self.depth - 1) * self.top_k, self.max_nodes)
         S = state.max_len + self._tree_slots + 2  # the last slot takes padding writes, never read
         c = m.config
         self.cache = EagleKVCache(B, c.num_key_value_heads, S, c.head_dim, p.dtype, dev)
@@ -182,6 +197,8 @@ class EagleDrafter:
         m, k = self.model, self.top_k
         root_h, root_pos = self._catch_up(state)
         valid = to_device(self.valid, dev)
+        if self.static is not None:
+            return self._propose_static(state, self._static_for(depth), root, root_h, root_pos, valid)
         logits = m.logits(root_h, self._lm_head)[:, None]  # [B, 1, Vd]
         zero = torch.zeros(B, 1, dtype=torch.float32, device=dev)
         ct, cs, _ = ops.expand_tree_step(logits, zero, k, k, validate=False)
@@ -241,6 +258,50 @@ class EagleDrafter:
         tokens = torch.cat([root[:, None], tok.gather(1, chosen)], 1)
         parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64, device=dev), par_node], 1)
         return DraftTree(tokens, parents, None)
+
+    def _static_for(self, depth: int) -> StaticTree:
+        tree = self._static_trees.get(depth)
+        if tree is None:
+            tree = self._static_trees[depth] = static_tree([c for c in self.static.choices if len(c) <= depth])
+        return tree
+
+    @torch.no_grad()
+    def _propose_static(self, state: DecodeState, tree: StaticTree, root, root_h, root_pos, valid) -> DraftTree:
+        B, dev, m, k, N = state.batch_size, state.device, self.model, tree.top_k, tree.num_nodes
+        par_all = tree.parents_tensor(B, dev)
+        if N == 1:
+            return DraftTree(root[:, None], par_all, None)
+        tokens = torch.zeros(B, N, dtype=torch.int64, device=dev)
+        tokens[:, 0] = root
+        hid = root_h.new_zeros(B, N, root_h.shape[-1])
+        hid[:, 0] = root_h
+        top = torch.zeros(B, N, k, dtype=torch.int64, device=dev)  # [:, i]: node i's top-k children (target ids)
+        top[:, 0] = m.to_target_ids(m.logits(root_h, self._lm_head).topk(k, dim=-1).indices)
+        anc = torch.eye(N, dtype=torch.bool)
+        for i in range(1, N):
+            anc[i] |= anc[tree.parents[i]]
+        anc = anc[:, 1:].to(dev)  # ancestors-or-self among the non-root nodes (their K/V slots)
+        kv_len = max(self.valid) + N - 1
+        rel = torch.arange(kv_len, device=dev)[None, :] - valid[:, None]
+        in_tree = (rel >= 0) & (rel < N - 1)
+        rel_c = rel.clamp(0, N - 2)
+        for d in range(1, tree.max_depth + 1):
+            nodes = [i for i in range(N) if tree.depth[i] == d]
+            idx = torch.tensor(nodes, device=dev)
+            par = torch.tensor([tree.parents[i] for i in nodes], device=dev)
+            rk = torch.tensor([tree.rank[i] for i in nodes], device=dev)
+            tokens[:, idx] = top[:, par, rk]
+            if d == tree.max_depth:
+                break
+            mask = anc[idx][:, rel_c].permute(1, 0, 2) & in_tree[:, None, :]
+            mask = mask | (rel < 0)[:, None, :]
+            pos = (root_pos + d)[:, None].expand(B, len(nodes))
+            h = m(hid[:, par], self._embed_ids(tokens[:, idx]), pos, from_target=False, mask=mask,
+                  cache=self.cache, write_slots=valid[:, None] + idx - 1, kv_len=kv_len)
+            self.forwards += 1
+            hid[:, idx] = h
+            top[:, idx] = m.to_target_ids(m.logits(h, self._lm_head).topk(k, dim=-1).indices)
+        return DraftTree(tokens, par_all, None)
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
         if result.hidden_states is None:
