@@ -518,3 +518,20 @@ def test_static_tree_greedy_equals_hf():
     mean = sum(accepted) / len(accepted)
     print(f"eagle1_static_tree: mean accepted length {mean:.2f}")
     assert mean > 1.5, accepted
+
+
+def test_cli_eagle(tmp_path, capsys):
+    """`specdec generate --eagle DIR` loads an official-layout draft and reproduces HF greedy output."""
+    from specdec_ext.cli import main
+    from specdec_ext.models.checkpoints import save_eagle
+
+    m = target()
+    m.save_pretrained(tmp_path / "target")
+    save_eagle(trained_draft(1), tmp_path / "draft", base_model_name_or_path="tiny-llama", safetensors=True)
+    prompt = " ".join(map(str, PROMPTS[1]))
+    assert main(["generate", "--model", str(tmp_path / "target"), "--eagle", str(tmp_path / "draft"),
+                 "--eagle-depth", "5", "--eagle-top-k", "4", "--eagle-total-tokens", "24", "--prompt-ids", prompt,
+                 "--max-new-tokens", str(NEW), "--no-stream"]) == 0
+    out = capsys.readouterr().out
+    assert " ".join(map(str, reference_outputs()[1])) in out
+    assert "accepted" in out

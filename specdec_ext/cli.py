@@ -3,7 +3,8 @@
 ``specdec demo`` runs a short tour of the kernels: it builds a draft tree, verifies it greedily and by lossless
 rejection sampling, shows that sampled verification reproduces the target distribution, and times each op.
 
-``specdec generate --model DIR [--ngram | --draft-model DIR | --medusa DIR] (--prompt TEXT [--chat] | --prompt-ids "1 2 3")``
+``specdec generate --model DIR [--ngram | --draft-model DIR | --medusa DIR | --eagle DIR] (--prompt TEXT [--chat] |
+--prompt-ids "1 2 3")``
 generates from a local Hugging Face model (plain decoding without a drafter), streams the output and ends with a
 summary line (tokens/s, mean accepted length, target forwards, time split).
 """
@@ -148,13 +149,13 @@ def _load_tokenizer(path: str, required: bool):
 
 
 def generate_cmd(args: argparse.Namespace) -> int:
-    from specdec_ext.drafters import DraftModelDrafter, MedusaDrafter, NgramDrafter
+    from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter
     from specdec_ext.generate import generate, load_model
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise SystemExit("specdec generate: pass exactly one of --prompt and --prompt-ids")
-    if sum(map(bool, (args.ngram, args.draft_model, args.medusa))) > 1:
-        raise SystemExit("specdec generate: choose one drafter (--ngram, --draft-model or --medusa)")
+    if sum(map(bool, (args.ngram, args.draft_model, args.medusa, args.eagle))) > 1:
+        raise SystemExit("specdec generate: choose one drafter (--ngram, --draft-model, --medusa or --eagle)")
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
         target = load_model(args.model, dtype=dtype, device=args.device)
@@ -166,6 +167,9 @@ def generate_cmd(args: argparse.Namespace) -> int:
             drafter = NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
         elif args.medusa:
             drafter = MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device)
+        elif args.eagle:
+            drafter = EagleDrafter.from_pretrained(args.eagle, target=target, depth=args.eagle_depth,
+                                                   top_k=args.eagle_top_k, total_tokens=args.eagle_total_tokens)
     except (FileNotFoundError, OSError, ValueError) as err:
         raise SystemExit(f"specdec generate: {err}") from None
     tokenizer = _load_tokenizer(args.model, required=args.prompt is not None)
@@ -217,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--draft-model", help="directory of a smaller draft model with the same tokenizer")
     p_gen.add_argument("--ngram", action="store_true", help="n-gram (prompt lookup) drafter")
     p_gen.add_argument("--medusa", help="directory of Medusa-1 heads (config.json + medusa_lm_head.pt/.safetensors)")
+    p_gen.add_argument("--eagle", help="directory of an EAGLE-1 or EAGLE-3 draft (config.json + weights)")
+    p_gen.add_argument("--eagle-depth", type=int, default=8, help="--eagle: tree depth (EAGLE's depth + 1)")
+    p_gen.add_argument("--eagle-top-k", type=int, default=10, help="--eagle: children per frontier node")
+    p_gen.add_argument("--eagle-total-tokens", type=int, default=60, help="--eagle: draft tokens per tree")
     p_gen.add_argument("--typical", action="store_true",
                        help="Medusa typical acceptance when sampling (LOSSY: faster, not the exact distribution)")
     p_gen.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length")

@@ -3,15 +3,17 @@
 * :class:`NgramDrafter`: prompt lookup, no model.
 * :class:`DraftModelDrafter`: a smaller HF causal LM with the target's tokenizer (chain of k sampled drafts).
 * :class:`MedusaDrafter`: Medusa-1 heads on the target's last hidden state, static trees (:func:`static_tree`).
+* :class:`EagleDrafter`: EAGLE-1 / EAGLE-3 draft networks, EAGLE-2 dynamic trees (or chains, or static trees).
 """
 
 from specdec_ext.drafters.base import (DecodeState, Drafter, DraftTree, SamplingParams, StepResult, check_vocab,
                                        pad_chains)
 from specdec_ext.drafters.draft_model import DraftModelDrafter
+from specdec_ext.drafters.eagle import EagleDrafter
 from specdec_ext.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdec_ext.drafters.ngram import NgramDrafter, ngram_lookup
 from specdec_ext.drafters.trees import MC_SIM_7B_63, StaticTree, static_tree
 
-__all__ = ["DecodeState", "DraftModelDrafter", "DraftTree", "Drafter", "MC_SIM_7B_63", "MedusaDrafter",
+__all__ = ["DecodeState", "DraftModelDrafter", "DraftTree", "Drafter", "EagleDrafter", "MC_SIM_7B_63", "MedusaDrafter",
            "MedusaHeads", "NgramDrafter", "SamplingParams", "StaticTree", "StepResult", "check_vocab",
            "ngram_lookup", "pad_chains", "static_tree"]
