@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
+from hf_reference import hf_greedy  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext import ops  # noqa: E402
@@ -223,16 +224,6 @@ PROMPTS = [torch.randint(3, V, (n,), generator=PROMPT_GEN).tolist() for n in (2,
 NEW = 40
 
 
-@torch.no_grad()
-def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    saved = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
-    try:
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
-                             eos_token_id=None, attention_mask=torch.ones(1, len(prompt), dtype=torch.int64))
-    finally:
-        model.set_attn_implementation(saved)
-    return out[0, len(prompt):].tolist()
 
 
 _TRAINED: dict = {}

@@ -16,6 +16,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from hf_reference import hf_greedy  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext.drafters import DraftModelDrafter, NgramDrafter, ngram_lookup  # noqa: E402
@@ -58,17 +59,6 @@ def make_drafter(kind: str, model, k: int = 4):
     return DraftModelDrafter(perturbed_copy(model), num_draft_tokens=k)
 
 
-@torch.no_grad()
-def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos=None) -> list[int]:
-    saved = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
-    try:
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones(1, len(prompt),
-                                                                                        dtype=torch.int64))
-    finally:
-        model.set_attn_implementation(saved)
-    return out[0, len(prompt):].tolist()
 
 
 class CountForwards:

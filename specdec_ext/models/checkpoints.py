@@ -1,4 +1,4 @@
-"""Loaders for drafter checkpoints in their official published formats (Medusa-1 now; EAGLE later).
+"""Loaders for drafter checkpoints in their official published formats: Medusa-1 here, EAGLE-1/3 further down.
 
 Medusa-1 (e.g. ``FasterDecoding/medusa-vicuna-7b-v1.3``): a directory with ``config.json`` (``medusa_num_heads``,
 ``medusa_num_layers``, ``base_model_name_or_path``) and ``medusa_lm_head.pt`` (``torch.save`` of the heads'
@@ -35,6 +35,21 @@ MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 _KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
 
 
+def _read_state_dict(wfile: str, who: str) -> dict[str, torch.Tensor]:
+    """A state dict from ``.safetensors`` or a weights-only ``torch.save`` file; clear errors name the file."""
+    if wfile.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        sd = load_file(wfile, device="cpu")
+    else:
+        try:
+            sd = torch.load(wfile, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - re-raised with the file named
+            raise ValueError(f"{who}: cannot read {wfile!r} as a weights-only torch.save state dict: {e}") from e
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise ValueError(f"{who}: {wfile!r} does not hold a state dict (a mapping of names to tensors)")
+    return dict(sd)
+
 def _text_config(config):
     get = getattr(config, "get_text_config", None)
     return get(decoder=True) if callable(get) else config
@@ -64,18 +79,7 @@ def load_medusa_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Ten
     if os.path.isfile(cfg_file):
         with open(cfg_file) as f:
             config = json.load(f)
-    if wfile.endswith(".safetensors"):
-        from safetensors.torch import load_file
-
-        sd = load_file(wfile, device="cpu")
-    else:
-        try:
-            sd = torch.load(wfile, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - re-raised with the file named
-            raise ValueError(f"load_medusa: cannot read {wfile!r} as a weights-only torch.save state dict: {e}") from e
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ValueError(f"load_medusa: {wfile!r} does not hold a state dict (a mapping of names to tensors)")
-    return dict(sd), config, wfile
+    return _read_state_dict(wfile, "load_medusa"), config, wfile
 
 
 def medusa_heads_from_state_dict(sd: dict[str, torch.Tensor], config: dict | None = None,
@@ -252,18 +256,7 @@ def load_eagle_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tens
         raise FileNotFoundError(f"load_eagle: {cfg_file!r} is missing (EAGLE drafts need their config.json)")
     with open(cfg_file) as f:
         config = json.load(f)
-    if wfile.endswith(".safetensors"):
-        from safetensors.torch import load_file
-
-        sd = load_file(wfile, device="cpu")
-    else:
-        try:
-            sd = torch.load(wfile, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - re-raised with the file named
-            raise ValueError(f"load_eagle: cannot read {wfile!r} as a weights-only torch.save state dict: {e}") from e
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ValueError(f"load_eagle: {wfile!r} does not hold a state dict (a mapping of names to tensors)")
-    return dict(sd), config, wfile
+    return _read_state_dict(wfile, "load_eagle"), config, wfile
 
 
 def _check_keys(sd: dict, expected: dict, optional: set, source: str) -> None:
