@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None)
     p_gen.add_argument("--no-stream", action="store_true", help="print the output at the end instead of streaming")
     p_gen.set_defaults(func=generate_cmd)
+    from specdec_ext.train.cli import add_train_commands
+
+    add_train_commands(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,145 @@
+"""specdec_ext.train data loading (text, JSONL text / input_ids, chat JSONL; chunking; clear errors naming the file
+and line) and the ``specdec train-medusa`` / ``train-eagle`` / ``train-draft`` commands on a tiny saved target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from test_hf_tree_attention import V, make_model  # noqa: E402
+
+from specdec_ext.cli import main  # noqa: E402
+from specdec_ext.models.checkpoints import load_eagle, load_medusa  # noqa: E402
+from specdec_ext.train import DataError, load_corpus, split_heldout  # noqa: E402
+
+
+def word_tokenizer():
+    tokenizers = pytest.importorskip("tokenizers")
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(V)}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="w0"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0")
+    tok.chat_template = "{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
+    return tok
+
+
+def write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+def test_formats_and_chunking(tmp_path):
+    tok = word_tokenizer()
+    txt = write(tmp_path / "a.txt", " ".join(f"w{i}" for i in range(3, 23)) + "\n\nw5 w6 w7 w8 w9\n")
+    seqs = load_corpus(txt, tok, max_length=8)
+    assert seqs == [list(range(3, 11)), list(range(11, 19)), list(range(19, 23)), [5, 6, 7, 8, 9]]
+    jl = write(tmp_path / "b.jsonl", "\n".join(json.dumps(r) for r in [
+        {"text": "w3 w4 w5 w6"}, {"input_ids": [7, 8, 9, 10, 11]},
+        {"messages": [{"role": "user", "content": "w40 w41"}, {"role": "assistant", "content": "w42"}]}]) + "\n")
+    assert load_corpus([jl], tok, max_length=16) == [[3, 4, 5, 6], [7, 8, 9, 10, 11], [1, 40, 41, 2, 1, 42, 2]]
+    train, held = split_heldout([[i] * 4 for i in range(10)], 3, seed=1)
+    assert len(train) == 7 and len(held) == 3 and not any(h in train for h in held)
+
+
+@pytest.mark.parametrize("content,match", [
+    ("", "b.jsonl: the file is empty"),
+    ('{"input_ids": [1, 2, 3, 4]}\n{"txt": "w1"}\n', r"b.jsonl:2: the record has none of the fields"),
+    ('{"input_ids": [1, 2, 3, 4]}\nnot json\n', r"b.jsonl:2: not valid JSON"),
+    ('{"input_ids": [1, 2, 3, "x"]}\n', r"b.jsonl:1: 'input_ids' must be a list of integers"),
+    ('{"input_ids": [1, 2, 3, 400]}\n', r"b.jsonl:1: token id 400 is outside the model's vocabulary"),
+    ('{"input_ids": ' + json.dumps(list(range(40))) + '}\n', r"b.jsonl:1: 'input_ids' has 40 tokens, longer than"),
+    ('{"text": "w1 w2"}\n', r"b.jsonl:1: a 'text' record needs a tokenizer"),
+])
+def test_bad_data_names_file_and_line(tmp_path, content, match):
+    f = write(tmp_path / "b.jsonl", content)
+    with pytest.raises(DataError, match=match):
+        load_corpus(f, None, max_length=16, context=32, vocab_size=V)
+
+
+def test_bad_data_other(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        load_corpus(str(tmp_path / "missing.txt"), None)
+    with pytest.raises(DataError, match="exceeds the model's context"):
+        load_corpus(write(tmp_path / "c.jsonl", '{"input_ids": [1, 2, 3, 4]}\n'), None, max_length=64, context=32)
+    with pytest.raises(DataError, match="plain text needs a tokenizer"):
+        load_corpus(write(tmp_path / "d.txt", "w1 w2"), None)
+    with pytest.raises(DataError, match="chat template"):
+        tok = word_tokenizer()
+        tok.chat_template = None
+        load_corpus(write(tmp_path / "e.jsonl", '{"messages": [{"role": "user", "content": "w3"}]}\n'), tok)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("target")
+    m = make_model("llama", seed=11, num_hidden_layers=4, max_position_embeddings=128)
+    m.save_pretrained(d)
+    word_tokenizer().save_pretrained(d)
+    g = torch.Generator().manual_seed(0)
+    lines = [" ".join(f"w{int(i)}" for i in torch.randint(3, V, (12,), generator=g)) for _ in range(10)]
+    (d / "corpus.txt").write_text("\n\n".join(lines) + "\n")
+    return d
+
+
+def run(capsys, *argv):
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+COMMON = ("--steps", "20", "--batch-size", "4", "--self-distill", "16", "--prompt-len", "6", "--heldout", "2",
+          "--eval-new-tokens", "8", "--no-progress", "--max-length", "64")
+
+
+def test_cli_train_medusa_and_resume(model_dir, tmp_path, capsys):
+    out = tmp_path / "medusa"
+    args = ("train-medusa", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), "--out", str(out),
+            "--heads", "2", "--checkpoint-every", "10", *COMMON)
+    text = run(capsys, *args)
+    assert "specdec train-medusa: 20 steps, loss" in text and "mean accepted length" in text
+    assert (out / "medusa_lm_head.safetensors").is_file()
+    heads = load_medusa(out)
+    assert heads.num_heads == 2
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["steps"] == 20 and len(log["losses"]) == 20
+    # more steps, resumed from the checkpoint: continues at step 20
+    text = run(capsys, *[a if a != "20" else "30" for a in args], "--resume")
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["steps"] == 30 and len(log["losses"]) == 30
+
+
+@pytest.mark.parametrize("version", ["1", "3"])
+def test_cli_train_eagle(model_dir, tmp_path, capsys, version):
+    extra = ("--draft-vocab", "50") if version == "3" else ()
+    text = run(capsys, "train-eagle", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"),
+               "--out", str(tmp_path), "--version", version, *extra, *COMMON)
+    assert "specdec train-eagle: 20 steps" in text
+    m = load_eagle(tmp_path)
+    assert m.version == int(version)
+    if version == "3":
+        assert m.draft_vocab_size == 50 and int(m.t2d.sum()) == 50
+
+
+def test_cli_train_draft(model_dir, tmp_path, capsys):
+    text = run(capsys, "train-draft", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"),
+               "--out", str(tmp_path), "--layers", "1", "--hidden-size", "64", *COMMON)
+    assert "specdec train-draft: 20 steps" in text
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    m = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert m.config.num_hidden_layers == 1
+    assert AutoTokenizer.from_pretrained(tmp_path)("w5 w6")["input_ids"] == [5, 6]
+
+
+def test_cli_bad_data(model_dir, tmp_path):
+    empty = write(tmp_path / "empty.txt", "  \n")
+    with pytest.raises(SystemExit, match="bad data: .*empty.txt: the file is empty"):
+        main(["train-medusa", "--model", str(model_dir), "--data", empty, "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="--draft-vocab needs --version 3"):
+        main(["train-eagle", "--model", str(model_dir), "--data", empty, "--out", str(tmp_path / "o"),
+              "--draft-vocab", "10"])

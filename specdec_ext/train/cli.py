@@ -1,0 +1,154 @@
+"""``specdec train-medusa`` / ``train-eagle`` / ``train-draft``: argument parsing and the shared pipeline (load the
+target and its tokenizer, read the corpus, optionally self-distill, hold out evaluation prompts, train, save)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+__all__ = ["add_train_commands"]
+
+
+def _common(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
+    p.add_argument("--model", required=True, help="directory of the target model (save_pretrained layout)")
+    p.add_argument("--data", nargs="+", required=True,
+                   help="text files, JSONL with 'text' / 'input_ids' / chat 'messages' fields")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-length", type=int, default=None,
+                   help="tokens per training sequence (chunks; default min(256, the model's context))")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="the frozen target's dtype (the trained module stays float32)")
+    p.add_argument("--self-distill", type=int, default=0, metavar="N",
+                   help="replace the data by the target's own continuations: N new tokens after each sequence's "
+                        "first --prompt-len tokens (0 = train on the data as is)")
+    p.add_argument("--prompt-len", type=int, default=16, help="--self-distill: prompt tokens per sequence")
+    p.add_argument("--distill-temperature", type=float, default=0.0, help="--self-distill: 0 = greedy")
+    p.add_argument("--heldout", type=int, default=4, help="sequences held out to evaluate acceptance (0 = none)")
+    p.add_argument("--eval-every", type=int, default=0, help="evaluate acceptance every N steps (0 = at the end)")
+    p.add_argument("--eval-new-tokens", type=int, default=32)
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save a resumable checkpoint every N steps")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/trainer_state.pt")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _prepare(args, name: str):
+    from specdec_ext.generate import load_model
+    from specdec_ext.train.common import load_tokenizer, text_config
+    from specdec_ext.train.data import DataError, load_corpus, model_max_length, self_distill, split_heldout
+    from specdec_ext.train.loop import TrainConfig, default_device
+
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    device = args.device or default_device()
+    try:
+        target = load_model(args.model, dtype=dtype, device=device)
+    except (FileNotFoundError, OSError, ValueError) as err:
+        raise SystemExit(f"specdec {name}: {err}") from None
+    tok = load_tokenizer(args.model)
+    context = model_max_length(target)
+    if args.max_length is None:
+        args.max_length = min(256, context or 256)
+    try:
+        seqs = load_corpus(args.data, tok, max_length=args.max_length, context=context,
+                           vocab_size=text_config(target.config).vocab_size)
+        train, held = split_heldout(seqs, args.heldout, args.seed)
+        prompts = [s[: max(1, min(args.prompt_len, len(s) // 2))] for s in held]
+        if args.self_distill:
+            train = self_distill(target, train, prompt_len=args.prompt_len, new_tokens=args.self_distill,
+                                 temperature=args.distill_temperature, seed=args.seed,
+                                 max_length=args.max_length, progress=not args.no_progress)
+    except DataError as err:
+        raise SystemExit(f"specdec {name}: bad data: {err}") from None
+    cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed, device=device,
+                      eval_every=args.eval_every, eval_new_tokens=args.eval_new_tokens,
+                      checkpoint_dir=os.path.join(args.out, "checkpoint"), checkpoint_every=args.checkpoint_every,
+                      resume=args.resume, progress=not args.no_progress)
+    return target, tok, train, prompts, cfg
+
+
+def _report(args, name: str, result, extra: dict) -> None:
+    info = {"command": name, "model": args.model, "data": args.data, **extra, **result.summary()}
+    with open(os.path.join(args.out, "training_log.json"), "w") as f:
+        json.dump({**info, "losses": result.losses}, f, indent=1)
+    s = result.summary()
+    acc = f", mean accepted length {s['evals'][-1][1]:.3f}" if s["evals"] else ""
+    print(f"specdec {name}: {s['steps']} steps, loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}{acc}; "
+          f"saved to {args.out}")
+
+
+def train_medusa_cmd(args) -> int:
+    from specdec_ext.models.checkpoints import save_medusa
+    from specdec_ext.train.medusa import train_medusa
+
+    target, _, train, prompts, cfg = _prepare(args, "train-medusa")
+    heads, result = train_medusa(target, train, cfg, num_heads=args.heads, num_layers=args.layers,
+                                 decay=args.decay, heldout_prompts=prompts)
+    save_medusa(heads, args.out, base_model_name_or_path=args.model, safetensors=True)
+    _report(args, "train-medusa", result, {"heads": args.heads, "layers": args.layers})
+    return 0
+
+
+def train_eagle_cmd(args) -> int:
+    from specdec_ext.models.checkpoints import save_eagle
+    from specdec_ext.train.eagle import train_eagle
+
+    if args.version == 1 and args.draft_vocab:
+        raise SystemExit("specdec train-eagle: --draft-vocab needs --version 3")
+    target, _, train, prompts, cfg = _prepare(args, "train-eagle")
+    try:
+        model, result = train_eagle(target, train, cfg, version=args.version, draft_vocab=args.draft_vocab,
+                                    ttt_steps=args.ttt_steps, token_weight=args.token_weight,
+                                    heldout_prompts=prompts)
+    except ValueError as err:
+        raise SystemExit(f"specdec train-eagle: {err}") from None
+    save_eagle(model, args.out, base_model_name_or_path=args.model, safetensors=True)
+    _report(args, "train-eagle", result, {"version": args.version, "draft_vocab": args.draft_vocab})
+    return 0
+
+
+def train_draft_cmd(args) -> int:
+    from specdec_ext.train.draft_lm import train_draft_lm
+
+    target, tok, train, prompts, cfg = _prepare(args, "train-draft")
+    try:
+        model, result = train_draft_lm(target, train, cfg, num_layers=args.layers, hidden_size=args.hidden_size,
+                                       intermediate_size=args.intermediate_size, kl_weight=args.kl_weight,
+                                       heldout_prompts=prompts)
+    except ValueError as err:
+        raise SystemExit(f"specdec train-draft: {err}") from None
+    model.save_pretrained(args.out)
+    if tok is not None:
+        tok.save_pretrained(args.out)
+    _report(args, "train-draft", result, {"layers": args.layers, "hidden_size": model.config.hidden_size})
+    return 0
+
+
+def add_train_commands(sub) -> None:
+    p = sub.add_parser("train-medusa", help="train Medusa-1 heads for a local target (official layout)")
+    _common(p, steps=1000, lr=1e-3)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=1, help="ResBlocks per head")
+    p.add_argument("--decay", type=float, default=0.8, help="head h's loss weight is decay ** h")
+    p.set_defaults(func=train_medusa_cmd)
+    p = sub.add_parser("train-eagle", help="train an EAGLE-1 or EAGLE-3 draft for a local target (official layout)")
+    _common(p, steps=1000, lr=1e-3)
+    p.add_argument("--version", type=int, choices=[1, 3], default=1)
+    p.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3: keep the N most frequent tokens")
+    p.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3: training-time-test steps")
+    p.add_argument("--token-weight", type=float, default=0.1, help="EAGLE-1: weight of the token loss")
+    p.set_defaults(func=train_eagle_cmd)
+    p = sub.add_parser("train-draft", help="distil a small draft LM (LlamaForCausalLM) from a local target")
+    _common(p, steps=1000, lr=1e-3)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden-size", type=int, default=None, help="default: the target's")
+    p.add_argument("--intermediate-size", type=int, default=None, help="default: 2 * hidden size")
+    p.add_argument("--kl-weight", type=float, default=1.0, help="KL to the target's logits vs CE on the data")
+    p.set_defaults(func=train_draft_cmd)
+

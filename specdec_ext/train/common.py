@@ -1,0 +1,38 @@
+"""Shared helpers: target preparation, features, tokenizer loading."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["text_config", "freeze", "target_hidden", "load_tokenizer", "first_param"]
+
+
+def text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
+def first_param(module):
+    return next(p for p in module.parameters() if p.is_floating_point())
+
+
+def freeze(target):
+    target.requires_grad_(False)
+    return target.eval()
+
+
+@torch.no_grad()
+def target_hidden(target, toks: torch.Tensor, mask: torch.Tensor, layers=(-1,)) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(features[B, T, len(layers) * H], logits[B, T, V])`` of the frozen target (float32)."""
+    out = target(input_ids=toks, attention_mask=mask.long(), output_hidden_states=True)
+    feats = torch.cat([out.hidden_states[i] for i in layers], -1).float()
+    return feats, out.logits.float()
+
+
+def load_tokenizer(path):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception:  # noqa: BLE001 - no usable tokenizer: token-id data only
+        return None

@@ -1,0 +1,192 @@
+"""Training data for drafters: corpora read from disk, tokenized, chunked, optionally self-distilled.
+
+Accepted files: plain text (``.txt`` or any non-JSONL file; documents separated by blank lines), JSONL (``.jsonl``,
+one object a line) with ``"input_ids"`` (token ids), ``"text"``, or ``"messages"`` (chat, rendered with the
+tokenizer's chat template). Text is tokenized and chunked into sequences of at most ``max_length`` tokens; explicit
+``input_ids`` longer than the model's context are an error naming the file and line. Self-distillation
+(:func:`self_distill`) replaces the continuations by the target's own (greedy or sampled), which is what makes
+drafts match the target's distribution.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+__all__ = ["DataError", "load_corpus", "self_distill", "split_heldout", "pad_batch", "BatchSampler",
+           "model_max_length"]
+
+
+class DataError(ValueError):
+    """Bad training data (the message names the file and line)."""
+
+
+def model_max_length(target) -> int | None:
+    cfg = target.config
+    get = getattr(cfg, "get_text_config", None)
+    cfg = get(decoder=True) if callable(get) else cfg
+    return getattr(cfg, "max_position_embeddings", None)
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def _chat(tokenizer, messages, where: str) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"{where}: a chat record ('messages') needs a tokenizer with a chat template")
+    ids = tokenizer.apply_chat_template(messages, tokenize=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def _read_file(path: str, tokenizer, context: int | None) -> list[tuple[list[int], str]]:
+    """``(ids, where)`` per document of one file."""
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file")
+    with open(path, encoding="utf-8") as f:
+        raw = f.read()
+    if not raw.strip():
+        raise DataError(f"{path}: the file is empty")
+    docs: list[tuple[list[int], str]] = []
+    if path.endswith(".jsonl") or path.endswith(".json"):
+        for n, line in enumerate(raw.splitlines(), 1):
+            where = f"{path}:{n}"
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise DataError(f"{where}: each line must be a JSON object")
+            if "input_ids" in rec:
+                ids = rec["input_ids"]
+                if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                    raise DataError(f"{where}: 'input_ids' must be a list of integers")
+                if context is not None and len(ids) > context:
+                    raise DataError(f"{where}: 'input_ids' has {len(ids)} tokens, longer than the model's context "
+                                    f"({context}); split it")
+            elif "text" in rec:
+                if not isinstance(rec["text"], str):
+                    raise DataError(f"{where}: 'text' must be a string")
+                if tokenizer is None:
+                    raise DataError(f"{where}: a 'text' record needs a tokenizer (none was found with the model)")
+                ids = _encode(tokenizer, rec["text"])
+            elif "messages" in rec:
+                if tokenizer is None:
+                    raise DataError(f"{where}: a 'messages' record needs a tokenizer (none was found with the model)")
+                ids = _chat(tokenizer, rec["messages"], where)
+            else:
+                raise DataError(f"{where}: the record has none of the fields 'input_ids', 'text', 'messages' (has "
+                                f"{sorted(rec)})")
+            docs.append((ids, where))
+    else:
+        if tokenizer is None:
+            raise DataError(f"{path}: plain text needs a tokenizer (none was found with the model); pass JSONL "
+                            "with 'input_ids' instead")
+        for i, block in enumerate(raw.split("\n\n")):
+            if block.strip():
+                docs.append((_encode(tokenizer, block.strip()), f"{path} (document {i + 1})"))
+    return docs
+
+
+def load_corpus(paths, tokenizer=None, max_length: int = 256, context: int | None = None, vocab_size: int | None = None,
+                min_length: int = 4) -> list[list[int]]:
+    """Token sequences (each ``min_length`` .. ``max_length`` tokens) from the files ``paths``.
+
+    ``context``: the model's maximum positions (explicit ``input_ids`` longer than that are an error; ``max_length``
+    may not exceed it). ``vocab_size``: ids outside ``[0, vocab_size)`` are an error."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = [os.fspath(p) for p in paths]
+    if not paths:
+        raise DataError("no data files given")
+    if max_length < 2:
+        raise DataError(f"max_length must be >= 2, got {max_length}")
+    if context is not None and max_length > context:
+        raise DataError(f"max_length {max_length} exceeds the model's context ({context} positions)")
+    seqs: list[list[int]] = []
+    for path in paths:
+        docs = _read_file(path, tokenizer, context)
+        for ids, where in docs:
+            if vocab_size is not None and any(not 0 <= i < vocab_size for i in ids):
+                bad = next(i for i in ids if not 0 <= i < vocab_size)
+                raise DataError(f"{where}: token id {bad} is outside the model's vocabulary [0, {vocab_size})")
+            for s in range(0, len(ids), max_length):
+                chunk = ids[s: s + max_length]
+                if len(chunk) >= min_length:
+                    seqs.append(chunk)
+    if not seqs:
+        raise DataError(f"{', '.join(paths)}: no sequence of at least {min_length} tokens")
+    return seqs
+
+
+def split_heldout(seqs: list[list[int]], n: int, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    """``(train, heldout)``: ``n`` sequences held out (chosen by ``seed``; none when there are too few)."""
+    if n <= 0 or len(seqs) <= n:
+        return seqs, []
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(seqs), generator=g).tolist()
+    held = set(perm[:n])
+    return [s for i, s in enumerate(seqs) if i not in held], [seqs[i] for i in sorted(held)]
+
+
+@torch.no_grad()
+def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens: int = 64, temperature: float = 0.0,
+                 seed: int = 0, batch_size: int = 8, eos_token_id=None, max_length: int | None = None,
+                 progress: bool = True) -> list[list[int]]:
+    """The target's own continuations: each sequence's first ``prompt_len`` tokens (at most half of it) followed by
+    ``new_tokens`` tokens the target generates (greedy at ``temperature`` 0, else sampled with ``seed``)."""
+    from specdec_ext.generate import generate
+    from specdec_ext.train.loop import Progress
+
+    out: list[list[int]] = []
+    prompts = [s[: max(1, min(prompt_len, len(s) // 2))] for s in seqs]
+    bar = Progress(len(prompts), "self-distill", enabled=progress)
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i: i + batch_size]
+        toks, _ = generate(target, None, [torch.tensor(p) for p in chunk], max_new_tokens=new_tokens,
+                           temperature=temperature, seed=seed + i, eos_token_id=eos_token_id)
+        for t in toks:
+            ids = [int(x) for x in t]
+            out.append(ids[:max_length] if max_length else ids)
+        bar.update(len(chunk))
+    bar.close()
+    return out
+
+
+def pad_batch(seqs: list[list[int]], device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``tokens[B, T]`` (pad 0) and ``mask[B, T]`` (True on real tokens)."""
+    T = max(len(s) for s in seqs)
+    toks = torch.zeros(len(seqs), T, dtype=torch.int64)
+    mask = torch.zeros(len(seqs), T, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        toks[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = True
+    return toks.to(device), mask.to(device)
+
+
+class BatchSampler:
+    """Shuffled epochs of batches from a seeded generator whose state is checkpointed (exact resumption)."""
+
+    def __init__(self, n: int, batch_size: int, seed: int):
+        self.n, self.batch_size = n, max(1, min(batch_size, n))
+        self.gen = torch.Generator().manual_seed(seed)
+        self.order: list[int] = []
+
+    def next(self) -> list[int]:
+        if len(self.order) < self.batch_size:
+            self.order = torch.randperm(self.n, generator=self.gen).tolist()
+        b, self.order = self.order[: self.batch_size], self.order[self.batch_size:]
+        return b
+
+    def state_dict(self) -> dict:
+        return {"gen": self.gen.get_state(), "order": list(self.order)}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.gen.set_state(sd["gen"])
+        self.order = list(sd["order"])

@@ -1,0 +1,97 @@
+"""A small draft LM distilled from the target (for :class:`specdec_ext.drafters.DraftModelDrafter`): a
+``LlamaForCausalLM`` with the target's vocabulary and head size, ``num_layers`` layers of ``hidden_size``, trained
+with KL(target || draft) on the target's logits at every position (``kl_weight``) plus cross-entropy on the data
+(``1 - kl_weight``; on self-distilled data the tokens are the target's own). Saved with ``save_pretrained``."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from specdec_ext.drafters.draft_model import DraftModelDrafter
+from specdec_ext.train.common import first_param, freeze, text_config
+from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
+
+__all__ = ["draft_config_for", "train_draft_lm"]
+
+
+def draft_config_for(target, num_layers: int = 2, hidden_size: int | None = None, intermediate_size: int | None = None):
+    from transformers import LlamaConfig
+
+    t = text_config(target.config)
+    H = hidden_size or t.hidden_size
+    hd = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    if H % hd:
+        raise ValueError(f"train_draft_lm: hidden_size {H} must be a multiple of the head size {hd}")
+    nH = H // hd
+    nKV = max(1, min(nH, getattr(t, "num_key_value_heads", None) or nH))
+    while nH % nKV:
+        nKV -= 1
+    kw = dict(vocab_size=t.vocab_size, hidden_size=H, intermediate_size=intermediate_size or 2 * H,
+              num_hidden_layers=num_layers, num_attention_heads=nH, num_key_value_heads=nKV, head_dim=hd,
+              max_position_embeddings=getattr(t, "max_position_embeddings", 2048),
+              rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6), tie_word_embeddings=False)
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(t, k, None) is not None:
+            kw[k] = getattr(t, k)
+    theta = getattr(t, "rope_theta", None) or (getattr(t, "rope_parameters", None) or {}).get("rope_theta")
+    if theta:
+        kw["rope_theta"] = theta
+    return LlamaConfig(**kw)
+
+
+def train_draft_lm(target, seqs: list[list[int]], cfg: TrainConfig, num_layers: int = 2,
+                   hidden_size: int | None = None, intermediate_size: int | None = None, kl_weight: float = 1.0,
+                   temperature: float = 1.0, heldout_prompts: list[list[int]] | None = None, model=None,
+                   num_draft_tokens: int = 4):
+    """``(draft, result)``: a small LlamaForCausalLM distilled from the frozen ``target`` on ``seqs``."""
+    import warnings
+
+    from transformers import LlamaForCausalLM
+
+    freeze(target)
+    device = first_param(target).device
+    cfg.device = str(device)
+    if model is None:
+        torch.manual_seed(cfg.seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = LlamaForCausalLM(draft_config_for(target, num_layers, hidden_size, intermediate_size))
+        if model.config.hidden_size == text_config(target.config).hidden_size:
+            with torch.no_grad():  # start from the target's embeddings and output head when they fit
+                model.get_input_embeddings().weight.copy_(target.get_input_embeddings().weight)
+                model.get_output_embeddings().weight.copy_(target.get_output_embeddings().weight)
+    model = model.to(device=device, dtype=torch.float32)
+    T = temperature
+
+    def loss_fn(toks, mask):
+        with torch.no_grad():
+            tl = target(input_ids=toks, attention_mask=mask.long()).logits.float()
+        dl = model(input_ids=toks, attention_mask=mask.long()).logits.float()
+        m = mask[:, :-1] & mask[:, 1:]
+        mf = m.float()
+        n = mf.sum().clamp_min(1)
+        loss = 0.0
+        if kl_weight > 0:
+            p = F.log_softmax(tl[:, :-1] / T, -1)
+            q = F.log_softmax(dl[:, :-1] / T, -1)
+            kl = (p.exp() * (p - q)).sum(-1)
+            loss = loss + kl_weight * (T * T) * (kl * mf).sum() / n
+        if kl_weight < 1:
+            y = toks[:, 1:].masked_fill(~m, -100)
+            loss = loss + (1 - kl_weight) * F.cross_entropy(dl[:, :-1].reshape(-1, dl.shape[-1]), y.reshape(-1),
+                                                            ignore_index=-100)
+        return loss, int(m.sum())
+
+    eval_fn = None
+    if heldout_prompts:
+        def eval_fn(step):
+            dt = first_param(target).dtype
+            m = model if dt == torch.float32 else copy.deepcopy(model).to(dt)
+            return evaluate_acceptance(target, DraftModelDrafter(m, num_draft_tokens=num_draft_tokens),
+                                       heldout_prompts, cfg.eval_new_tokens)
+
+    result = train_loop(model, loss_fn, seqs, cfg, eval_fn, name="draft")
+    return model.eval(), result

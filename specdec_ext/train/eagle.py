@@ -1,0 +1,146 @@
+"""EAGLE-1 and EAGLE-3 draft training for a frozen target (anchors 1a).
+
+EAGLE-1: at position t the draft reads the target's feature f_t (last hidden state after the final norm) and the
+embedding of token t + 1, predicts f_{t+1}; loss = smooth-L1(f'_{t+1}, f_{t+1}) + w_tok * soft CE of
+``lm_head(f'_{t+1})`` against the target's distribution at t + 1 (reported as KL, i.e. less the target's entropy) (the target's frozen ``lm_head``).
+
+EAGLE-3: the features are the inputs of three target layers (default ``(2, L // 2, L - 3)``) concatenated and fused
+by ``fc``; the draft predicts the next token directly (its own ``norm`` + ``lm_head`` over a draft vocabulary).
+Training-time test: step 0 reads target features; step k feeds the draft's own outputs of step k - 1 (shifted one
+position) back in, so the draft learns to continue from its own predictions; loss weights 0.8^k. A reduced draft
+vocabulary keeps the ``draft_vocab`` most frequent target tokens of the data (``d2t`` / ``t2d``); the target's
+distribution is renormalised over it (positions whose target argmax is outside it are masked).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from specdec_ext.drafters.eagle import EagleDrafter
+from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig, default_eagle3_layers
+from specdec_ext.train.common import first_param, freeze, target_hidden, text_config
+from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
+
+__all__ = ["eagle_config_for", "draft_vocab_ids", "train_eagle"]
+
+
+def eagle_config_for(target, draft_vocab: int | None = None, aux_layers=None) -> EagleConfig:
+    """An EAGLE draft config matching ``target`` (one decoder layer of the target's shape)."""
+    t = text_config(target.config)
+    rope = getattr(t, "rope_scaling", None) or getattr(t, "rope_parameters", None)
+    theta = getattr(t, "rope_theta", None) or (rope or {}).get("rope_theta") or 10000.0
+    if rope and rope.get("rope_type", rope.get("type", "default")) == "default":
+        rope = None
+    return EagleConfig(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+                       num_attention_heads=t.num_attention_heads,
+                       num_key_value_heads=getattr(t, "num_key_value_heads", None) or t.num_attention_heads,
+                       vocab_size=t.vocab_size, head_dim=getattr(t, "head_dim", None),
+                       rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6), rope_theta=float(theta), rope_scaling=rope,
+                       draft_vocab_size=draft_vocab, aux_layers=tuple(aux_layers) if aux_layers else None)
+
+
+def draft_vocab_ids(seqs: list[list[int]], vocab_size: int, n: int) -> torch.Tensor:
+    """The ``n`` most frequent token ids of ``seqs`` (ties by id; never-seen ids fill up), sorted."""
+    if not 0 < n <= vocab_size:
+        raise ValueError(f"draft vocabulary size must be in [1, {vocab_size}], got {n}")
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for s in seqs:
+        counts += torch.bincount(torch.tensor(s, dtype=torch.int64), minlength=vocab_size).double()
+    counts -= torch.arange(vocab_size, dtype=torch.float64) * 1e-9  # stable: lower ids first among ties
+    return counts.topk(n).indices.sort().values
+
+
+def _eagle1_loss(m, target, toks, mask, w_tok):
+    emb, lm = target.get_input_embeddings(), target.get_output_embeddings()
+    feats, logits = target_hidden(target, toks, mask)
+    T = toks.shape[1]
+    valid = (mask[:, 2:] & mask[:, :-2]).float()  # input (f_t, tok_{t+1}), targets f_{t+1} / p_{t+1}
+    pos = torch.arange(T - 2, device=toks.device)[None].expand(toks.shape[0], -1)
+    with torch.no_grad():
+        e = emb(toks[:, 1: T - 1])
+    out = m(feats[:, : T - 2], e, pos)
+    n = valid.sum().clamp_min(1)
+    reg = (F.smooth_l1_loss(out.float(), feats[:, 1: T - 1], reduction="none").mean(-1) * valid).sum() / n
+    logp = F.log_softmax(logits[:, 1: T - 1], -1)
+    logq = F.log_softmax(lm(out.to(lm.weight.dtype)).float(), -1)
+    ce = ((logp.exp() * (logp - logq)).sum(-1) * valid).sum() / n  # KL(target || draft): CE less its floor
+    return reg + w_tok * ce, int(valid.sum())
+
+
+def _eagle3_loss(m, target, toks, mask, ttt_steps, decay):
+    emb = target.get_input_embeddings()
+    feats, logits = target_hidden(target, toks, mask, m.aux_layers)
+    T = toks.shape[1]
+    valid = mask[:, 2:] & mask[:, :-2]
+    pos = torch.arange(T - 2, device=toks.device)[None].expand(toks.shape[0], -1)
+    with torch.no_grad():
+        e = emb(toks[:, 1: T - 1])
+    tl = logits[:, 1: T - 1]  # the target's distribution of token t + 2
+    if m.t2d is not None:
+        ids = m.d2t + torch.arange(m.d2t.numel(), device=m.d2t.device)
+        valid = valid & m.t2d[tl.argmax(-1)]
+        tl = tl[..., ids]
+    logp = F.log_softmax(tl, -1)
+    total, hidden, from_target = 0.0, feats[:, : T - 2], True
+    for k in range(ttt_steps):
+        if k > 0 and T - 2 <= k:
+            break
+        out = m(hidden, e, pos, from_target=from_target)
+        logq = F.log_softmax(m.logits(out).float(), -1)
+        v = valid.clone()
+        v[:, :k] = False
+        vf = v.float()
+        kl = (logp.exp() * (logp - logq)).sum(-1)  # KL(target || draft): soft CE less its floor
+        total = total + decay ** k * (kl * vf).sum() / vf.sum().clamp_min(1)
+        hidden = torch.cat([out[:, :1], out[:, :-1]], 1)  # own output at t - 1 fed at t
+        from_target = False
+    return total, int(valid.sum())
+
+
+def train_eagle(target, seqs: list[list[int]], cfg: TrainConfig, version: int = 1, draft_vocab: int | None = None,
+                aux_layers=None, token_weight: float = 0.1, ttt_steps: int = 3, decay: float = 0.8,
+                heldout_prompts: list[list[int]] | None = None, fc_bias: bool = True, model=None,
+                eval_tree: dict | None = None):
+    """``(draft, result)``: an EAGLE-1 (``version=1``) or EAGLE-3 draft trained on ``seqs`` for ``target``."""
+    if version not in (1, 3):
+        raise ValueError(f"train_eagle: version must be 1 or 3, got {version!r}")
+    freeze(target)
+    device = first_param(target).device
+    cfg.device = str(device)
+    tcfg = text_config(target.config)
+    if model is None:
+        torch.manual_seed(cfg.seed)
+        if version == 1:
+            if draft_vocab:
+                raise ValueError("train_eagle: a reduced draft vocabulary is an EAGLE-3 feature (--version 3)")
+            model = Eagle1Model(eagle_config_for(target), fc_bias=fc_bias)
+        else:
+            layers = tuple(aux_layers) if aux_layers else default_eagle3_layers(tcfg.num_hidden_layers)
+            V = tcfg.vocab_size
+            dv = draft_vocab if draft_vocab and draft_vocab < V else None
+            model = Eagle3Model(eagle_config_for(target, dv, layers))
+            if dv:
+                model.set_vocab_map(draft_vocab_ids(seqs, V, dv))
+            model.aux_layers = layers
+    model = model.to(device=device, dtype=torch.float32)
+
+    def loss_fn(toks, mask):
+        if version == 1:
+            return _eagle1_loss(model, target, toks, mask, token_weight)
+        return _eagle3_loss(model, target, toks, mask, ttt_steps, decay)
+
+    eval_fn = None
+    if heldout_prompts:
+        tree = dict(depth=5, top_k=4, total_tokens=16, **(eval_tree or {}))
+
+        def eval_fn(step):
+            dt = first_param(target).dtype
+            m = model if dt == torch.float32 else copy.deepcopy(model).to(dt)
+            return evaluate_acceptance(target, EagleDrafter(m, target=target, **tree), heldout_prompts,
+                                       cfg.eval_new_tokens)
+
+    result = train_loop(model, loss_fn, seqs, cfg, eval_fn, name=f"eagle{version}")
+    return model.eval(), result

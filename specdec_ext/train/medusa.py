@@ -1,0 +1,59 @@
+"""Medusa-1 training: a frozen target, K heads on its last hidden state (after the final norm); head h at position
+t predicts token t + 2 + h; loss = sum_h w^h * CE (w = 0.8 by default); lr 1e-3 (anchors 1a). Heads start as
+identity ResBlocks with the target's ``lm_head`` copied into their own ``lm_head`` (Medusa's initialisation);
+saved with :func:`specdec_ext.models.checkpoints.save_medusa` (official layout, safetensors)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from specdec_ext.drafters.medusa import MedusaDrafter, MedusaHeads
+from specdec_ext.train.common import first_param, freeze, target_hidden, text_config
+from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
+
+__all__ = ["medusa_loss", "train_medusa"]
+
+
+def medusa_loss(heads: MedusaHeads, target, toks: torch.Tensor, mask: torch.Tensor, decay: float = 0.8):
+    hid, _ = target_hidden(target, toks, mask)
+    logits = heads(hid.to(first_param(heads).dtype))  # [B, T, K, V]
+    total, n = 0.0, 0
+    for h in range(heads.num_heads):
+        off = h + 2
+        if toks.shape[1] <= off:
+            break
+        lg = logits[:, : -off, h].float()
+        y = toks[:, off:].masked_fill(~mask[:, off:], -100)
+        total = total + decay ** h * F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1), ignore_index=-100)
+        n += int(mask[:, off:].sum()) if h == 0 else 0
+    return total, n
+
+
+def train_medusa(target, seqs: list[list[int]], cfg: TrainConfig, num_heads: int = 4, num_layers: int = 1,
+                 decay: float = 0.8, heldout_prompts: list[list[int]] | None = None, heads: MedusaHeads | None = None):
+    """``(heads, result)``: Medusa-1 heads trained on ``seqs`` (token lists) for the frozen ``target``."""
+    freeze(target)
+    device = first_param(target).device
+    cfg.device = str(device)
+    tcfg = text_config(target.config)
+    if heads is None:
+        torch.manual_seed(cfg.seed)
+        heads = MedusaHeads(num_heads, tcfg.hidden_size, tcfg.vocab_size, num_layers)
+        heads.init_lm_heads_from(target.get_output_embeddings())
+    heads = heads.to(device=device, dtype=torch.float32)
+
+    def loss_fn(toks, mask):
+        return medusa_loss(heads, target, toks, mask, decay)
+
+    eval_fn = None
+    if heldout_prompts:
+        def eval_fn(step):
+            dt = first_param(target).dtype
+            h = heads if dt == torch.float32 else copy.deepcopy(heads).to(dt)
+            return evaluate_acceptance(target, MedusaDrafter(h), heldout_prompts, cfg.eval_new_tokens)
+
+    result = train_loop(heads, loss_fn, seqs, cfg, eval_fn, name="medusa")
+    return heads.eval(), result
