@@ -96,15 +96,16 @@ COMMON = ("--steps", "20", "--batch-size", "4", "--self-distill", "16", "--promp
           "--eval-new-tokens", "8", "--no-progress", "--max-length", "64")
 
 
-def test_cli_train_medusa_and_resume(model_dir, tmp_path, capsys):
+@pytest.mark.parametrize("share", [False, True])
+def test_cli_train_medusa_and_resume(model_dir, tmp_path, capsys, share):
     out = tmp_path / "medusa"
     args = ("train-medusa", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), "--out", str(out),
-            "--heads", "2", "--checkpoint-every", "10", *COMMON)
+            "--heads", "2", "--checkpoint-every", "10", *(("--share-lm-head",) if share else ()), *COMMON)
     text = run(capsys, *args)
     assert "specdec train-medusa: 20 steps, loss" in text and "mean accepted length" in text
     assert (out / "medusa_lm_head.safetensors").is_file()
     heads = load_medusa(out)
-    assert heads.num_heads == 2
+    assert heads.num_heads == 2 and heads.has_lm_head == (not share)
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] == 20 and len(log["losses"]) == 20
     # more steps, resumed from the checkpoint: continues at step 20

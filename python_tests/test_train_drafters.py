@@ -61,17 +61,19 @@ def check_lossless(drafter, prompts):
     return stats.mean_accepted_length
 
 
-def falls(losses):
+def falls(losses, ratio=0.5):
     k = max(1, len(losses) // 5)
     first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-    assert last < 0.5 * first, (first, last)
+    assert last < ratio * first, (first, last)
     return first, last
 
 
-def test_medusa_trains_saves_and_decodes(tmp_path):
+@pytest.mark.parametrize("share", [False, True])
+def test_medusa_trains_saves_and_decodes(tmp_path, share):
     seqs, prompts = data()
-    heads, res = train_medusa(target(), seqs, cfg(), num_heads=3, heldout_prompts=prompts)
-    print("medusa loss", falls(res.losses), "accepted", res.evals)
+    heads, res = train_medusa(target(), seqs, cfg(), num_heads=3, heldout_prompts=prompts, share_lm_head=share)
+    # heads sharing the target's lm_head (one ResBlock of 64 features each) learn slower than heads with their own
+    print("medusa loss", falls(res.losses, 0.8 if share else 0.5), "accepted", res.evals)
     out = tmp_path / "medusa"
     from specdec_ext.models.checkpoints import save_medusa
 
@@ -79,7 +81,8 @@ def test_medusa_trains_saves_and_decodes(tmp_path):
     from safetensors.torch import load_file
 
     keys = set(load_file(out / "medusa_lm_head.safetensors"))
-    assert keys == {f"{h}.{k}" for h in range(3) for k in ("0.linear.weight", "0.linear.bias", "1.weight")}
+    own = () if share else ("1.weight",)
+    assert keys == {f"{h}.{k}" for h in range(3) for k in ("0.linear.weight", "0.linear.bias", *own)}
     assert json.loads((out / "config.json").read_text())["medusa_num_heads"] == 3
     loaded = load_medusa(out, target=target())
     for a, b in zip(loaded.state_dict().values(), heads.state_dict().values()):

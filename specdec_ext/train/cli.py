@@ -88,8 +88,11 @@ def train_medusa_cmd(args) -> int:
     from specdec_ext.train.medusa import train_medusa
 
     target, _, train, prompts, cfg = _prepare(args, "train-medusa")
-    heads, result = train_medusa(target, train, cfg, num_heads=args.heads, num_layers=args.layers,
-                                 decay=args.decay, heldout_prompts=prompts)
+    try:
+        heads, result = train_medusa(target, train, cfg, num_heads=args.heads, num_layers=args.layers,
+                                     decay=args.decay, heldout_prompts=prompts, share_lm_head=args.share_lm_head)
+    except ValueError as err:
+        raise SystemExit(f"specdec train-medusa: {err}") from None
     save_medusa(heads, args.out, base_model_name_or_path=args.model, safetensors=True)
     _report(args, "train-medusa", result, {"heads": args.heads, "layers": args.layers})
     return 0
@@ -136,6 +139,8 @@ def add_train_commands(sub) -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=1, help="ResBlocks per head")
     p.add_argument("--decay", type=float, default=0.8, help="head h's loss weight is decay ** h")
+    p.add_argument("--share-lm-head", action="store_true",
+                   help="compact heads (ResBlocks only) that reuse the target's lm_head (legacy Medusa layout)")
     p.set_defaults(func=train_medusa_cmd)
     p = sub.add_parser("train-eagle", help="train an EAGLE-1 or EAGLE-3 draft for a local target (official layout)")
     _common(p, steps=1000, lr=1e-3)

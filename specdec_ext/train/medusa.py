@@ -1,6 +1,7 @@
 """Medusa-1 training: a frozen target, K heads on its last hidden state (after the final norm); head h at position
 t predicts token t + 2 + h; loss = sum_h w^h * CE (w = 0.8 by default); lr 1e-3 (anchors 1a). Heads start as
-identity ResBlocks with the target's ``lm_head`` copied into their own ``lm_head`` (Medusa's initialisation);
+identity ResBlocks with the target's ``lm_head`` copied into their own ``lm_head`` (Medusa's initialisation), or
+(``share_lm_head``) reuse the target's frozen ``lm_head`` (legacy layout: ResBlocks only);
 saved with :func:`specdec_ext.models.checkpoints.save_medusa` (official layout, safetensors)."""
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ __all__ = ["medusa_loss", "train_medusa"]
 
 def medusa_loss(heads: MedusaHeads, target, toks: torch.Tensor, mask: torch.Tensor, decay: float = 0.8):
     hid, _ = target_hidden(target, toks, mask)
-    logits = heads(hid.to(first_param(heads).dtype))  # [B, T, K, V]
+    hid = hid.to(first_param(heads).dtype)
+    lm = None if heads.has_lm_head else target.get_output_embeddings()
     total, n = 0.0, 0
     for h in range(heads.num_heads):
         off = h + 2
         if toks.shape[1] <= off:
             break
-        lg = logits[:, : -off, h].float()
+        x = heads.heads[h](hid[:, :-off])  # one head at a time: [B, T - off, V] logits, not [B, T, K, V]
+        lg = (x if lm is None else lm(x.to(lm.weight.dtype))).float()
         y = toks[:, off:].masked_fill(~mask[:, off:], -100)
         total = total + decay ** h * F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1), ignore_index=-100)
         n += int(mask[:, off:].sum()) if h == 0 else 0
@@ -33,16 +36,22 @@ def medusa_loss(heads: MedusaHeads, target, toks: torch.Tensor, mask: torch.Tens
 
 
 def train_medusa(target, seqs: list[list[int]], cfg: TrainConfig, num_heads: int = 4, num_layers: int = 1,
-                 decay: float = 0.8, heldout_prompts: list[list[int]] | None = None, heads: MedusaHeads | None = None):
-    """``(heads, result)``: Medusa-1 heads trained on ``seqs`` (token lists) for the frozen ``target``."""
+                 decay: float = 0.8, heldout_prompts: list[list[int]] | None = None, heads: MedusaHeads | None = None,
+                 share_lm_head: bool = False):
+    """``(heads, result)``: Medusa-1 heads trained on ``seqs`` (token lists) for the frozen ``target``.
+    ``share_lm_head``: legacy heads (ResBlocks only) that reuse the target's frozen ``lm_head`` (compact: no
+    ``[V, H]`` matrix per head)."""
     freeze(target)
     device = first_param(target).device
     cfg.device = str(device)
     tcfg = text_config(target.config)
     if heads is None:
         torch.manual_seed(cfg.seed)
-        heads = MedusaHeads(num_heads, tcfg.hidden_size, tcfg.vocab_size, num_layers)
-        heads.init_lm_heads_from(target.get_output_embeddings())
+        if share_lm_head and num_layers < 1:
+            raise ValueError("train_medusa: heads that share the target's lm_head need num_layers >= 1")
+        heads = MedusaHeads(num_heads, tcfg.hidden_size, None if share_lm_head else tcfg.vocab_size, num_layers)
+        if not share_lm_head:
+            heads.init_lm_heads_from(target.get_output_embeddings())
     heads = heads.to(device=device, dtype=torch.float32)
 
     def loss_fn(toks, mask):
