@@ -62,6 +62,22 @@ def test_bad_data_names_file_and_line(tmp_path, content, match):
         load_corpus(f, None, max_length=16, context=32, vocab_size=V)
 
 
+def test_directory_of_files(tmp_path):
+    tok = word_tokenizer()
+    d = tmp_path / "corpus"
+    (d / "sub").mkdir(parents=True)
+    write(d / "b.txt", "w5 w6 w7 w8")
+    write(d / "sub" / "a.py", "w9 w10 w11 w12")
+    write(d / "empty.txt", "")
+    (d / "binary.txt").write_bytes(b"\xff\xfe w3")
+    assert load_corpus(str(d), tok) == [[5, 6, 7, 8], [9, 10, 11, 12]]
+    with pytest.raises(DataError, match="binary.txt: not UTF-8 text"):
+        load_corpus(str(d / "binary.txt"), tok)
+    (tmp_path / "none").mkdir()
+    with pytest.raises(DataError, match="none: the directory holds no files"):
+        load_corpus(str(tmp_path / "none"), tok)
+
+
 def test_bad_data_other(tmp_path):
     with pytest.raises(DataError, match="no such file"):
         load_corpus(str(tmp_path / "missing.txt"), None)

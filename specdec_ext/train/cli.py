@@ -15,7 +15,7 @@ __all__ = ["add_train_commands"]
 def _common(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     p.add_argument("--model", required=True, help="directory of the target model (save_pretrained layout)")
     p.add_argument("--data", nargs="+", required=True,
-                   help="text files, JSONL with 'text' / 'input_ids' / chat 'messages' fields")
+                   help="text files (or directories of them), JSONL with 'text' / 'input_ids' / chat 'messages' fields")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--lr", type=float, default=lr)

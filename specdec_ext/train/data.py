@@ -43,13 +43,20 @@ def _chat(tokenizer, messages, where: str) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _read_file(path: str, tokenizer, context: int | None) -> list[tuple[list[int], str]]:
-    """``(ids, where)`` per document of one file."""
+def _read_file(path: str, tokenizer, context: int | None, in_dir: bool = False) -> list[tuple[list[int], str]]:
+    """``(ids, where)`` per document of one file (``in_dir``: empty or non-UTF-8 files are skipped, not errors)."""
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as f:
-        raw = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = f.read()
+    except UnicodeDecodeError as e:
+        if in_dir:
+            return []
+        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not raw.strip():
+        if in_dir:
+            return []
         raise DataError(f"{path}: the file is empty")
     docs: list[tuple[list[int], str]] = []
     if path.endswith(".jsonl") or path.endswith(".json"):
@@ -96,7 +103,8 @@ def _read_file(path: str, tokenizer, context: int | None) -> list[tuple[list[int
 
 def load_corpus(paths, tokenizer=None, max_length: int = 256, context: int | None = None, vocab_size: int | None = None,
                 min_length: int = 4) -> list[list[int]]:
-    """Token sequences (each ``min_length`` .. ``max_length`` tokens) from the files ``paths``.
+    """Token sequences (each ``min_length`` .. ``max_length`` tokens) from the files ``paths`` (a directory: every
+    file below it, in sorted order).
 
     ``context``: the model's maximum positions (explicit ``input_ids`` longer than that are an error; ``max_length``
     may not exceed it). ``vocab_size``: ids outside ``[0, vocab_size)`` are an error."""
@@ -109,9 +117,18 @@ def load_corpus(paths, tokenizer=None, max_length: int = 256, context: int | Non
         raise DataError(f"max_length must be >= 2, got {max_length}")
     if context is not None and max_length > context:
         raise DataError(f"max_length {max_length} exceeds the model's context ({context} positions)")
-    seqs: list[list[int]] = []
+    files: list[tuple[str, bool]] = []
     for path in paths:
-        docs = _read_file(path, tokenizer, context)
+        if os.path.isdir(path):  # every file below it, sorted; empty / non-UTF-8 files are skipped
+            found = sorted(os.path.join(d, n) for d, _, ns in os.walk(path) for n in ns if not n.startswith("."))
+            if not found:
+                raise DataError(f"{path}: the directory holds no files")
+            files += [(f, True) for f in found]
+        else:
+            files.append((path, False))
+    seqs: list[list[int]] = []
+    for path, in_dir in files:
+        docs = _read_file(path, tokenizer, context, in_dir)
         for ids, where in docs:
             if vocab_size is not None and any(not 0 <= i < vocab_size for i in ids):
                 bad = next(i for i in ids if not 0 <= i < vocab_size)

@@ -2,7 +2,8 @@
 
 EAGLE-1: at position t the draft reads the target's feature f_t (last hidden state after the final norm) and the
 embedding of token t + 1, predicts f_{t+1}; loss = smooth-L1(f'_{t+1}, f_{t+1}) + w_tok * soft CE of
-``lm_head(f'_{t+1})`` against the target's distribution at t + 1 (reported as KL, i.e. less the target's entropy) (the target's frozen ``lm_head``).
+``lm_head(f'_{t+1})`` (the target's frozen ``lm_head``) against the target's distribution at t + 1 (reported as
+KL, i.e. less the target's entropy).
 
 EAGLE-3: the features are the inputs of three target layers (default ``(2, L // 2, L - 3)``) concatenated and fused
 by ``fc``; the draft predicts the next token directly (its own ``norm`` + ``lm_head`` over a draft vocabulary).
