@@ -132,14 +132,14 @@ def test_cli_train_medusa_and_resume(model_dir, tmp_path, capsys, share):
 
 @pytest.mark.parametrize("version", ["1", "3"])
 def test_cli_train_eagle(model_dir, tmp_path, capsys, version):
-    extra = ("--draft-vocab", "50") if version == "3" else ()
+    extra = ("--draft-vocab", "50", "--aux-layers", "1", "2", "3", "--warmup", "5") if version == "3" else ()
     text = run(capsys, "train-eagle", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"),
                "--out", str(tmp_path), "--version", version, *extra, *COMMON)
     assert "specdec train-eagle: 20 steps" in text
     m = load_eagle(tmp_path)
     assert m.version == int(version)
     if version == "3":
-        assert m.draft_vocab_size == 50 and int(m.t2d.sum()) == 50
+        assert m.draft_vocab_size == 50 and int(m.t2d.sum()) == 50 and tuple(m.aux_layers) == (1, 2, 3)
 
 
 def test_cli_train_draft(model_dir, tmp_path, capsys):
@@ -157,6 +157,10 @@ def test_cli_bad_data(model_dir, tmp_path):
     empty = write(tmp_path / "empty.txt", "  \n")
     with pytest.raises(SystemExit, match="bad data: .*empty.txt: the file is empty"):
         main(["train-medusa", "--model", str(model_dir), "--data", empty, "--out", str(tmp_path / "o")])
+    data = write(tmp_path / "ids.jsonl", '{"input_ids": [5, 6, 7, 8, 9, 10]}\n' * 4)
+    with pytest.raises(SystemExit, match=r"three target layers in \[0, 4\]; got \[1, 2, 9\]"):
+        main(["train-eagle", "--model", str(model_dir), "--data", data, "--out", str(tmp_path / "o"),
+              "--version", "3", "--aux-layers", "1", "2", "9", "--no-progress", "--steps", "1"])
     with pytest.raises(SystemExit, match="--draft-vocab needs --version 3"):
         main(["train-eagle", "--model", str(model_dir), "--data", empty, "--out", str(tmp_path / "o"),
               "--draft-vocab", "10"])

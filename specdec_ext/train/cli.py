@@ -20,6 +20,8 @@ def _common(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--lr", type=float, default=lr)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=0, help="linear learning-rate warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--max-length", type=int, default=None,
                    help="tokens per training sequence (chunks; default min(256, the model's context))")
     p.add_argument("--seed", type=int, default=0)
@@ -67,6 +69,7 @@ def _prepare(args, name: str):
     except DataError as err:
         raise SystemExit(f"specdec {name}: bad data: {err}") from None
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed, device=device,
+                      warmup=args.warmup, weight_decay=args.weight_decay,
                       eval_every=args.eval_every, eval_new_tokens=args.eval_new_tokens,
                       checkpoint_dir=os.path.join(args.out, "checkpoint"), checkpoint_every=args.checkpoint_every,
                       resume=args.resume, progress=not args.no_progress)
@@ -108,6 +111,7 @@ def train_eagle_cmd(args) -> int:
     try:
         model, result = train_eagle(target, train, cfg, version=args.version, draft_vocab=args.draft_vocab,
                                     ttt_steps=args.ttt_steps, token_weight=args.token_weight,
+                                    aux_layers=args.aux_layers,
                                     heldout_prompts=prompts)
     except ValueError as err:
         raise SystemExit(f"specdec train-eagle: {err}") from None
@@ -123,7 +127,7 @@ def train_draft_cmd(args) -> int:
     try:
         model, result = train_draft_lm(target, train, cfg, num_layers=args.layers, hidden_size=args.hidden_size,
                                        intermediate_size=args.intermediate_size, kl_weight=args.kl_weight,
-                                       heldout_prompts=prompts)
+                                       heldout_prompts=prompts, num_draft_tokens=args.num_draft_tokens)
     except ValueError as err:
         raise SystemExit(f"specdec train-draft: {err}") from None
     model.save_pretrained(args.out)
@@ -147,6 +151,8 @@ def add_train_commands(sub) -> None:
     p.add_argument("--version", type=int, choices=[1, 3], default=1)
     p.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3: keep the N most frequent tokens")
     p.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3: training-time-test steps")
+    p.add_argument("--aux-layers", type=int, nargs=3, default=None, metavar="I",
+                   help="EAGLE-3: the three target layers whose inputs are fused (default 2, L//2, L-3)")
     p.add_argument("--token-weight", type=float, default=0.1, help="EAGLE-1: weight of the token loss")
     p.set_defaults(func=train_eagle_cmd)
     p = sub.add_parser("train-draft", help="distil a small draft LM (LlamaForCausalLM) from a local target")
@@ -155,5 +161,6 @@ def add_train_commands(sub) -> None:
     p.add_argument("--hidden-size", type=int, default=None, help="default: the target's")
     p.add_argument("--intermediate-size", type=int, default=None, help="default: 2 * hidden size")
     p.add_argument("--kl-weight", type=float, default=1.0, help="KL to the target's logits vs CE on the data")
+    p.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length in the acceptance evaluation")
     p.set_defaults(func=train_draft_cmd)
 

@@ -115,11 +115,15 @@ def train_eagle(target, seqs: list[list[int]], cfg: TrainConfig, version: int = 
     if model is None:
         torch.manual_seed(cfg.seed)
         if version == 1:
-            if draft_vocab:
-                raise ValueError("train_eagle: a reduced draft vocabulary is an EAGLE-3 feature (--version 3)")
+            if draft_vocab or aux_layers:
+                raise ValueError("train_eagle: a reduced draft vocabulary and aux layers are EAGLE-3 features "
+                                 "(--version 3)")
             model = Eagle1Model(eagle_config_for(target), fc_bias=fc_bias)
         else:
-            layers = tuple(aux_layers) if aux_layers else default_eagle3_layers(tcfg.num_hidden_layers)
+            L = tcfg.num_hidden_layers
+            layers = tuple(int(i) for i in aux_layers) if aux_layers else default_eagle3_layers(L)
+            if len(layers) != 3 or any(not 0 <= i <= L for i in layers):
+                raise ValueError(f"train_eagle: EAGLE-3 fuses three target layers in [0, {L}]; got {list(layers)}")
             V = tcfg.vocab_size
             dv = draft_vocab if draft_vocab and draft_vocab < V else None
             model = Eagle3Model(eagle_config_for(target, dv, layers))
