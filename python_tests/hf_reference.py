@@ -18,3 +18,21 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos=None) -> list[i
     finally:
         model.set_attn_implementation(saved)
     return out[0, len(prompt):].tolist()
+
+
+class CountForwards:
+    """Counts a model's forward calls (a forward pre-hook), so tests can check that generation makes exactly one
+    target forward per step and no hidden extra passes. Usable as a context manager."""
+
+    def __init__(self, model):
+        self.calls = 0
+        self.handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args):
+        self.calls += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-from hf_reference import hf_greedy  # noqa: E402
+from hf_reference import CountForwards, hf_greedy  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext import ops  # noqa: E402
@@ -326,15 +326,6 @@ def trained_draft(version: int):
     m.eval()
     _CACHE[key] = m
     return m
-
-
-class CountForwards:
-    def __init__(self, model):
-        self.calls = 0
-        self.handle = model.register_forward_pre_hook(self._hook)
-
-    def _hook(self, module, args):
-        self.calls += 1
 
 
 CASES = {"eagle1_chain": (1, dict(depth=5, top_k=1, total_tokens=5)),

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-from hf_reference import hf_greedy  # noqa: E402
+from hf_reference import CountForwards, hf_greedy  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext import ops  # noqa: E402
@@ -262,15 +262,6 @@ def trained_heads(own_lm_head: bool) -> MedusaHeads:
     heads.requires_grad_(False)
     _TRAINED[own_lm_head] = heads
     return heads
-
-
-class CountForwards:
-    def __init__(self, model):
-        self.calls = 0
-        self.handle = model.register_forward_pre_hook(self._hook)
-
-    def _hook(self, module, args):
-        self.calls += 1
 
 
 @pytest.mark.parametrize("own_lm_head", [True, False], ids=["own_lm_head", "legacy"])

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_reference import hf_greedy  # noqa: E402
+from hf_reference import CountForwards, hf_greedy  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext.drafters import DraftModelDrafter, NgramDrafter, ngram_lookup  # noqa: E402
@@ -59,21 +59,6 @@ def make_drafter(kind: str, model, k: int = 4):
     return DraftModelDrafter(perturbed_copy(model), num_draft_tokens=k)
 
 
-
-
-class CountForwards:
-    def __init__(self, model):
-        self.calls = 0
-        self.handle = model.register_forward_pre_hook(self._hook)
-
-    def _hook(self, module, args):
-        self.calls += 1
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.handle.remove()
 
 
 def prompt_of(length: int, seed: int) -> list[int]:
