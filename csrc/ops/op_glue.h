@@ -310,7 +310,10 @@ std::tuple<Tensor, Tensor, Tensor> expand_tree_step_impl(const Tensor& logits, c
   Tensor cand_scores = at::empty({B, F, top_k}, logits.options().dtype(at::kFloat));
   Tensor selected = at::empty({B, num_select}, logits.options().dtype(at::kLong));
   Tensor status = new_status(B, logits);
-  Tensor node_status = new_status(B * F, logits);
+  // Per-node scratch only for backends that expand frontier nodes in a separate phase (the CPU's): no allocation
+  // in the CUDA backend's EAGLE-2 hot path.
+  Tensor node_status;
+  if (Backend::kExpandNeedsNodeStatus) node_status = new_status(B * F, logits);
   SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
     ExpandTreeStepParams<scalar_t> p{float_ptr<scalar_t>(logits),
                                      logits.stride(0),
@@ -325,7 +328,7 @@ std::tuple<Tensor, Tensor, Tensor> expand_tree_step_impl(const Tensor& logits, c
                                      cand_scores.data_ptr<float>(),
                                      selected.data_ptr<int64_t>(),
                                      status_ptr(status),
-                                     status_ptr(node_status)};
+                                     node_status.defined() ? status_ptr(node_status) : nullptr};
     Backend::expand_tree_step(p);
   });
   if (validate) raise_on_bad_status(op, status);

@@ -20,6 +20,7 @@ void for_rows(const Params& p, int64_t rows, int64_t work_per_row, Kernel kernel
 }
 
 struct CpuBackend {
+  static constexpr bool kExpandNeedsNodeStatus = true;  // expand_tree_step runs nodes, then rows
   static void build_tree(const BuildTreeParams& p) {
     for_rows(p, p.batch, p.num_nodes * p.num_nodes, cpu::BuildTree);
   }

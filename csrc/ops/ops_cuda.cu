@@ -14,6 +14,7 @@ namespace {
 cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
 struct CudaBackend {
+  static constexpr bool kExpandNeedsNodeStatus = false;
   static void build_tree(const BuildTreeParams& p) { cuda::LaunchBuildTree(p, current_stream()); }
   static void tree_ancestor_mask(const TreeMaskParams& p) { cuda::LaunchTreeAncestorMask(p, current_stream()); }
   template <typename T>
