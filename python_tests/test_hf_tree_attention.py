@@ -244,6 +244,29 @@ def test_model_without_attention_interface_uses_the_mask_fallback(monkeypatch):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("head_dim", [16, 32, 48])
+def test_head_size_the_kernel_lacks_uses_the_mask_fallback(head_dim, monkeypatch):
+    """A Llama whose head size the kernel is not compiled for (here 16 / 32 / 48): use_tree_attention declines,
+    so tree verification goes through the 4-D mask (no error, same logits as each path alone)."""
+    model = make_model("llama", head_dim=head_dim)
+    assert uses_attention_interface(model)
+    assert not use_tree_attention(model)
+    gen = torch.Generator().manual_seed(9)
+    B, N = 2, 6
+    prompt_lens = [5, 2]
+    prompts, padded = random_prompts(gen, prompt_lens)
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    parents = random_tree(gen, B, N)
+    expected = path_logits(model, prompts, tokens, parents)
+    counter = CountCalls(monkeypatch, "tree_attention")
+    cache = TreeKVCache(model.config, B, 24)
+    with torch.no_grad():
+        extend(model, cache, padded, torch.tensor(prompt_lens))
+        got = tree_forward(model, cache, tokens, parents)
+    assert counter.calls == 0
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
 def test_fallback_mask_matches_reference_definition():
     gen = torch.Generator().manual_seed(3)
     B, N, S = 3, 6, 20

@@ -103,12 +103,29 @@ def uses_attention_interface(model: torch.nn.Module) -> bool:
     return bool(check()) if callable(check) else False
 
 
+TREE_KERNEL_HEAD_DIMS = (64, 80, 96, 128, 256)  # head sizes ops.tree_attention is compiled for
+
+
+def _kernel_head_dim(model: torch.nn.Module) -> bool:
+    """Whether the model's attention head size is one the tree kernel supports (others verify through the 4-D
+    mask fallback, which any head size can use)."""
+    cfg = model.config
+    get = getattr(cfg, "get_text_config", None)
+    cfg = get(decoder=True) if callable(get) else cfg
+    hd = getattr(cfg, "head_dim", None)
+    heads = getattr(cfg, "num_attention_heads", None)
+    if not hd and heads:
+        hd = getattr(cfg, "hidden_size", 0) // heads
+    return hd in TREE_KERNEL_HEAD_DIMS
+
+
 def use_tree_attention(model: torch.nn.Module) -> bool:
-    """Switches ``model`` to :data:`TREE_ATTENTION` when it uses the attention interface; returns whether it did.
+    """Switches ``model`` to :data:`TREE_ATTENTION` when it uses the attention interface and its head size is one
+    the kernel supports (:data:`TREE_KERNEL_HEAD_DIMS`); returns whether it did.
 
     Ordinary forwards stay identical (SDPA); :func:`tree_forward` then verifies trees through the kernel.
     """
-    if not uses_attention_interface(model):
+    if not uses_attention_interface(model) or not _kernel_head_dim(model):
         return False
     register()
     model.set_attn_implementation(TREE_ATTENTION)
