@@ -6,6 +6,7 @@ import torch  # noqa: F401  (loads libtorch, which _C links against)
 
 from specdec_ext import _C  # loads the compiled library and its op registrations
 from specdec_ext import ops
+from specdec_ext.adaptive import AdaptiveDrafter  # noqa: E402  (adaptive speculation, see specdec_ext/adaptive.py)
 
 __version__ = "0.1.0"
 
