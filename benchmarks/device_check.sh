@@ -11,6 +11,7 @@
 #   03_ctest.log      ctest (includes test_cuda_vs_cpu) + the C++ benchmarks (--quick), then bench_tree_attention and
 #                     bench_compact_kv in full mode on the GPU (the tree-attention bandwidth and compaction goals)
 #   04_pybench.log    Python benchmarks on CUDA (run_all.py --quick --device cuda) + device copy bandwidth
+#   05_e2e.log        end-to-end decoding, random-weight ~1.1B Llama in bf16 (timing only), its JSON appended
 #   bench.json        the benchmark results
 #   summary.txt       one line per stage: ok / FAILED / skipped, with seconds
 # Total budget: under 8 minutes (DEVICE_CHECK_BUDGET seconds, default 450); a stage that would not fit is skipped.
@@ -194,6 +195,27 @@ if [ "$HAVE_GPU" -eq 1 ]; then
     --out "$OUT/bench.json"
 else
   record py_bench skipped 0 "no GPU"
+fi
+
+# ---------------------------------------------------------------------------------------------------------------
+# 05: end-to-end decoding on the GPU with a random-weight ~1.1B-parameter Llama in bf16 (specdec bench
+# --random-model 1b): plain decoding vs each drafter vs HF assisted generation / prompt lookup. TIMING ONLY: random
+# drafts are almost never accepted, so this measures step costs (plain step vs draft + tree verification) at a real
+# model size, not speedups. The JSON is appended to the log (no extra file under $OUT).
+E2E_LOG="$OUT/05_e2e.log"
+if [ "$HAVE_GPU" -eq 1 ] && [ "$(remaining)" -ge 60 ]; then
+  E2E_DIR="$ROOT/build/device-e2e"
+  rm -rf "$E2E_DIR"
+  run_stage e2e_1b "$E2E_LOG" 150 "$PY" -m specdec_ext.bench.cli --random-model 1b --device cuda --dtype bfloat16 \
+    --suite e2e --temperatures 0 --num-prompts 2 --prompt-len 128 --max-new-tokens 64 --no-plots \
+    --out "$E2E_DIR" --name e2e_random1b
+  for f in "$E2E_DIR"/*.json; do
+    [ -f "$f" ] && { echo "=== $(basename "$f")"; cat "$f"; } >>"$E2E_LOG"
+  done
+elif [ "$HAVE_GPU" -eq 1 ]; then
+  record e2e_1b skipped 0 "less than 60 s of the ${BUDGET}s budget left"
+else
+  record e2e_1b skipped 0 "no GPU"
 fi
 
 echo "total $(elapsed)s (budget ${BUDGET}s)" | tee -a "$SUMMARY"

@@ -247,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_ext.train.cli import add_train_commands
 
     add_train_commands(sub)
+    from specdec_ext.bench.cli import add_bench_command
+
+    add_bench_command(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 
