@@ -63,7 +63,7 @@ def run_context_sweep(models: BenchModels, lengths=DEFAULT_LENGTHS, methods: lis
         log(f"context sweep: prompt length {n} ({len(prompts)} prompts: {how})")
         t0 = time.perf_counter()
         accs, _ = measure(models, methods_all, prompts, 0.0, max_new_tokens, warmup_tokens=warmup_tokens, seed=seed,
-                          log=log)
+                          log=log, memory=False)
         for r in summarise(accs, 0.0):
             r["context_len"] = n
             out["rows"].append(r)

@@ -2,7 +2,8 @@
 lookup, on the same target, the same prompts and the same token budget, greedy and at temperature 1.
 
 Protocol
-    * Every method is warmed up once (the first prompt, a short budget; not timed).
+    * Every method is warmed up once (the first prompt, a short budget; not timed), then runs once more untimed
+      for its peak memory (below).
     * Timed runs go round-robin: for each prompt, every method in turn, so that slow drifts of a shared machine hit
       all methods alike; ``speedup`` is tokens/s over our plain decoding's tokens/s measured in the same run.
     * EOS is ignored (every run emits exactly ``max_new_tokens`` tokens: steady-state decoding, equal work).
@@ -25,12 +26,14 @@ Predicted speedup (ours)
     and short budgets that gap grows. ``ideal_speedup`` = mean_accepted_length (drafting and verifying for free).
 
 Peak memory
-    CUDA: ``torch.cuda.max_memory_allocated()`` during the method's runs (reset before each run), and the same minus
-    the memory allocated when the run started (weights and anything resident): ``peak_mem_mb`` /
+    Measured in one extra, untimed run per method (the first prompt, the full budget, after the warm-up), so that
+    no measurement runs during the timed runs. CUDA: ``torch.cuda.max_memory_allocated()`` (reset before the run),
+    and the same minus the memory allocated when the run started (weights and anything resident): ``peak_mem_mb`` /
     ``peak_mem_over_start_mb``. CPU: the process's resident set size (RSS, /proc/self/statm) sampled every 2 ms by a
-    background thread during each run: peak RSS and peak RSS minus the RSS at the run's start. RSS counts everything
-    the process holds (allocator caches included, freed memory that was not returned to the OS), so on CPU the
-    "over start" number is the honest one and small differences (< a few MB) are noise.
+    background thread: peak RSS and peak RSS minus the RSS at the run's start. RSS counts everything the process
+    holds (allocator caches included, freed memory not returned to the OS: a method can reuse memory an earlier
+    one left behind), so on CPU "over start" is a lower bound of what the method needs and differences of a few MB
+    are noise.
 
 Greedy correctness
     At temperature 0 every method's output must equal our plain greedy output; the Hugging Face outputs are also
@@ -263,9 +266,10 @@ def _run_hf(models: BenchModels, method, prompt, temperature, max_new_tokens, se
 
 def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], temperature: float,
             max_new_tokens: int, *, warmup_tokens: int = 16, seed: int = 0, log=print,
-            hf_cfg: E2EConfig | None = None) -> tuple[dict[str, _Acc], dict]:
+            hf_cfg: E2EConfig | None = None, memory: bool = True) -> tuple[dict[str, _Acc], dict]:
     """Runs every method on every prompt (round-robin after one warm-up each) and returns per-method totals and
-    the Hugging Face settings used. ``methods``: "plain", our drafter names and :data:`HF_METHODS`."""
+    the Hugging Face settings used. ``methods``: "plain", our drafter names and :data:`HF_METHODS`. ``memory``:
+    measure peak memory (one extra untimed run per method)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # "generation_config together with generation arguments" warnings
@@ -294,15 +298,24 @@ def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], t
             except Exception as err:  # noqa: BLE001
                 accs[m].error = f"{type(err).__name__}: {err}"
                 log(f"  {m}: failed in warm-up: {accs[m].error}")
+    for m in methods:  # memory: one untimed run per method on the first prompt (no sampler during timed runs)
+        if memory and accs[m].error is None:
+            mem: dict = {}
+            try:
+                with meter.measure(mem):
+                    one(m, prompts[0], max_new_tokens, seed)
+            except Exception as err:  # noqa: BLE001
+                accs[m].error = f"{type(err).__name__}: {err}"
+                log(f"  {m}: failed: {accs[m].error}")
+                continue
+            accs[m].peak, accs[m].peak_over_start = mem["peak"], mem["peak"] - mem["start"]
     for i, prompt in enumerate(prompts):
         for m in methods:
             acc = accs[m]
             if acc.error is not None:
                 continue
-            mem: dict = {}
             try:
-                with meter.measure(mem):
-                    out, wall, extra = one(m, prompt, max_new_tokens, seed + i)
+                out, wall, extra = one(m, prompt, max_new_tokens, seed + i)
             except Exception as err:  # noqa: BLE001
                 acc.error = f"{type(err).__name__}: {err}"
                 log(f"  {m}: failed on prompt {i}: {acc.error}")
@@ -311,8 +324,6 @@ def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], t
             acc.outputs.append(out)
             acc.new_tokens += len(out)
             acc.wall_s += wall
-            acc.peak = max(acc.peak, mem["peak"])
-            acc.peak_over_start = max(acc.peak_over_start, mem["peak"] - mem["start"])
             if m in HF_METHODS:
                 acc.forwards += extra
             else:
@@ -375,7 +386,8 @@ def summarise(accs: dict[str, _Acc], temperature: float) -> list[dict]:
                        acceptance_by_depth=acceptance_by_depth(a.accept_hist), accept_hist=list(a.accept_hist),
                        step_ms=round(s, 4) if s else None, ideal_speedup=round(mal, 3) if mal else None,
                        predicted_speedup=round(mal * plain_step / s, 3) if mal and s and plain_step else None)
-        row.update(peak_mem_mb=round(a.peak * mb, 1), peak_mem_over_start_mb=round(a.peak_over_start * mb, 1))
+        if a.peak:
+            row.update(peak_mem_mb=round(a.peak * mb, 1), peak_mem_over_start_mb=round(a.peak_over_start * mb, 1))
         if a.error is not None:
             row["error"] = a.error
         rows.append(row)
