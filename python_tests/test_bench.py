@@ -203,3 +203,65 @@ def test_specdec_cli_has_the_bench_command(capsys):
     except ImportError as err:  # another subcommand's module missing in a half-updated tree
         pytest.skip(f"specdec CLI not importable: {err}")
     assert exc.value.code == 0 and "--suite" in capsys.readouterr().out
+
+
+def test_user_model_dirs(tmp_path):
+    m = models()
+    m.target.save_pretrained(tmp_path / "target")
+    m.draft_lm.save_pretrained(tmp_path / "draft")
+    out = tmp_path / "res"
+    rc = bench_cli.main(["--model", str(tmp_path / "target"), "--draft-model", str(tmp_path / "draft"), "--suite",
+                         "e2e", "--temperatures", "0", "--num-prompts", "1", "--prompt-len", "16", "--max-new-tokens",
+                         "6", "--out", str(out), "--name", "mine", "--no-plots"])
+    assert rc == 0
+    (js,) = [f for f in os.listdir(out) if f.endswith(".json")]
+    assert js.startswith("mine_") and not [f for f in os.listdir(out) if f.endswith(".png")]
+    data = json.loads((out / js).read_text())
+    assert data["models"]["model_dir"] == str(tmp_path / "target")
+    assert {r["method"] for r in data["e2e"]["runs"]} == {"plain", "ngram", "draft-model", "hf-plain", "hf-assisted",
+                                                         "hf-prompt-lookup"}
+    assert all(c["equal"] for c in data["e2e"]["greedy_checks"])
+
+
+def test_zoo_family_is_the_default(monkeypatch):
+    """from_zoo adapts whatever load_family returns (stand-in here: the tiny models) and records its settings."""
+    import specdec_ext.zoo as zoo
+    from specdec_ext.bench.models import from_zoo
+
+    m = models()
+
+    class StandIn:
+        path = "/somewhere/family"
+        target, tokenizer, draft_lm = m.target, None, m.draft_lm
+        drafter_names = ("ngram", "draft-model")
+
+        def make_drafter(self, name):
+            return m.make_drafter(name)
+
+        def drafter_kwargs(self, name):
+            return {"num_pred_tokens": 4} if name == "ngram" else {"num_draft_tokens": 4}
+
+    seen = {}
+    monkeypatch.setattr(zoo, "load_family", lambda *a, **k: seen.update(k) or StandIn())
+    bm = from_zoo(device="cpu")
+    assert seen["device"] == "cpu" and bm.name == "zoo" and bm.drafter_names == ["ngram", "draft-model"]
+    assert bm.describe()["family_path"] == "/somewhere/family"
+    assert bm.describe()["drafter_settings"]["ngram"] == {"num_pred_tokens": 4}
+    prompts, how = bm.prompts(2, 10)
+    assert len(prompts) == 2 and all(len(p) == 10 for p in prompts) and how.startswith("synthetic")
+
+
+def test_prompts_from_heldout_text():
+    from specdec_ext.bench.models import BenchModels
+
+    def char_tok(text, add_special_tokens=False):
+        return {"input_ids": [ord(c) % 256 for c in text]}
+
+    m = models()
+    texts = [f"def f{i}(x):\n    return x * {i}\n" * 20 for i in range(3)]
+    bm = BenchModels("t", m.target, char_tok, None, [], m.make_drafter, texts=texts, text_source="unit")
+    prompts, how = bm.prompts(3, 50)
+    assert [len(p) for p in prompts] == [50, 50, 50] and "middle 50 tokens of 3 held-out documents" in how
+    assert prompts[0] != prompts[1]
+    long_prompts, how = bm.prompts(2, 500)  # longer than any document: windows of the joined text
+    assert [len(p) for p in long_prompts] == [500, 500] and "windows" in how
