@@ -81,7 +81,10 @@ def test_quick_suite_writes_json_and_pngs(tmp_path, capsys):
     assert {p.rsplit("_", 1)[1] for p in pngs} == {"e2e.png", "context.png"}
     for p in pngs:
         assert (out / p).read_bytes()[:8] == PNG_MAGIC
-    assert "wrote" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "wrote" in printed
+    assert "| method | T=0 tokens/s" in printed and "| hf-assisted | " in printed  # the Markdown tables
+    assert "| prompt tokens | plain tokens/s | ngram: accepted / speedup" in printed
 
 
 def test_compare_outputs_flags_a_wrong_output():

@@ -263,6 +263,14 @@ def run(args: argparse.Namespace, log=print) -> tuple[dict, list[str]]:
             written += plot_all(results, out_dir, stem)
         except ImportError as err:
             log(f"specdec bench: no plots ({err}; pip install matplotlib)")
+    if results.get("e2e"):
+        from specdec_ext.bench.e2e import markdown_table
+
+        log("\n" + markdown_table(results["e2e"]))
+    if results.get("context"):
+        from specdec_ext.bench.context_sweep import markdown_table as context_table
+
+        log("\n" + context_table(results["context"]) + "\n")
     for p in written:
         log(f"wrote {p}")
     return results, written

@@ -74,3 +74,20 @@ def run_context_sweep(models: BenchModels, lengths=DEFAULT_LENGTHS, methods: lis
                 log(f"  {r['method']:<14} error: {r.get('error')}")
         log(f"  ({time.perf_counter() - t0:.1f} s)")
     return out
+
+
+def markdown_table(ctx: dict) -> str:
+    """Mean accepted length and speedup per drafter (columns) and prompt length (rows), as Markdown."""
+    rows = [r for r in ctx.get("rows", []) if r.get("tokens_per_s") is not None]
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "plain"]
+    lengths = sorted({r["context_len"] for r in rows})
+    head = ["prompt tokens", "plain tokens/s"] + [f"{m}: accepted / speedup" for m in methods]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n in lengths:
+        at = {r["method"]: r for r in rows if r["context_len"] == n}
+        cells = [str(n), f"{at['plain']['tokens_per_s']:.1f}" if "plain" in at else "-"]
+        for m in methods:
+            r = at.get(m)
+            cells.append(f"{r['mean_accepted_length']:.2f} / {r['speedup']:.2f}x" if r and r.get("speedup") else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -474,3 +474,40 @@ def format_row(r: dict) -> str:
     return (f"{r['method']:<18} {f(r['tokens_per_s'], '9.1f')} tok/s  x{f(r.get('speedup'), '.2f')}  "
             f"MAL {f(r.get('mean_accepted_length'), '.2f')}  predicted x{f(r.get('predicted_speedup'), '.2f')}  "
             f"peak +{f(r.get('peak_mem_over_start_mb'), '.1f')} MB")
+
+
+def markdown_table(e2e: dict) -> str:
+    """The e2e results as a Markdown table (the README's): one line per method, greedy and temperature-1 columns
+    side by side when both ran."""
+    runs = [r for r in e2e.get("runs", []) if r.get("tokens_per_s") is not None]
+    temps = sorted({r["temperature"] for r in runs})
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    checks = {c["a"]: c["equal"] for c in e2e.get("greedy_checks", []) if c["b"] == "plain"}
+
+    def cell(x, spec):
+        return format(x, spec) if x is not None else "-"
+
+    head = ["method"]
+    for T in temps:
+        t = f"T={T:g}"
+        head += [f"{t} tokens/s", f"{t} speedup", f"{t} mean accepted length"]
+        if T == 0:
+            head += ["predicted speedup", "greedy output = plain"]
+    head.append("peak memory over start (MB)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in methods:
+        row = [m]
+        mem = None
+        for T in temps:
+            r = next((r for r in runs if r["method"] == m and r["temperature"] == T), None) or {}
+            row += [cell(r.get("tokens_per_s"), ".1f"), cell(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""),
+                    cell(r.get("mean_accepted_length"), ".2f")]
+            if T == 0:
+                pred = r.get("predicted_speedup")
+                row += [cell(pred, ".2f") + ("x" if pred else ""),
+                        "(reference)" if m == "plain" else {True: "yes", False: "**no**"}.get(checks.get(m), "-")]
+            if mem is None:
+                mem = r.get("peak_mem_over_start_mb")
+        row.append(cell(mem, ".1f"))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
