@@ -405,3 +405,30 @@ def test_bad_inner_and_clock():
         AdaptiveDrafter(object())
     with pytest.raises(TypeError, match="clock must be a function"):
         AdaptiveDrafter(FakeChain(FakeClock()), clock=3.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The batch sweep (specdec_ext.bench.batch_sweep), tiny and fast.
+
+
+def test_batch_sweep_runs_and_reports():
+    import json
+
+    from specdec_ext.bench.batch_sweep import format_table, run_batch_sweep
+
+    tgt = target()
+    gen = torch.Generator().manual_seed(5)
+    prompts = [(torch.randint(3, V, (4,), generator=gen).tolist() * 3) for _ in range(3)]
+    res = run_batch_sweep(tgt, lambda: NgramDrafter(num_pred_tokens=3), prompts, [1, 3], 6, [1, 3], repeats=1,
+                          prompt_len=12, log=None)
+    json.dumps(res)  # JSON-able
+    assert [r["batch_size"] for r in res["rows"]] == [1, 3] and res["fixed_depths"] == [1, 3]
+    for r in res["rows"]:
+        assert set(r["fixed_tokens_per_s"]) == {"1", "3"} and r["plain_tokens_per_s"] > 0
+        assert r["outputs_match_plain"] and sum(r["adaptive_depth_hist"].values()) >= 1
+    assert res["summary"]["all_outputs_match_plain"] and "beats both" in format_table(res)
+    named = run_batch_sweep(tgt, lambda name: NgramDrafter(num_pred_tokens=2), prompts, [2], 4, None, repeats=1,
+                            drafter_names=["ngram"], log=None)
+    assert named["drafter"] == "ngram" and named["fixed_depths"] == [1, 2]
+    with pytest.raises(ValueError, match="fixed_depths"):
+        run_batch_sweep(tgt, lambda: NgramDrafter(num_pred_tokens=2), prompts, [1], 4, [5], log=None)

@@ -32,7 +32,8 @@ time, the end of propose to the start of observe is the target's step, observe i
 the decode loop is needed. The first step of a generation is not timed (drafters catch up on the prompt there).
 
 Schedule (``mode="adapt"``): depth 1, 0, 1 for the first three steps (so that two target costs are measured), then
-the argmax every step; every ``explore_every`` steps the argmax's neighbour (alternately one deeper, one
+the argmax every step, among the depths up to the first one whose tokens in flight exceed every measured point (a
+cost beyond the measurements is an extrapolation: the choice climbs one depth at a time into it); every ``explore_every`` steps the argmax's neighbour (alternately one deeper, one
 shallower) is tried instead, so that acceptance of the next depth and costs off the current point stay fresh
 (acceptance drops and cost changes at the chosen depth are seen every step).
 
@@ -356,13 +357,18 @@ class AdaptiveDrafter:
         return self.expected_tokens(d) / max(t, 1e-12)
 
     def best_depth(self, B: int, limit: int) -> int:
+        """The depth with the best score among 0..limit, going at most one depth past the largest tokens in flight
+        measured so far (costs beyond it are extrapolated: climb one step at a time instead of jumping)."""
         best, best_s = 0, None
+        max_x = max(self.target_cost.points, default=0.0)
         for d in range(0, limit + 1):
             s = self.score(B, d)
             if s is None:
                 return min(1, limit)
             if best_s is None or s > best_s * (1 + 1e-9):
                 best, best_s = d, s
+            if B * self.nodes_at(d) > max_x:
+                break
         return best
 
     def choose(self, B: int, max_depth: int) -> int:
