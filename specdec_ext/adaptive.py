@@ -22,7 +22,7 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
   good enough to be tried once, but never better than the measured shallower depths (the product bounds it).
 * ``t_target(x)``: the target's forward + verification + the loop's bookkeeping as a function of tokens in flight
   ``x = B * N(d)``: a decayed mean per measured ``x``, made non-decreasing (isotonic), linearly interpolated between
-  measured points and extrapolated with the slope of the nearest two (flat with one point).
+  measured points and extrapolated with the slope over the measured range (flat with one point).
 * ``t_draft(B, d)``: the inner drafter's propose + observe time, the same kind of fit over depths per batch size.
 * ``N(d)``: tree nodes at depth d, measured from the trees the inner drafter returns (chains: ``d + 1``; tree
   drafters: whatever they build); before a depth was seen, ``d + 1`` bounded by the measured neighbours.
@@ -62,7 +62,8 @@ class CostCurve:
     Each measured x keeps an exponential moving average of its y (the first measurements are averaged plainly,
     then weight ``alpha`` on the newest). Prediction uses the isotonic (non-decreasing) fit of those means
     (pool-adjacent-violators, weighted by sample counts), linear between measured points, extrapolated with the
-    slope of the two nearest points (>= 0; flat with one point), never below 0.
+    slope over the whole measured range (>= 0; flat with one point; robust where neighbouring points are close and
+    noisy), never below 0.
     """
 
     def __init__(self, alpha: float = 0.2):
@@ -110,14 +111,13 @@ class CostCurve:
         i = bisect.bisect_left(xs, x)
         if i < len(xs) and xs[i] == x:
             return ys[i]
-        if i == 0:
-            j, k = 0, 1
-        elif i == len(xs):
-            j, k = len(xs) - 2, len(xs) - 1
-        else:
+        if 0 < i < len(xs):
             j, k = i - 1, i
+        else:  # outside the measured range: the slope over the whole range (neighbouring points can be noisy)
+            j, k = 0, len(xs) - 1
         slope = max((ys[k] - ys[j]) / (xs[k] - xs[j]), 0.0)
-        return max(ys[j] + slope * (x - xs[j]), 0.0)
+        base = j if i < len(xs) else k
+        return max(ys[base] + slope * (x - xs[base]), 0.0)
 
 
 def _inner_max_depth(inner) -> int:
