@@ -10,6 +10,7 @@
         cache.accept(accepted, accept_len)                # one compact_kv call for every layer
         emitted = path tokens + next_token  -> host       # the step's ONE device synchronisation
         cut at EOS / budget, append, stream; drafter.observe(...)
+        rows that finished: cache.keep_rows(live), state.keep_rows(live), drafter.retire(live)
 
 Every emitted token comes out of a verification: the prompt's last token is not prefilled but is the first root,
 so plain decoding (``drafter=None``) is the same loop with 1-node trees — the baseline runs through the same cache,
@@ -17,15 +18,22 @@ forward and verification ops as every drafter. Greedy (temperature 0) uses ``ops
 ``ops.verify_tree_sampling`` with uniforms from the user's ``torch.Generator`` (lossless whatever the drafts).
 
 Batch. Tensors are ``[B, ...]`` throughout and rows have their own lengths (prompts of different lengths, different
-accepted lengths). A finished row (EOS or ``max_new_tokens``) is frozen: it keeps riding along in the batch (its
-results are ignored and its cache length is held: accept_len = -1), so the step's shapes never depend on data.
+accepted lengths). Rows that finish (EOS or ``max_new_tokens``) are *retired* after the step: the target cache
+(:meth:`~specdec_ext.models.TreeKVCache.keep_rows`), the state and the drafter (``Drafter.retire``) keep only the
+live rows, one ``index_select`` per tensor, so the next step's drafter and target forwards run on the live rows only
+(a finished row would otherwise cost its N tree tokens of target compute, and its drafting, every step until the
+last row ends). Which rows finished is known on the host from the step's one read-back, so retiring adds no
+synchronisation. Results go back in the caller's row order; ``DecodeStats.row_steps`` counts the live rows of each
+step (= the rows of its batch) and ``DecodeStats.retirements`` the compactions. A drafter without ``retire``
+(written before it existed) gets the older behaviour: finished rows are frozen — they ride along in the batch until
+every row has finished, their results ignored and their cache length held (accept_len = -1).
 
 Budget. A drafter is asked for trees at most ``remaining - 1`` deep (for the row with the most budget left), so it
 never works for tokens that cannot be emitted; an accepted run that crosses EOS or the budget is cut there.
 
 Synchronisation. Inputs are validated once up front; inside the loop every op runs with ``validate=False`` and the
 host reads one small tensor per step (accepted lengths and emitted tokens), which also feeds host-side drafters
-(n-gram) and the streamer. Host values going to the device (frozen rows, appended counts, drafters' lengths) are
+(n-gram) and the streamer. Host values going to the device (kept rows, appended counts, drafters' lengths) are
 copied with ``non_blocking=True``, which does not wait for the device. Times in :class:`DecodeStats` are host wall
 times per phase; on an asynchronous device the queued work is attributed to the phase that waits for it
 (verification, whose read-back ends the step).
@@ -63,10 +71,11 @@ class DecodeStats:
     target_forwards: int = 0  # target forwards in the decode loop (one per step); the prefill is counted apart
     prefill_forwards: int = 0  # 0 (prompts of one token) or 1
     draft_forwards: int = 0  # draft model forwards (drafters that have a model)
-    row_steps: int = 0  # sum over steps of the rows still generating
+    row_steps: int = 0  # sum over steps of the rows still generating (= rows in the step's batch, when retiring)
+    retirements: int = 0  # steps after which finished rows were dropped from the batch
     accept_hist: list[int] = field(default_factory=list)  # [d] = row-steps that accepted d draft tokens
     prefill_s: float = 0.0
-    draft_s: float = 0.0  # drafter.propose + drafter.observe
+    draft_s: float = 0.0  # drafter.propose + drafter.observe + drafter.retire
     verify_s: float = 0.0  # target forward + verification + cache compaction + the read-back
     bookkeeping_s: float = 0.0  # host work: EOS / budget cuts, context update, streaming
     total_s: float = 0.0  # the whole call
@@ -288,13 +297,18 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
         drafter.begin(target, state, prefill_hidden)
     stats.prefill_s = time.perf_counter() - t0
     generated = [0] * B
+    # Retire finished rows (see the module doc) unless the drafter cannot follow (no ``retire``: frozen rows).
+    retiring = drafter is None or callable(getattr(drafter, "retire", None))
+    rows = list(range(B))  # original row of each batch position
+    results: list[list[int] | None] = [None] * B  # finished rows' tokens, in the original order
 
     # ---- the loop ---------------------------------------------------------------------------------------------
     while not all(state.done):
         t0 = time.perf_counter()
-        budget = max(max_new_tokens - generated[b] for b in range(B) if not state.done[b])
+        Bs = len(rows)  # rows in this step's batch (B minus the retired rows)
+        budget = max(max_new_tokens - generated[b] for b in range(Bs) if not state.done[b])
         if drafter is None:
-            tree = DraftTree(state.last_tokens[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=device))
+            tree = DraftTree(state.last_tokens[:, None], torch.full((Bs, 1), -1, dtype=torch.int64, device=device))
         else:
             tree = drafter.propose(state, budget - 1)
         t1 = time.perf_counter()
@@ -305,13 +319,15 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
         if sampling.greedy:
             v = ops.verify_tree_greedy(logits, tree.tokens, tree.parents, validate=False)
         elif acceptance == "typical":
-            v = ops.verify_tree_typical(logits, tree.tokens, tree.parents, state.uniforms(B), sampling.temperature,
+            v = ops.verify_tree_typical(logits, tree.tokens, tree.parents, state.uniforms(Bs), sampling.temperature,
                                         posterior_threshold, posterior_alpha, validate=False)
         else:
-            v = ops.verify_tree_sampling(logits, tree.tokens, tree.parents, state.uniforms(B, N), tree.draft_probs,
+            v = ops.verify_tree_sampling(logits, tree.tokens, tree.parents, state.uniforms(Bs, N), tree.draft_probs,
                                          sampling.temperature, sampling.top_k, sampling.top_p, validate=False)
-        frozen = to_device(state.done, device, torch.bool)
-        accept_len = torch.where(frozen, -1, v.accept_len)
+        if any(state.done):  # frozen rows (only with a drafter without retire): hold their cache
+            accept_len = torch.where(to_device(state.done, device, torch.bool), -1, v.accept_len)
+        else:
+            accept_len = v.accept_len
         cache.accept(v.accepted, accept_len, prefix, validate=False)
         path = tree.tokens.gather(1, v.accepted.clamp(min=0))  # [B, N] accepted path tokens, root first
         j = torch.arange(N, device=device)
@@ -321,8 +337,8 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
         stats.target_forwards += 1
         t2 = time.perf_counter()
 
-        appended = [0] * B
-        for b in range(B):
+        appended = [0] * Bs
+        for b in range(Bs):
             if state.done[b]:
                 continue
             a = host[b][0]
@@ -353,6 +369,24 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
             drafter.observe(state, tree, StepResult(v.accepted, accept_len, v.next_token, appended,
                                                     tuple(out.hidden_states[i] for i in layers) if layers else None))
         t4 = time.perf_counter()
+        if retiring and any(state.done) and not all(state.done):  # retire the rows that finished this step
+            keep_host = [b for b in range(Bs) if not state.done[b]]
+            for b in range(Bs):
+                if state.done[b]:
+                    results[rows[b]] = state.host_tokens[b]
+            keep = torch.tensor(keep_host, dtype=torch.int64)  # host values: the drafter reads them without a sync
+            keep_dev = keep.to(device, non_blocking=True)
+            cache.keep_rows(keep_dev)
+            state.keep_rows(keep_dev, keep_host)
+            rows = [rows[b] for b in keep_host]
+            generated = [generated[b] for b in keep_host]
+            t5 = time.perf_counter()
+            if drafter is not None:
+                drafter.retire(keep)
+            t6 = time.perf_counter()
+            stats.retirements += 1
+            stats.draft_s += t6 - t5
+            stats.bookkeeping_s += t5 - t4
         stats.draft_s += (t1 - t0) + (t4 - t3)
         stats.verify_s += t2 - t1
         stats.bookkeeping_s += t3 - t2
@@ -361,14 +395,16 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
         streamer.end()
     stats.draft_forwards = int(getattr(drafter, "forwards", 0) or 0)
     stats.total_s = time.perf_counter() - t_start
-    rows = [torch.tensor(t, dtype=torch.int64) for t in state.host_tokens]
-    if form == "1d":
-        return rows[0], stats
-    if form == "list":
-        return rows, stats
-    pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
-    width = max(r.numel() for r in rows)
-    result = torch.full((B, width), pad, dtype=torch.int64)
     for b, r in enumerate(rows):
+        results[r] = state.host_tokens[b]
+    outs = [torch.tensor(t, dtype=torch.int64) for t in results]
+    if form == "1d":
+        return outs[0], stats
+    if form == "list":
+        return outs, stats
+    pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
+    width = max(r.numel() for r in outs)
+    result = torch.full((B, width), pad, dtype=torch.int64)
+    for b, r in enumerate(outs):
         result[b, : r.numel()] = r
     return result, stats

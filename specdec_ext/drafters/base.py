@@ -23,8 +23,25 @@ and :meth:`Drafter.observe` (every tree node, ``[B, N, H]`` each; gather with ``
 (EAGLE-2) simply return a different ``parents`` each step: the loop derives everything else from it.
 
 Lengths. ``state.lengths[b]`` counts the row's context tokens (prompt + emitted, root included); the target cache
-holds ``state.prefix_lens = lengths - 1`` of them. A row that has finished (EOS or budget) is *frozen*: its context
-and cache stay as they are and its results are ignored; ``result.appended[b]`` is 0 for it.
+holds ``state.prefix_lens = lengths - 1`` of them.
+
+Finished rows are retired. After a step in which rows finished (EOS or budget) and others did not, the loop drops
+the finished rows from the batch — from the state, the target cache and the drafter — so that they cost no compute
+in later steps::
+
+    drafter.observe(state, tree, result)                # every row of the step, the finishing ones included
+    drafter.retire(keep)                                # keep: int64 [B'], the surviving rows, ascending
+    # from now on B = B' and row i is the old row keep[i]
+
+``retire(keep)`` must select ``keep`` in every per-row piece of drafter state (caches: one ``index_select`` over the
+batch dimension; host lists: ``[lst[i] for i in keep.tolist()]``). ``keep`` is a CPU tensor (host values: reading
+it costs no device synchronisation); move it with ``keep.to(device, non_blocking=True)`` for device state. It is
+called only between steps, never with every row or with no row (a finished last row ends the generation).
+
+``retire`` is optional: a drafter without it (a third-party drafter written before it existed) still works, with
+the loop's older behaviour: finished rows are *frozen* — they ride along in the batch until every row has finished,
+their context and cache stay as they are, their results are ignored (``result.accept_len[b] = -1``,
+``result.appended[b] = 0``) and ``state.done[b]`` is True. A drafter with ``retire`` only ever sees live rows.
 """
 
 from __future__ import annotations
@@ -82,7 +99,7 @@ class DecodeState:
     lengths: torch.Tensor  # [B] int64 on the device: context length (prompt + emitted, root included)
     host_tokens: list[list[int]]  # per row, the context as Python ints
     prompt_lens: list[int]
-    done: list[bool]  # per row: finished (EOS or budget); frozen from then on
+    done: list[bool]  # per row: finished (EOS or budget); retired after the step (or frozen: see the module doc)
     max_len: int  # capacity of ``tokens`` and of the target cache
     sampling: SamplingParams
     generator: torch.Generator | None
@@ -107,6 +124,18 @@ class DecodeState:
         """``[B]``: each row's root, the last context token."""
         return self.tokens.gather(1, (self.lengths - 1)[:, None])[:, 0]
 
+    def keep_rows(self, keep: torch.Tensor, keep_host: list[int] | None = None) -> None:
+        """Keeps only the rows ``keep`` (int64 ``[B']``, ascending; see the module doc's retirement): the device
+        tensors by one ``index_select`` each, the host lists by ``keep_host`` (= ``keep.tolist()``, passed by the
+        loop so that a device ``keep`` costs no synchronisation)."""
+        rows = keep.tolist() if keep_host is None else list(keep_host)
+        keep = keep.to(self.device, non_blocking=True)
+        self.tokens = self.tokens.index_select(0, keep)
+        self.lengths = self.lengths.index_select(0, keep)
+        self.host_tokens = [self.host_tokens[i] for i in rows]
+        self.prompt_lens = [self.prompt_lens[i] for i in rows]
+        self.done = [self.done[i] for i in rows]
+
     def uniforms(self, *shape: int) -> torch.Tensor:
         """Uniform [0, 1) numbers from the user's generator, on the state's device."""
         gen = self.generator
@@ -123,6 +152,7 @@ class StepResult:
     accept_len: torch.Tensor  # [B] int64 accepted draft tokens (root excluded); -1 for rows frozen before the step
     next_token: torch.Tensor  # [B] int64 correction or bonus token
     appended: list[int]  # per row, tokens appended to the context this step (0 for frozen rows)
+    # (frozen rows exist only with a drafter that has no ``retire``; see the module doc)
     hidden_states: tuple[torch.Tensor, ...] | None = None  # per requested layer, [B, N, H] at every tree node
 
 
@@ -132,7 +162,9 @@ class Drafter(Protocol):
 
     ``max_nodes``: the largest tree (root included) :meth:`propose` returns; the loop sizes the target cache with
     it. ``hidden_state_layers``: indices into the target's hidden states that :meth:`begin` / :meth:`observe` need
-    (empty: none, and the target is run without ``output_hidden_states``).
+    (empty: none, and the target is run without ``output_hidden_states``). :meth:`retire` is optional for
+    :func:`~specdec_ext.generate.generate` (which looks it up with ``getattr``), though ``isinstance(x, Drafter)``
+    checks for it like the other members.
     """
 
     max_nodes: int
@@ -149,6 +181,11 @@ class Drafter(Protocol):
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
         """After verification and the state update: roll internal caches back to the accepted prefix."""
+
+    def retire(self, keep: torch.Tensor) -> None:
+        """After :meth:`observe`, when some rows finished: keep only the rows ``keep`` (CPU int64 ``[B']``,
+        ascending), which become rows ``0 .. B' - 1`` of every later call. Optional (see the module doc): without
+        it, finished rows stay in the batch, frozen."""
 
 
 def to_device(values, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:

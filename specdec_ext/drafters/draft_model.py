@@ -167,3 +167,11 @@ class DraftModelDrafter:
             old_len = new_len - result.appended[b]
             accepted = max(result.appended[b] - 1, 0)
             self.valid[b] = min(old_len + min(accepted, self.fed), new_len - 1)
+
+    def retire(self, keep: torch.Tensor) -> None:
+        """Keeps the rows ``keep`` of the draft cache (one ``index_select``) and of the valid lengths."""
+        if self.cache is None:
+            return
+        self.cache.keep_rows(keep)
+        rows = keep.tolist()
+        self.valid = [self.valid[i] for i in rows]

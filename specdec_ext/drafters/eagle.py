@@ -317,3 +317,15 @@ class EagleDrafter:
             old = len(ctx) - a
             idx.append([old - 1 + j if j < a else dump for j in range(N)])
         self.feats.scatter_(1, to_device(idx, state.device)[:, :, None].expand(B, N, Hf), g)
+
+    def retire(self, keep: torch.Tensor) -> None:
+        """Keeps the rows ``keep`` of the draft cache, the target features and the valid lengths (one
+        ``index_select`` per tensor)."""
+        if self.cache is None:
+            return
+        k = keep.to(self.feats.device, non_blocking=True)
+        self.cache.k = self.cache.k.index_select(0, k)
+        self.cache.v = self.cache.v.index_select(0, k)
+        self.feats = self.feats.index_select(0, k)
+        rows = keep.tolist()
+        self.valid = [self.valid[i] for i in rows]

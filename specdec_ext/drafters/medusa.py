@@ -228,3 +228,8 @@ class MedusaDrafter:
         new = hs.gather(1, node[:, :, None].expand(B, 1, H))[:, 0].to(self.hidden.dtype)
         self.hidden = torch.where((alen >= 0)[:, None], new, self.hidden)
         self._ready = True
+
+    def retire(self, keep: torch.Tensor) -> None:
+        """Keeps the hidden states of the rows ``keep``."""
+        if self.hidden is not None:
+            self.hidden = self.hidden.index_select(0, keep.to(self.hidden.device, non_blocking=True))

@@ -80,3 +80,11 @@ class NgramDrafter:
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
         pass
+
+    def retire(self, keep: torch.Tensor) -> None:
+        """Keeps the per-row indices of the rows ``keep`` (host lists only)."""
+        if getattr(self, "_index", None) is None:
+            return
+        rows = keep.tolist()
+        self._index = [self._index[i] for i in rows]
+        self._indexed = [self._indexed[i] for i in rows]

@@ -18,6 +18,11 @@ Speculative step. ``tree_forward`` rewinds to the prefix, runs the tree's N node
 ``prefix_lens[b] + j``) and rewinds again; after verification :meth:`accept` (or :meth:`compact`) moves the accepted
 path right after the prefix and sets the lengths.
 
+Retiring rows. :meth:`keep_rows` drops finished rows of a batch: ONE ``index_select`` over the batch dimension of the
+storage (and of the length table), after which the layers view the new, smaller storage. The old storage is freed
+once the call returns (the peak is old + new, briefly). The decode loop calls it once per retirement event, so a
+finished row costs nothing in later steps.
+
 Sliding-window layers are stored in full (no ring buffer); per-layer head counts and head dims must be equal.
 """
 
@@ -174,6 +179,22 @@ class TreeKVCache(Cache):
                                  f"shape {tuple(value.shape)}")
             return t
         return torch.full((B,), int(value), dtype=torch.int64, device=self.device)
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keeps only the rows ``index`` (int64 ``[B']``, distinct, any device; usually the surviving rows in
+        order), which become rows ``0 .. B' - 1``: one ``index_select`` over the batch dimension of the storage and
+        of the lengths. Layers then view the new storage (views taken earlier, e.g. :meth:`kv_views`, are stale)."""
+        index = index.to(device=self.device, dtype=torch.int64, non_blocking=True)
+        if index.dim() != 1 or index.numel() < 1:
+            raise ValueError(f"TreeKVCache.keep_rows: index must be a non-empty 1-D tensor of row indices, got shape "
+                             f"{tuple(index.shape)}")
+        if index.device.type == "cpu" and bool(((index < 0) | (index >= self.batch_size)).any()):
+            raise ValueError(f"TreeKVCache.keep_rows: rows {index.tolist()} outside [0, {self.batch_size})")
+        self.storage = self.storage.index_select(2, index)
+        self._lengths = self._lengths.index_select(1, index)
+        for l, layer in enumerate(self.layers):
+            layer.keys, layer.values, layer.lengths = self.storage[l, 0], self.storage[l, 1], self._lengths[l]
+            layer.batch_size = self.storage.shape[2]
 
     def rewind(self, lengths: torch.Tensor | int) -> None:
         """Sets every layer's per-row length to ``lengths`` (number or ``[B]``); entries beyond are stale."""
