@@ -130,7 +130,7 @@ def test_pinned_modes_through_generate(mode, depth):
 
 def test_draft_model_identical_to_target_accepts_everything_across_plain_steps():
     """Depth-0 steps between speculative ones keep the draft model's cache right: an identical draft model still
-    accepts every draft (the wrapper works around DraftModelDrafter's propose(state, 0); see the xfail below)."""
+    accepts every draft."""
     tgt = target()
     ad = AdaptiveDrafter(DraftModelDrafter(copy.deepcopy(tgt), num_draft_tokens=3), mode="fixed", depth=3)
     pinned_choose = ad.choose
@@ -151,10 +151,6 @@ def test_draft_model_identical_to_target_accepts_everything_across_plain_steps()
     assert stats.accept_hist[3] >= spec_steps - 1, (stats.accept_hist, ad.history)
 
 
-@pytest.mark.xfail(strict=True, reason="DraftModelDrafter.propose(state, 0) returns before catching its cache up, "
-                   "but observe() still advances `valid` as if it had (valid = old_len + ...): the root's K/V is then "
-                   "missing from the draft cache and later drafts are wrong (lossless, but acceptance drops). Fix: "
-                   "in observe, leave `valid` unchanged after a propose that returned early (k <= 0).")
 def test_draft_model_drafter_depth_zero_keeps_its_cache_in_sync():
     tgt = target()
     inner = DraftModelDrafter(copy.deepcopy(tgt), num_draft_tokens=3)

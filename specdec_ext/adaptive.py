@@ -49,7 +49,6 @@ import time
 import torch
 
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult
-from specdec_ext.drafters.draft_model import DraftModelDrafter
 
 __all__ = ["AdaptiveDrafter", "CostCurve"]
 
@@ -249,16 +248,9 @@ class AdaptiveDrafter:
         t0 = self.clock()
         B = state.batch_size
         d = self.choose(B, max_depth)
-        snapshot = None
-        if d == 0 and isinstance(self.inner, DraftModelDrafter) and isinstance(getattr(self.inner, "valid", None),
-                                                                                list):
-            # DraftModelDrafter.observe assumes propose caught its cache up on the context; propose(state, 0)
-            # returns before that, so observe would count the root as cached. Keep its valid lengths as they were
-            # (the cache was not touched); harmless once the drafter is fixed (xfail test in test_adaptive.py).
-            snapshot = list(self.inner.valid)
         tree = self.inner.propose(state, d)
         t1 = self.clock()
-        self._pending = (B, d, tree.num_nodes, t0, t1, snapshot)
+        self._pending = (B, d, tree.num_nodes, t0, t1)
         self.history.append(d)
         self.depth_hist[d] = self.depth_hist.get(d, 0) + 1
         self.steps_total += 1
@@ -270,10 +262,8 @@ class AdaptiveDrafter:
         t3 = self.clock()
         if self._pending is None:
             return
-        B, d, N, t0, t1, snapshot = self._pending
+        B, d, N, t0, t1 = self._pending
         self._pending = None
-        if snapshot is not None and len(snapshot) == len(self.inner.valid):
-            self.inner.valid = snapshot
         # node counts at this depth
         if d > 0:
             old = self.nodes.get(d)

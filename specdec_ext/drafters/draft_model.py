@@ -110,7 +110,8 @@ class DraftModelDrafter:
         root = state.last_tokens
         k = min(self.k, max_depth)
         self.fed = 0
-        if k <= 0:
+        self.caught_up = k > 0
+        if k <= 0:  # a plain step: no draft forward, so the cache does not catch up either (observe keeps valid)
             return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
         lengths = [len(t) for t in state.host_tokens]
         T = max(n - v for n, v in zip(lengths, self.valid))
@@ -162,6 +163,8 @@ class DraftModelDrafter:
                                state.device)
             self.cache.accept(result.accepted, result.accept_len.clamp(min=0, max=self.fed), prefix, validate=False)
             self.tree_fed = False
+        if not getattr(self, "caught_up", True):
+            return  # the cache still holds the first valid[b] tokens of each row, which are still its context
         for b, ctx in enumerate(state.host_tokens):
             new_len = len(ctx)
             old_len = new_len - result.appended[b]
