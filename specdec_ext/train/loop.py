@@ -31,6 +31,8 @@ class TrainConfig:
     batch_size: int = 8
     weight_decay: float = 0.0
     warmup: int = 0
+    schedule: str = "constant"  # after warm-up: "constant", or "cosine" decay to min_lr_ratio * lr at the last step
+    min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
     device: str | None = None  # None: a GPU when present, else the CPU
@@ -123,6 +125,8 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
     result as an uninterrupted run with the same seed)."""
     if not seqs:
         raise ValueError(f"{name}: no training sequences")
+    if cfg.schedule not in ("constant", "cosine"):
+        raise ValueError(f"{name}: schedule must be 'constant' or 'cosine', got {cfg.schedule!r}")
     device = torch.device(cfg.device or default_device())
     torch.manual_seed(cfg.seed)
     params = [p for p in (module.parameters() if params is None else params) if p.requires_grad]
@@ -131,6 +135,9 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
     def lr_at(step: int) -> float:
         if cfg.warmup and step < cfg.warmup:
             return cfg.lr * (step + 1) / cfg.warmup
+        if cfg.schedule == "cosine":
+            frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+            return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
         return cfg.lr
 
     sampler = BatchSampler(len(seqs), cfg.batch_size, cfg.seed)

@@ -1,0 +1,152 @@
+"""`specdec zoo build --quick` end to end (a tiny family in well under a minute): every member in its official
+layout and loadable by our loaders, the model card, resumption, the corpus split, the tokenizer, and the demo on
+the result."""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from specdec_ext.generate import generate  # noqa: E402
+from specdec_ext.zoo import QUICK, build_zoo, load_family  # noqa: E402
+from specdec_ext.zoo.corpus import python_sources, read_sources, split_sources  # noqa: E402
+from specdec_ext.zoo.evaluate import heldout_prompts  # noqa: E402
+from specdec_ext.zoo.tokenizer import encode_documents, train_tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("zoo") / "family")
+    threads = torch.get_num_threads()
+    try:
+        card = build_zoo(out, QUICK, progress=False, threads=1)
+    finally:
+        torch.set_num_threads(threads)
+    return out, card
+
+
+def test_every_member_is_in_its_official_layout(built):
+    from safetensors import safe_open
+
+    out, card = built
+    for member, files in {"target": ["config.json", "model.safetensors", "tokenizer.json", "generation_config.json"],
+                          "draft": ["config.json", "model.safetensors", "tokenizer.json"],
+                          "medusa": ["config.json", "medusa_lm_head.safetensors"],
+                          "eagle1": ["config.json", "model.safetensors"],
+                          "eagle3": ["config.json", "model.safetensors"]}.items():
+        for f in files:
+            assert os.path.isfile(os.path.join(out, member, f)), (member, f)
+
+    def keys(member, name):
+        with safe_open(os.path.join(out, member, name), "pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+
+    H, V = QUICK.hidden_size, QUICK.vocab_size
+    medusa = keys("medusa", "medusa_lm_head.safetensors")  # legacy layout: ResBlocks only, the target's lm_head
+    assert set(medusa) == {f"{h}.0.linear.{p}" for h in range(QUICK.medusa_heads) for p in ("weight", "bias")}
+    assert medusa["0.0.linear.weight"].shape == (H, H) and medusa["0.0.linear.weight"].dtype == torch.bfloat16
+    e1 = keys("eagle1", "model.safetensors")
+    assert e1["fc.weight"].shape == (H, 2 * H) and "layers.0.self_attn.q_proj.weight" in e1
+    assert not any(k.startswith("embed_tokens") for k in e1)
+    e3 = keys("eagle3", "model.safetensors")
+    assert e3["fc.weight"].shape == (H, 3 * H) and e3["lm_head.weight"].shape == (QUICK.eagle3_vocab, H)
+    assert e3["d2t"].shape == (QUICK.eagle3_vocab,) and e3["t2d"].shape == (V,) and int(e3["t2d"].sum()) == \
+        QUICK.eagle3_vocab
+    assert "midlayer.self_attn.q_proj.weight" in e3 and "embed_tokens.weight" not in e3
+    with open(os.path.join(out, "eagle3", "config.json")) as f:
+        assert json.load(f)["draft_vocab_size"] == QUICK.eagle3_vocab
+    assert card["total_bytes"] == sum(m["bytes"] for m in card["members"].values())
+
+
+def test_family_loads_and_every_drafter_is_greedy_identical(built):
+    out, card = built
+    fam = load_family(out)
+    assert fam.target.config.vocab_size == len(fam.tokenizer) == QUICK.vocab_size
+    assert next(fam.target.parameters()).dtype == torch.float32
+    prompt = torch.tensor(heldout_prompts(fam.tokenizer, 1, 12)[0])
+    want, _ = generate(fam.target, None, prompt, max_new_tokens=20, eos_token_id=[])
+    for name in fam.drafter_names:
+        got, stats = generate(fam.target, fam.make_drafter(name), prompt, max_new_tokens=20, eos_token_id=[])
+        assert got.tolist() == want.tolist(), name
+    evaluation = card["evaluation"]["drafters"]
+    assert set(evaluation) == {"plain", *fam.drafter_names}
+    assert all(evaluation[n]["greedy_identical"] for n in fam.drafter_names)
+    for n in fam.drafter_names:
+        assert 1.0 <= evaluation[n]["mean_accepted_length"]
+        assert card["floors"]["mean_accepted_length"][n] == round(0.85 * evaluation[n]["mean_accepted_length"], 2)
+
+
+def test_card_records_training_and_the_readme_renders_it(built):
+    out, card = built
+    for stage in ("target", "draft", "medusa", "eagle1", "eagle3"):
+        t = card["training"][stage]
+        assert t["steps"] == getattr(QUICK, f"{stage}_steps") and t["wall_seconds"] >= 0 and t["last_loss"] > 0
+    assert card["training"]["target"]["last_loss"] < card["training"]["target"]["first_loss"]
+    with open(os.path.join(out, "README.md")) as f:
+        text = f.read()
+    for needle in ("## Data", "## Training", "## Measured acceptance", "specdec zoo build", "| eagle3"):
+        assert needle in text
+
+
+def test_resume_skips_finished_stages(built, capsys):
+    out, card = built
+    again = build_zoo(out, QUICK, resume=True, progress=False, threads=1)
+    err = capsys.readouterr().err
+    for stage in ("corpus", "tokenizer", "target", "draft", "medusa", "eagle1", "eagle3", "evaluate"):
+        assert f"== {stage}: done earlier (resume), skipped" in err
+    assert again["training"]["target"] == card["training"]["target"]
+
+
+def test_demo_on_the_built_family(built, capsys):
+    from specdec_ext.cli import main
+
+    out, _ = built
+    rc = main(["demo", "--family", out, "--prompts", "2", "--prompt-tokens", "12", "--max-new-tokens", "12",
+               "--no-color", "--threads", "1"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "accepted draft tokens «between marks»" in text
+    for name in ("plain",) + tuple(load_family(out).drafter_names):
+        line = next(ln for ln in text.splitlines() if ln.strip().startswith(name + " "))
+        assert line.rstrip().endswith("yes") or name == "plain", line
+
+
+def test_demo_bad_arguments_are_named(built):
+    from specdec_ext.cli import main
+
+    out, _ = built
+    with pytest.raises(SystemExit, match="--max-new-tokens must be >= 1"):
+        main(["demo", "--family", out, "--max-new-tokens", "0"])
+    with pytest.raises(SystemExit, match="unknown drafter 'medusa2'"):
+        main(["demo", "--family", out, "--drafters", "medusa2"])
+    with pytest.raises(SystemExit, match="missing"):
+        main(["demo", "--family", os.path.join(out, "nope")])
+
+
+def test_corpus_split_is_by_path_hash_and_disjoint():
+    files = python_sources()
+    train, held = split_sources(files)
+    assert held and not set(train) & set(held) and len(train) + len(held) == len(files)
+    assert all(zlib.crc32(f.encode()) % 50 == 0 for f in held)
+    assert files == sorted(files) and not any("/test/" in f or f.startswith("test/") for f in files)
+
+
+def test_tokenizer_round_trips_bytes_and_ends_documents():
+    texts = read_sources(python_sources(max_files=5))
+    tok = train_tokenizer(texts, 300)
+    assert len(tok) == 300 and tok.eos_token_id == 0
+    sample = "def f(x):\n    return 'é' + x  # ünïcode\n"
+    assert tok.decode(tok(sample, add_special_tokens=False)["input_ids"]) == sample
+    stream = encode_documents(tok, ["a = 1\n", "b = 2\n"])
+    assert stream.count(0) == 2 and stream[-1] == 0
+    with pytest.raises(ValueError, match="vocab_size must be >= 258"):
+        train_tokenizer(texts, 100)

@@ -1,0 +1,296 @@
+"""``specdec zoo build``: the whole small family from the Python standard library's source — offline, on a CPU,
+with the library's own training commands.
+
+Stages (each prints progress; each finished stage is recorded under ``OUT/.build`` so ``--resume`` skips it, and
+long stages checkpoint every 100 steps so ``--resume`` also continues inside one)::
+
+    corpus     the standard library's .py files, ~2% held out by path hash     (corpus.py)
+    tokenizer  byte-level BPE on the training files                            (tokenizer.py)
+    target     a Llama LM pre-trained on the token stream, rounded to bf16     (train_target below)
+    draft      a small Llama distilled from the target (KL on its logits)      (train/draft_lm.py)
+    medusa     Medusa-1 heads sharing the target's lm_head                     (train/medusa.py)
+    eagle1     EAGLE-1 draft (feature regression + token KL)                   (train/eagle.py)
+    eagle3     EAGLE-3 draft, fused features, training-time test, draft vocab  (train/eagle.py)
+    evaluate   the saved family reloaded from disk: greedy identity and accepted lengths on held-out files
+    card       card.json + README.md (data, sizes, training time, losses, accepted lengths, test floors)
+
+Drafters train against the target *as shipped* (reloaded from its bf16 files), so what they learnt is what runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from specdec_ext.zoo.corpus import python_sources, read_sources, split_sources, stdlib_dir
+from specdec_ext.zoo.spec import ZooSpec
+
+__all__ = ["build_zoo", "target_config", "train_target", "FLOOR_RATIO"]
+
+FLOOR_RATIO = 0.85  # test floor = 85% of the accepted length measured at build time
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def target_config(spec: ZooSpec, tokenizer):
+    from transformers import LlamaConfig
+
+    eos = tokenizer.eos_token_id
+    return LlamaConfig(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+                       intermediate_size=spec.intermediate_size, num_attention_heads=spec.num_heads,
+                       num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_positions,
+                       rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos,
+                       pad_token_id=eos)
+
+
+def chunks(stream: list[int], length: int) -> list[list[int]]:
+    """Non-overlapping windows of ``length`` tokens of the stream (the tail shorter than that is dropped)."""
+    return [stream[i: i + length] for i in range(0, len(stream) - length + 1, length)]
+
+
+def train_target(spec: ZooSpec, tokenizer, stream: list[int], cfg):
+    """``(model, result)``: the target LM trained with next-token cross-entropy on windows of the stream."""
+    import warnings
+
+    from transformers import LlamaForCausalLM
+
+    from specdec_ext.train.loop import train_loop
+
+    torch.manual_seed(spec.seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = LlamaForCausalLM(target_config(spec, tokenizer))
+
+    def loss_fn(toks, mask):
+        logits = model(input_ids=toks, attention_mask=mask.long()).logits
+        y = toks[:, 1:].masked_fill(~mask[:, 1:], -100)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), y.reshape(-1),
+                               ignore_index=-100)
+        return loss, int(mask[:, 1:].sum())
+
+    result = train_loop(model, loss_fn, chunks(stream, spec.target_seq_len), cfg, name="target")
+    return model.eval(), result
+
+
+@torch.no_grad()
+def heldout_loss(model, seqs: list[list[int]], batch: int = 4) -> float:
+    """Mean next-token cross-entropy (nats per token) on ``seqs``."""
+    total, n = 0.0, 0
+    for i in range(0, len(seqs), batch):
+        toks = torch.tensor(seqs[i: i + batch])
+        logits = model(input_ids=toks).logits.float()
+        total += float(F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), toks[:, 1:].reshape(-1),
+                                       reduction="sum"))
+        n += toks[:, 1:].numel()
+    return total / max(n, 1)
+
+
+def _params(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def _bf16_copy(module):
+    return copy.deepcopy(module).to(torch.bfloat16)
+
+
+class _Stages:
+    """Runs named stages once: a finished stage's record (``OUT/.build/<name>.json``) is reused with resume."""
+
+    def __init__(self, out: str, resume: bool):
+        self.dir = os.path.join(out, ".build")
+        os.makedirs(self.dir, exist_ok=True)
+        self.resume = resume
+        self.records: dict[str, dict] = {}
+        self.t0 = time.perf_counter()
+
+    def run(self, name: str, fn) -> dict:
+        path = os.path.join(self.dir, f"{name}.json")
+        if self.resume and os.path.isfile(path):
+            with open(path) as f:
+                self.records[name] = json.load(f)
+            _log(f"== {name}: done earlier (resume), skipped")
+            return self.records[name]
+        _log(f"== {name} (build time so far {time.perf_counter() - self.t0:.0f} s)")
+        w0, c0 = time.perf_counter(), time.process_time()
+        record = fn() or {}
+        record["wall_seconds"] = round(time.perf_counter() - w0, 1)
+        record["cpu_seconds"] = round(time.process_time() - c0, 1)
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1)
+        self.records[name] = record
+        _log(f"== {name}: {record['wall_seconds']} s wall, {record['cpu_seconds']} s CPU")
+        return record
+
+
+def _train_cfg(spec: ZooSpec, out: str, stage: str, steps: int, lr: float, batch: int, warmup: int, progress: bool,
+               resume: bool):
+    from specdec_ext.train.loop import TrainConfig
+
+    return TrainConfig(steps=steps, lr=lr, batch_size=batch, seed=spec.seed, device="cpu", warmup=warmup,
+                       schedule="cosine", weight_decay=0.0, checkpoint_dir=os.path.join(out, ".build", stage),
+                       checkpoint_every=100, resume=resume, progress=progress)
+
+
+def _summary(result) -> dict:
+    s = result.summary()
+    return {"steps": s["steps"], "first_loss": round(s["first_loss"], 4), "last_loss": round(s["last_loss"], 4),
+            "tokens": s["tokens"], "train_seconds": s["seconds"]}
+
+
+def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = True, corpus_root: str | None = None,
+              threads: int | None = None) -> dict:
+    """Builds the family into ``out``; returns the card (also written to ``out/card.json`` and ``README.md``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from specdec_ext.models.checkpoints import save_eagle, save_medusa
+    from specdec_ext.train.draft_lm import train_draft_lm
+    from specdec_ext.train.eagle import train_eagle
+    from specdec_ext.train.medusa import train_medusa
+    from specdec_ext.zoo.card import write_card
+    from specdec_ext.zoo.evaluate import evaluate_drafters, heldout_prompts
+    from specdec_ext.zoo.family import load_family
+    from specdec_ext.zoo.tokenizer import encode_documents, train_tokenizer
+
+    if threads:
+        torch.set_num_threads(threads)
+    os.makedirs(out, exist_ok=True)
+    stages = _Stages(out, resume)
+    root = corpus_root or stdlib_dir()
+    files = python_sources(root, spec.max_files)
+    train_files, held_files = split_sources(files)
+    if not held_files:  # a small corpus (--quick): hold out the last file
+        train_files, held_files = files[:-1], files[-1:]
+    texts = read_sources(train_files, root)
+    held_texts = read_sources(held_files, root)
+    tdir = os.path.join(out, "target")
+
+    def corpus():
+        return {"root": root, "python": platform.python_version(), "files": len(files),
+                "train_files": len(train_files), "heldout_files": held_files,
+                "train_chars": sum(map(len, texts))}
+
+    stages.run("corpus", corpus)
+
+    def tokenizer():
+        tok = train_tokenizer(texts, spec.vocab_size)
+        tok.save_pretrained(tdir)
+        return {"vocab_size": len(tok)}
+
+    stages.run("tokenizer", tokenizer)
+    tok = AutoTokenizer.from_pretrained(tdir, local_files_only=True)
+    stream = encode_documents(tok, texts)
+    held_stream = encode_documents(tok, held_texts)
+    _log(f"corpus: {len(texts)} training files, {len(stream)} tokens ({sum(map(len, texts)) / len(stream):.2f} "
+         f"characters per token); {len(held_texts)} held-out files, {len(held_stream)} tokens")
+
+    def target():
+        cfg = _train_cfg(spec, out, "target", spec.target_steps, spec.target_lr, spec.target_batch,
+                         spec.target_warmup, progress, resume)
+        model, result = train_target(spec, tok, stream, cfg)
+        bf = _bf16_copy(model)
+        bf.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
+                                                bos_token_id=tok.eos_token_id)
+        bf.save_pretrained(tdir)
+        tok.save_pretrained(tdir)
+        return {**_summary(result), "params": _params(model), "train_stream_tokens": len(stream)}
+
+    stages.run("target", target)
+    target_model = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32, local_files_only=True).eval()
+    held_seqs = chunks(held_stream, spec.target_seq_len)[:64]
+    stages.records["target"]["heldout_loss"] = round(heldout_loss(target_model, held_seqs), 4) if held_seqs else None
+    seqs = chunks(stream, spec.drafter_seq_len)
+
+    def drafter_cfg(stage, steps):
+        return _train_cfg(spec, out, stage, steps, spec.drafter_lr, spec.drafter_batch, max(1, steps // 20),
+                          progress, resume)
+
+    def draft():
+        model, result = train_draft_lm(target_model, seqs, drafter_cfg("draft", spec.draft_steps),
+                                       num_layers=spec.draft_layers, hidden_size=spec.draft_hidden)
+        ddir = os.path.join(out, "draft")
+        _bf16_copy(model).save_pretrained(ddir)
+        tok.save_pretrained(ddir)
+        return {**_summary(result), "params": _params(model)}
+
+    def medusa():
+        heads, result = train_medusa(target_model, seqs, drafter_cfg("medusa", spec.medusa_steps),
+                                     num_heads=spec.medusa_heads, share_lm_head=True)
+        save_medusa(_bf16_copy(heads), os.path.join(out, "medusa"), base_model_name_or_path="../target",
+                    safetensors=True)
+        return {**_summary(result), "params": _params(heads)}
+
+    def eagle(version, steps, **kw):
+        def run():
+            model, result = train_eagle(target_model, seqs, drafter_cfg(f"eagle{version}", steps), version=version,
+                                        **kw)
+            save_eagle(_bf16_copy(model), os.path.join(out, f"eagle{version}"), base_model_name_or_path="../target",
+                       safetensors=True)
+            n = sum(p.numel() for k, p in model.named_parameters() if not k.startswith("embed_tokens"))
+            return {**_summary(result), "params": n}
+        return run
+
+    stages.run("draft", draft)
+    stages.run("medusa", medusa)
+    stages.run("eagle1", eagle(1, spec.eagle1_steps))
+    stages.run("eagle3", eagle(3, spec.eagle3_steps, draft_vocab=spec.eagle3_vocab))
+    # the card of a previous build must not decide the drafter shapes of this one
+    spec_file = os.path.join(out, "card.json")
+    with open(spec_file, "w") as f:
+        json.dump({"spec": spec.to_dict()}, f)
+
+    def evaluate():
+        fam = load_family(out)
+        prompts = heldout_prompts(fam.tokenizer, spec.eval_prompts, spec.eval_prompt_len, root)
+        return {"prompts": len(prompts), "prompt_tokens": spec.eval_prompt_len,
+                "new_tokens": spec.eval_new_tokens,
+                "drafters": evaluate_drafters(fam, prompts, spec.eval_new_tokens)}
+
+    evaluation = stages.run("evaluate", evaluate)
+    members = {m: {"bytes": _dir_bytes(os.path.join(out, m)), "params": stages.records[s].get("params")}
+               for m, s in (("target", "target"), ("draft", "draft"), ("medusa", "medusa"), ("eagle1", "eagle1"),
+                            ("eagle3", "eagle3"))}
+    training = {k: stages.records[k] for k in ("corpus", "tokenizer", "target", "draft", "medusa", "eagle1", "eagle3")}
+    acc = {k: v["mean_accepted_length"] for k, v in evaluation["drafters"].items() if k != "plain"}
+    card = {
+        "name": "specdec-zoo-pystdlib",
+        "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "torch": torch.__version__, "python": platform.python_version()},
+        "spec": spec.to_dict(),
+        "training": training,
+        "build_seconds": {"wall": round(sum(r.get("wall_seconds", 0) for r in stages.records.values()), 1),
+                          "cpu": round(sum(r.get("cpu_seconds", 0) for r in stages.records.values()), 1)},
+        "members": members,
+        "total_bytes": sum(m["bytes"] for m in members.values()),
+        "evaluation": evaluation,
+        "floors": {"ratio": FLOOR_RATIO, "mean_accepted_length": {k: round(FLOOR_RATIO * v, 2) for k, v in acc.items()}},
+    }
+    write_card(out, card)
+    _log(f"== family written to {out}: {card['total_bytes'] / 1e6:.1f} MB, built in "
+         f"{card['build_seconds']['wall'] / 60:.1f} min wall ({card['build_seconds']['cpu'] / 60:.1f} min CPU)")
+    return card
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

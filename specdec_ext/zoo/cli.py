@@ -1,0 +1,41 @@
+"""``specdec zoo build``: rebuild the model family (see :mod:`specdec_ext.zoo.build`)."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_zoo_command"]
+
+
+def zoo_build_cmd(args) -> int:
+    from specdec_ext.zoo.build import build_zoo
+    from specdec_ext.zoo.spec import FULL, QUICK
+
+    spec = QUICK if args.quick else FULL
+    if args.seed is not None:
+        from dataclasses import replace
+
+        spec = replace(spec, seed=args.seed)
+    if args.threads is not None and args.threads < 1:
+        raise SystemExit(f"specdec zoo build: --threads must be >= 1, got {args.threads}")
+    try:
+        build_zoo(args.out, spec, resume=args.resume, progress=not args.no_progress, corpus_root=args.corpus,
+                  threads=args.threads)
+    except FileNotFoundError as err:
+        raise SystemExit(f"specdec zoo build: {err}") from None
+    return 0
+
+
+def add_zoo_command(sub) -> None:
+    p = sub.add_parser("zoo", help="the small model family: rebuild it from the Python standard library")
+    zsub = p.add_subparsers(dest="zoo_command", required=True)
+    b = zsub.add_parser("build", help="train tokenizer, target, draft LM, Medusa, EAGLE-1 and EAGLE-3 (offline, CPU)",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    b.add_argument("--out", required=True, help="output directory (the family layout; see specdec_ext/zoo/family.py)")
+    b.add_argument("--quick", action="store_true", help="a tiny, barely trained family in seconds (tests, CI)")
+    b.add_argument("--resume", action="store_true", help="skip finished stages, continue a stage from its checkpoint")
+    b.add_argument("--corpus", default=None, help="directory of .py files (default: this Python's standard library)")
+    b.add_argument("--seed", type=int, default=None)
+    b.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    b.add_argument("--no-progress", action="store_true")
+    b.set_defaults(func=zoo_build_cmd)

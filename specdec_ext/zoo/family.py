@@ -1,0 +1,110 @@
+"""Loading the small model family (the one shipped in the repository, or one rebuilt by ``specdec zoo build``).
+
+Layout of a family directory (every member in its official format)::
+
+    target/   Llama causal LM + tokenizer (save_pretrained; bf16 safetensors)
+    draft/    small Llama draft LM distilled from the target + the same tokenizer
+    medusa/   Medusa-1 heads sharing the target's lm_head (config.json + medusa_lm_head.safetensors)
+    eagle1/   EAGLE-1 draft (config.json + model.safetensors)
+    eagle3/   EAGLE-3 draft with a reduced vocabulary (d2t / t2d)
+    card.json the model card's data: corpus, sizes, training, losses, accepted lengths and their test floors
+    README.md the model card
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec_ext.zoo.spec import DEFAULT_DRAFTERS, DRAFTER_NAMES
+
+__all__ = ["Family", "family_dir", "load_family", "make_drafter", "SHIPPED_DIR"]
+
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "family")
+
+
+def family_dir(path: str | os.PathLike | None = None) -> str:
+    """``path``, else ``$SPECDEC_ZOO``, else the family shipped with the package."""
+    return os.fspath(path or os.environ.get("SPECDEC_ZOO") or SHIPPED_DIR)
+
+
+@dataclass
+class Family:
+    """The loaded family; :meth:`make_drafter` gives a fresh drafter (drafters hold per-generation state)."""
+
+    path: str
+    target: torch.nn.Module
+    tokenizer: object
+    draft_lm: torch.nn.Module
+    medusa_heads: torch.nn.Module
+    eagle1: torch.nn.Module
+    eagle3: torch.nn.Module
+    card: dict = field(default_factory=dict)
+
+    @property
+    def drafter_names(self) -> tuple[str, ...]:
+        return DRAFTER_NAMES
+
+    def drafter_kwargs(self, name: str) -> dict:
+        shapes = {**DEFAULT_DRAFTERS, **(self.card.get("spec", {}).get("drafters") or {})}
+        if name not in shapes:
+            raise ValueError(f"unknown drafter {name!r}; the family has {', '.join(DRAFTER_NAMES)}")
+        return dict(shapes[name])
+
+    def make_drafter(self, name: str, **overrides):
+        return make_drafter(self, name, **overrides)
+
+
+def make_drafter(family: Family, name: str, **overrides):
+    """A fresh drafter ``name`` (one of ``DRAFTER_NAMES``) with the family's shapes, ``overrides`` applied."""
+    from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter
+
+    kw = {**family.drafter_kwargs(name), **overrides}
+    if name == "ngram":
+        return NgramDrafter(**kw)
+    if name == "draft-model":
+        return DraftModelDrafter(family.draft_lm, **kw)
+    if name == "medusa":
+        return MedusaDrafter(family.medusa_heads, **kw)
+    if name in ("eagle1", "eagle2"):
+        return EagleDrafter(family.eagle1, target=family.target, **kw)
+    return EagleDrafter(family.eagle3, target=family.target, **kw)
+
+
+def _require(path: str, what: str) -> None:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"load_family: {path!r} is missing ({what}); rebuild the family with "
+                                "`specdec zoo build --out DIR` and point SPECDEC_ZOO (or path=) at DIR")
+
+
+def load_family(path: str | os.PathLike | None = None, device: torch.device | str = "cpu",
+                dtype: torch.dtype | str = torch.float32) -> Family:
+    """The family in ``path`` (default: :func:`family_dir`) on ``device`` in ``dtype`` (the files are bf16;
+    float32 is the fast choice on CPUs without bf16 matrix units)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec_ext.models.checkpoints import load_eagle, load_medusa
+
+    root = family_dir(path)
+    _require(root, "the family directory")
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    for member in ("target", "draft", "medusa", "eagle1", "eagle3"):
+        _require(os.path.join(root, member), f"the {member} member")
+    target = AutoModelForCausalLM.from_pretrained(os.path.join(root, "target"), dtype=dtype, local_files_only=True)
+    target = target.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(root, "target"), local_files_only=True)
+    draft = AutoModelForCausalLM.from_pretrained(os.path.join(root, "draft"), dtype=dtype, local_files_only=True)
+    draft = draft.to(device).eval()
+    medusa = load_medusa(os.path.join(root, "medusa"), target=target)
+    eagle1 = load_eagle(os.path.join(root, "eagle1"), target=target)
+    eagle3 = load_eagle(os.path.join(root, "eagle3"), target=target)
+    card = {}
+    card_file = os.path.join(root, "card.json")
+    if os.path.isfile(card_file):
+        with open(card_file) as f:
+            card = json.load(f)
+    return Family(root, target, tokenizer, draft, medusa, eagle1, eagle3, card)

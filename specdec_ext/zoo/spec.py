@@ -1,0 +1,71 @@
+"""What the zoo builds: sizes, steps and drafter shapes of the small family (full and ``--quick``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+__all__ = ["ZooSpec", "FULL", "QUICK", "DRAFTER_NAMES", "DEFAULT_DRAFTERS"]
+
+DRAFTER_NAMES = ("ngram", "draft-model", "medusa", "eagle1", "eagle2", "eagle3")
+
+# Drafter shapes for a CPU: verifying a node costs real compute there (a 16-node tree costs ~2 plain forwards), so
+# trees are kept small; tuned by `specdec demo` measurements (docs/ARCHITECTURE.md, "The zoo").
+DEFAULT_DRAFTERS = {
+    "ngram": {"num_pred_tokens": 5, "max_ngram_size": 3},
+    "draft-model": {"num_draft_tokens": 4},
+    "medusa": {"max_nodes": 16},
+    "eagle1": {"depth": 5, "top_k": 1, "total_tokens": 5},  # EAGLE-1 network, chain
+    "eagle2": {"depth": 6, "top_k": 4, "total_tokens": 12},  # EAGLE-1 network, EAGLE-2 dynamic tree
+    "eagle3": {"depth": 6, "top_k": 4, "total_tokens": 12},  # EAGLE-3 network, dynamic tree
+}
+
+
+@dataclass(frozen=True)
+class ZooSpec:
+    # tokenizer and target (Llama: RMSNorm, RoPE, SwiGLU, GQA; tied embeddings)
+    vocab_size: int = 4096
+    hidden_size: int = 384
+    num_layers: int = 8
+    intermediate_size: int = 1024
+    num_heads: int = 6
+    num_kv_heads: int = 2
+    max_positions: int = 4096
+    target_seq_len: int = 512
+    target_batch: int = 4
+    target_steps: int = 700
+    target_lr: float = 2e-3
+    target_warmup: int = 60
+    # drafters (trained against the frozen, bf16-rounded target)
+    drafter_seq_len: int = 256
+    drafter_batch: int = 8
+    draft_layers: int = 2
+    draft_hidden: int = 256
+    draft_steps: int = 400
+    medusa_heads: int = 4
+    medusa_steps: int = 250
+    eagle1_steps: int = 400
+    eagle3_steps: int = 300
+    eagle3_vocab: int = 2048
+    drafter_lr: float = 2e-3
+    # evaluation on held-out files
+    eval_prompts: int = 8
+    eval_prompt_len: int = 64
+    eval_new_tokens: int = 64
+    max_files: int | None = None  # corpus files (sorted) to use; None: all
+    seed: int = 0
+    drafters: dict = field(default_factory=lambda: {k: dict(v) for k, v in DEFAULT_DRAFTERS.items()})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+FULL = ZooSpec()
+# Seconds, not minutes: for tests and CI (the family is tiny and barely trained).
+QUICK = replace(FULL, vocab_size=512, hidden_size=64, num_layers=4, intermediate_size=128, num_heads=2,
+                num_kv_heads=1, max_positions=512, target_seq_len=64, target_batch=4, target_steps=40,
+                target_warmup=5, drafter_seq_len=64, drafter_batch=4, draft_layers=1, draft_hidden=64,
+                draft_steps=15, medusa_heads=3, medusa_steps=15, eagle1_steps=15, eagle3_steps=15, eagle3_vocab=256,
+                eval_prompts=2, eval_prompt_len=16, eval_new_tokens=16, max_files=30,
+                drafters={**{k: dict(v) for k, v in DEFAULT_DRAFTERS.items()},
+                          "eagle2": {"depth": 3, "top_k": 2, "total_tokens": 6},
+                          "eagle3": {"depth": 3, "top_k": 2, "total_tokens": 6}})
