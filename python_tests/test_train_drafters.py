@@ -141,6 +141,7 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert (a / CHECKPOINT_FILE).is_file() and r_half.step == 6
     resumed, r_res = train_medusa(target(), seqs, cfg(steps=12, checkpoint_dir=str(a), resume=True), num_heads=2)
     assert r_res.step == 12 and len(r_res.losses) == 12
+    assert r_res.seconds > r_half.seconds > 0  # training time carries over the interruption
     assert r_res.losses == pytest.approx(r_full.losses, rel=1e-5, abs=1e-6)
     for x, y in zip(full.state_dict().values(), resumed.state_dict().values()):
         torch.testing.assert_close(x, y)

@@ -150,6 +150,7 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
         sampler.load_state_dict(state["sampler"])
         result.step, result.losses, result.evals = state["step"], list(state["losses"]), list(state["evals"])
         result.tokens = state.get("tokens", 0)
+        result.seconds = state.get("seconds", 0.0)  # training time before the interruption
         torch.set_rng_state(state["rng"])
 
     def save():
@@ -159,11 +160,13 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
         tmp = ckpt + ".tmp"
         torch.save({"module": module.state_dict(), "optimizer": opt.state_dict(), "sampler": sampler.state_dict(),
                     "step": result.step, "losses": result.losses, "evals": result.evals, "tokens": result.tokens,
-                    "rng": torch.get_rng_state(), "name": name}, tmp)
+                    "rng": torch.get_rng_state(), "name": name,
+                    "seconds": seconds_before + time.perf_counter() - t0}, tmp)
         os.replace(tmp, ckpt)
 
     bar = Progress(cfg.steps, name, enabled=cfg.progress, initial=result.step)
     t0 = time.perf_counter()
+    seconds_before = result.seconds
     tok_window, t_window = 0, t0
     module.train()
     while result.step < cfg.steps:
@@ -201,6 +204,6 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
         acc = eval_fn(result.step)
         if not (isinstance(acc, float) and math.isnan(acc)):
             result.evals.append((result.step, acc))
-    result.seconds = time.perf_counter() - t0
+    result.seconds = seconds_before + time.perf_counter() - t0
     save()
     return result

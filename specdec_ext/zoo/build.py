@@ -125,8 +125,11 @@ class _Stages:
             _log(f"== {name}: done earlier (resume), skipped")
             return self.records[name]
         _log(f"== {name} (build time so far {time.perf_counter() - self.t0:.0f} s)")
+        resumed = self.resume and os.path.isdir(os.path.join(self.dir, name))  # a checkpoint of an interrupted run
         w0, c0 = time.perf_counter(), time.process_time()
         record = fn() or {}
+        if resumed:
+            record["resumed"] = True  # wall / CPU seconds below cover this run only; train_seconds covers all runs
         record["wall_seconds"] = round(time.perf_counter() - w0, 1)
         record["cpu_seconds"] = round(time.process_time() - c0, 1)
         with open(path, "w") as f:

@@ -72,11 +72,14 @@ def render_card(card: dict) -> str:
         f"{card['build_seconds']['wall'] / 60:.1f} min wall-clock, {card['build_seconds']['cpu'] / 60:.1f} min "
         "of CPU time (all threads). Per stage:",
         "",
-        "| stage | wall s | CPU s |",
-        "|---|---:|---:|",
+        "| stage | wall s | CPU s | training s (all runs) | note |",
+        "|---|---:|---:|---:|---|",
     ]
     for k, r in tr.items():
-        lines.append(f"| {k} | {r['wall_seconds']} | {r['cpu_seconds']} |")
+        note = "resumed after an interruption: wall / CPU cover the last run" if r.get("resumed") else ""
+        lines.append(f"| {k} | {r['wall_seconds']} | {r['cpu_seconds']} | {r.get('train_seconds', '')} | {note} |")
+    for note in card.get("notes", []):
+        lines += ["", note]
     lines += ["", "Rebuild (no download; about the same time on 2 cores):", "", "```",
               "specdec zoo build --out my_family      # then: SPECDEC_ZOO=my_family specdec demo", "```", "",
               "## Measured acceptance (greedy, batch 1)",
