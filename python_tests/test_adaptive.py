@@ -320,6 +320,69 @@ def test_batch_shrinking_makes_speculation_pay():
     assert ad.history[-10:] == [4] * 10, ad.history
 
 
+def test_exploration_backs_off_while_the_choice_holds():
+    """Explorations come every ``explore_every`` steps, then twice, four times as far apart while they do not move
+    the choice (up to ``explore_backoff`` times); across generations too; a new batch size restarts the base rate."""
+    clock = FakeClock()
+    ad = AdaptiveDrafter(FakeChain(clock, D=4), explore_every=8, explore_backoff=4, clock=clock)
+    steep = lambda x: 1e-3 * x  # noqa: E731 - every token costs: plain decoding wins, exploring never pays
+    seen = []
+    for _ in range(4):  # four generations of 50 steps (a server's requests), one drafter
+        fake_run(ad, clock, 50, B=8, target_time=steep, accept=geometric(0.7))
+        seen += ad.history
+    assert seen.count(0) >= 190, seen
+    at = [i for i, d in enumerate(seen) if d == 1 and i >= 3]  # exploration steps (after the probes 1, 0, 1)
+    assert [b - a for a, b in zip(at, at[1:])] == [16, 32, 32, 32, 32, 32], at  # not every 8th step (25 of them)
+    explored = ad.explorations
+    assert explored == len(at) and ad._explore_gap == 32
+    fake_run(ad, clock, 10, B=2, target_time=steep, accept=geometric(0.7))  # the batch size changed
+    assert ad._explore_gap == 16 and ad.explorations == explored + 1, (ad._explore_gap, ad.explorations)
+    plain = AdaptiveDrafter(FakeChain(clock, D=4), explore_every=8, explore_backoff=1, clock=clock)
+    fake_run(plain, clock, 200, B=8, target_time=steep, accept=geometric(0.7))
+    assert plain.explorations >= 22, plain.explorations  # no backoff: every 8th step
+
+
+def test_a_retried_depth_weighs_old_outcomes_by_their_age():
+    """Counts decay per step since the depth was last tried: a depth that failed long ago and succeeds when
+    explored again is believed at once (the recovery is not outvoted by stale failures)."""
+    clock = FakeClock()
+    ad = AdaptiveDrafter(FakeChain(clock, D=2), mode="fixed", depth=1, clock=clock)
+    fake_run(ad, clock, 5, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)  # depth 1 fails 5 times
+    assert ad.conditional_acceptance(1) < 0.1
+    ad.mode = "off"
+    fake_run(ad, clock, 30, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)  # 30 plain steps
+    assert ad.conditional_acceptance(1) < 0.1  # an untried depth holds its estimate
+    ad.mode = "fixed"
+    fake_run(ad, clock, 1, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: d)  # one step: all accepted
+    assert ad.conditional_acceptance(1) > 0.9
+    # a depth tried every step decays by ``decay`` per step, as before
+    n, s_ = ad.acc_n[1], ad.acc_s[1]
+    fake_run(ad, clock, 1, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)
+    assert ad.acc_n[1] == pytest.approx(0.85 * n + 4) and ad.acc_s[1] == pytest.approx(0.85 * s_)
+
+
+def test_draft_cost_at_a_new_batch_size_borrows_the_shape_of_a_measured_one():
+    """Drafting costs B x depth. At 4 rows every depth was measured; at 32 rows the first steps measure one deep
+    depth. Its one point must not price a plain step like a deep one (a flat curve): scaled by the ratio of what the
+    two batch sizes measured there, the shape of 4 rows' curve says plain decoding is cheap, and it is chosen."""
+    clock = FakeClock()
+    draft = FakeChain(clock, D=6)
+    ad = AdaptiveDrafter(draft, explore_every=0, clock=clock)
+    state = fake_state(4)
+    ad.begin(None, state)
+    B_now = {"B": 4}
+    draft.draft_time = lambda d: 1e-3 * B_now["B"] * d
+    fake_run(ad, clock, 20, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: d, state=state)
+    assert ad.history[-5:] == [6] * 5 and all(ad.draft_cost[4].measured(d) for d in range(7))
+    for x in (32, 64, 128, 256):  # the target's cost is known (flat) up to 256 tokens in flight
+        ad.target_cost.add(x, 0.01)
+    B_now["B"] = 32
+    fake_run(ad, clock, 10, B=32, target_time=lambda x: 0.01, accept=lambda s, b, d: d)
+    # true scores at 32 rows: depth 0 1 / 0.01 = 100 tokens/s per row, depth 6 7 / (0.01 + 0.192) = 35
+    assert ad.history[0] == 6 and ad.history[-5:] == [0] * 5, ad.history  # one deep step, then plain
+    assert ad._draft_time(32, 3) == pytest.approx(0.096, rel=0.01)
+
+
 def test_pinned_modes_and_budget_cap():
     clock = FakeClock()
     steep = lambda x: 1e-3 * x  # noqa: E731
@@ -387,6 +450,7 @@ def test_cost_curve():
     (dict(decay=1.0), r"decay must be a number in \(0"),
     (dict(decay=0), "decay must be"),
     (dict(explore_every=-1), "explore_every must be an integer >= 0"),
+    (dict(explore_backoff=0), "explore_backoff must be an integer >= 1"),
     (dict(prior_accept=1.5), r"prior_accept must be a number in \[0"),
     (dict(prior_weight=0), "prior_weight must be"),
     (dict(cost_alpha=0), "cost_alpha must be"),

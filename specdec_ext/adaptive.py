@@ -16,14 +16,17 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
 (the number of live rows multiplies every candidate alike, so it does not change the choice), where
 
 * ``E[tokens | d] = 1 + sum_{i <= d} P(accept >= i)`` and ``P(accept >= i) = c_1 * ... * c_i``, ``c_i`` the
-  conditional acceptance of depth i given depth i - 1 was accepted: exponentially decayed counts (per step, factor
-  ``decay``) from the rows of recent steps that drafted at least i deep; a depth that a step did not try keeps its
-  counts. A weak prior (``prior_accept`` with weight ``prior_weight`` row-steps) makes depths never tried look
+  conditional acceptance of depth i given depth i - 1 was accepted: exponentially decayed counts (factor ``decay``
+  per step) from the rows of recent steps that drafted at least i deep; the decay is applied when a depth is tried
+  again (``decay ** steps since its last update``), so an untried depth holds its estimate and a depth explored after
+  a long gap is judged by what it does now, not outvoted by old outcomes. A weak prior (``prior_accept`` with weight ``prior_weight`` row-steps) makes depths never tried look
   good enough to be tried once, but never better than the measured shallower depths (the product bounds it).
 * ``t_target(x)``: the target's forward + verification + the loop's bookkeeping as a function of tokens in flight
   ``x = B * N(d)``: a decayed mean per measured ``x``, made non-decreasing (isotonic), linearly interpolated between
   measured points and extrapolated with the slope over the measured range (flat with one point).
-* ``t_draft(B, d)``: the inner drafter's propose + observe time, the same kind of fit over depths per batch size.
+* ``t_draft(B, d)``: the inner drafter's propose + observe time, the same kind of fit over depths per batch size;
+  where B measured too few depths to say how the cost grows with d, the curve of the nearest batch size that did,
+  scaled by the ratio of the two at the depths both measured.
 * ``N(d)``: tree nodes at depth d, measured from the trees the inner drafter returns (chains: ``d + 1``; tree
   drafters: whatever they build); before a depth was seen, ``d + 1`` bounded by the measured neighbours.
 
@@ -33,9 +36,12 @@ the decode loop is needed. The first step of a generation is not timed (drafters
 
 Schedule (``mode="adapt"``): depth 1, 0, 1 for the first three steps (so that two target costs are measured), then
 the argmax every step, among the depths up to the first one whose tokens in flight exceed every measured point (a
-cost beyond the measurements is an extrapolation: the choice climbs one depth at a time into it); every ``explore_every`` steps the argmax's neighbour (alternately one deeper, one
-shallower) is tried instead, so that acceptance of the next depth and costs off the current point stay fresh
-(acceptance drops and cost changes at the chosen depth are seen every step).
+cost beyond the measurements is an extrapolation: the choice climbs one depth at a time into it). Exploration: the
+argmax's neighbour (alternately one deeper, one shallower) is tried instead, so that acceptance of the next depth and
+costs off the current point stay fresh (acceptance drops and cost changes at the chosen depth are seen every step);
+``explore_every`` steps after the choice last moved, then twice, four times as far apart while it holds (up to
+``explore_backoff`` times; the count runs across generations, as a server's drafter would see them), back to
+``explore_every`` when the argmax or the batch size changes.
 
 Depth 0 is a plain decoding step: the inner drafter is still asked (``propose(state, 0)`` returns a 1-node tree)
 and observes the result, so its caches stay in sync.
@@ -84,6 +90,10 @@ class CostCurve:
 
     def measured(self, x: float) -> bool:
         return x in self.points
+
+    def covers(self, x: float) -> bool:
+        """Whether x was measured or lies between measured points (a prediction there is an interpolation)."""
+        return x in self.points or (len(self.points) > 1 and min(self.points) <= x <= max(self.points))
 
     def _fitted(self) -> tuple[list[float], list[float]]:
         if self._fit is None:
@@ -146,17 +156,18 @@ class AdaptiveDrafter:
     ``mode``: ``"adapt"`` (default: the cost model decides; ``depth`` optionally caps the depths considered),
     ``"off"`` (every step a plain decoding step) or ``"fixed"`` (every step ``depth`` deep; ``depth`` required).
     ``depth`` may not exceed the inner drafter's own depth. ``decay``: per-step decay of the acceptance counts
-    (0.85: about the last 7 steps matter). ``explore_every``: steps between exploration steps (0 = never).
+    (0.85: about the last 7 steps matter). ``explore_every``: steps between exploration steps (0 = never);
+    ``explore_backoff``: how far that gap may grow (times ``explore_every``) while the choice holds.
     ``prior_accept`` / ``prior_weight``: the prior of each depth's conditional acceptance and its weight in
     row-steps. ``cost_alpha``: weight of the newest timing in the cost curves' moving averages. ``clock``: a
     function returning seconds (default ``time.perf_counter``).
 
     After a generation: ``depth_hist`` ({depth: steps}, all generations), ``history`` (this generation's depths),
-    ``expected_tokens(d)``, ``predicted_step_time(B, d)``.
+    ``explorations`` (exploration steps, all generations), ``expected_tokens(d)``, ``predicted_step_time(B, d)``.
     """
 
     def __init__(self, inner, mode: str = "adapt", depth: int | None = None, *, decay: float = 0.85,
-                 explore_every: int = 16, prior_accept: float = 0.7, prior_weight: float = 1.0,
+                 explore_every: int = 16, explore_backoff: int = 4, prior_accept: float = 0.7, prior_weight: float = 1.0,
                  cost_alpha: float = 0.2, clock=None):
         for attr in ("propose", "observe", "begin"):
             if not callable(getattr(inner, attr, None)):
@@ -181,6 +192,9 @@ class AdaptiveDrafter:
         if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 0:
             raise ValueError(f"AdaptiveDrafter: explore_every must be an integer >= 0 (0 = never), got "
                              f"{explore_every!r}")
+        if isinstance(explore_backoff, bool) or not isinstance(explore_backoff, int) or explore_backoff < 1:
+            raise ValueError(f"AdaptiveDrafter: explore_backoff must be an integer >= 1 (1 = no backoff), got "
+                             f"{explore_backoff!r}")
         _check_number("prior_accept", prior_accept, 0.0, 1.0)
         _check_number("prior_weight", prior_weight, 0.0, float("inf"), low_open=True, high_open=True)
         _check_number("cost_alpha", cost_alpha, 0.0, 1.0, low_open=True)
@@ -193,6 +207,7 @@ class AdaptiveDrafter:
             self.max_depth = 0
         self.decay = float(decay)
         self.explore_every = explore_every
+        self.explore_backoff = explore_backoff
         self.prior_accept = float(prior_accept)
         self.prior_weight = float(prior_weight)
         self.cost_alpha = float(cost_alpha)
@@ -217,6 +232,7 @@ class AdaptiveDrafter:
         D = self.max_depth
         self.acc_n = [0.0] * (D + 1)  # [i]: decayed row-steps that drafted depth i with depth i - 1 accepted
         self.acc_s = [0.0] * (D + 1)  # [i]: ... of which depth i was accepted
+        self.acc_at = [0] * (D + 1)  # [i]: the step (steps_total) at which depth i's counts were last updated
         self.target_cost = CostCurve(self.cost_alpha)  # x = tokens in flight -> seconds
         self.draft_cost: dict[int, CostCurve] = {}  # batch rows -> (depth -> seconds)
         self.nodes: dict[int, float] = {0: 1.0}  # depth -> mean tree nodes
@@ -224,13 +240,16 @@ class AdaptiveDrafter:
         self.history: list[int] = []
         self.steps_total = 0
         self._pending = None
+        self._since_explore = 0  # steps since the last exploration step (across generations)
+        self._explore_gap = self.explore_every  # steps between explorations now (grows while the choice holds)
+        self._explore_up = True
+        self._last_best: tuple[int, int] | None = None  # (batch rows, argmax) of the last step
+        self.explorations = 0
 
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
         self.inner.begin(target, state, prefill_hidden_states)
         self.history = []
         self._gen_step = 0
-        self._since_explore = 0
-        self._explore_up = True
         self._pending = None
 
     @property
@@ -286,10 +305,13 @@ class AdaptiveDrafter:
                     elig[i] += 1
                     if L >= i:
                         succ[i] += 1
+            now = self.steps_total
             for i in range(1, d + 1):
-                if elig[i]:
-                    self.acc_n[i] = self.decay * self.acc_n[i] + elig[i]
-                    self.acc_s[i] = self.decay * self.acc_s[i] + succ[i]
+                if elig[i]:  # decayed per step since the depth's last update (lazily: an untried depth holds)
+                    f = self.decay ** max(1, now - self.acc_at[i])
+                    self.acc_n[i] = f * self.acc_n[i] + elig[i]
+                    self.acc_s[i] = f * self.acc_s[i] + succ[i]
+                    self.acc_at[i] = now
 
     # ---- the model ------------------------------------------------------------------------------------------------
     def conditional_acceptance(self, i: int) -> float:
@@ -326,11 +348,27 @@ class AdaptiveDrafter:
         return min(max(float(d + 1), lo), max(hi, lo), float(self.max_nodes))
 
     def _draft_time(self, B: int, d: int) -> float:
+        """Draft seconds at depth d with B rows. From B's own curve where it measured d or depths around it; else
+        the shape of the nearest batch size (by ratio) that did, scaled by what B measured at the depths both
+        measured (one measured depth says how expensive drafting is at B, not how it grows with depth: a flat
+        extrapolation from it would price a plain step like a deep one)."""
         curve = self.draft_cost.get(B)
-        if curve is None and self.draft_cost:  # the nearest batch size measured
-            curve = self.draft_cost[min(self.draft_cost, key=lambda b: (abs(b - B), b))]
-        t = curve.predict(d) if curve is not None else None
-        return t or 0.0
+        if curve is not None and curve.covers(d):
+            return curve.predict(d) or 0.0
+        others = [b for b, c in self.draft_cost.items() if b != B and c.covers(d)]
+        if not others:
+            t = curve.predict(d) if curve is not None else None
+            return t or 0.0
+        ref = self.draft_cost[min(others, key=lambda b: (max(b / B, B / b), b))]
+        t_ref = ref.predict(d) or 0.0
+        if curve is None:
+            return t_ref
+        common = [k for k in curve.points if ref.covers(k)]
+        if not common:
+            return curve.predict(d) or 0.0
+        num = sum(curve.predict(k) or 0.0 for k in common)
+        den = sum(ref.predict(k) or 0.0 for k in common)
+        return t_ref * (num / den) if den > 0 else (curve.predict(d) or 0.0)
 
     def predicted_step_time(self, B: int, d: int) -> float | None:
         """Predicted seconds of one step at depth d with B rows (None before any timing)."""
@@ -372,10 +410,16 @@ class AdaptiveDrafter:
         if len(self.target_cost) < 2 and step < 3:  # probes: 1 (untimed), 0, 1
             return (1, 0, 1)[step]
         d = self.best_depth(B, limit)
-        self._since_explore = getattr(self, "_since_explore", 0) + 1
-        if self.explore_every and self._since_explore >= self.explore_every:
+        if limit == self.max_depth:  # (steps capped by the token budget say nothing about the choice)
+            if self._last_best != (B, d):  # the choice moved (or the batch size did): explore at the base rate
+                self._explore_gap, self._since_explore = self.explore_every, 0
+            self._last_best = (B, d)
+        self._since_explore += 1
+        if self.explore_every and self._since_explore >= self._explore_gap:
             self._since_explore = 0
-            up = getattr(self, "_explore_up", True)
+            self._explore_gap = min(2 * self._explore_gap, self.explore_every * self.explore_backoff)
+            self.explorations += 1
+            up = self._explore_up
             self._explore_up = not up
             if (up and d < limit) or d == 0:
                 return d + 1
