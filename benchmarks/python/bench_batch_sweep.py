@@ -2,12 +2,15 @@
 
     python benchmarks/python/bench_batch_sweep.py [--quick] [--drafter eagle2] [--standin] [--json PATH]
 
-Models: the project's small model family (``specdec_ext.zoo.load_family``) with ``--drafter`` (default eagle2).
+Models: the project's small model family (``specdec_ext.zoo.load_family``; ``--zoo DIR`` or ``$SPECDEC_ZOO`` for
+another build) with ``--drafter`` (default eagle2; comma-separated for several sweeps in one run, each with its own
+JSON and PNG); prompts are cut from the family's held-out text (``specdec_ext.bench.models``).
 Without the family (or with ``--standin``): a randomly initialised Llama of the family's size (hidden 384, 8 layers,
 intermediate 1024, vocabulary 4096) and an *oracle* drafter whose acceptance and cost are set on the command line:
 it knows each prompt's greedy continuation (from a plain run) and drafts it, each draft token right with
 probability ``--accept`` (a wrong token ends what can be accepted), and busy-waits ``--draft-ms`` per draft token
-per step (a stand-in for a draft network's forwards). Results go to ``benchmarks/results/batch_sweep_<tag>.json``.
+per step (a stand-in for a draft network's forwards). Results go to ``benchmarks/results/batch_sweep_<tag>.json``
+with a plot beside it (``.png``, when matplotlib is installed).
 """
 
 from __future__ import annotations
@@ -103,7 +106,9 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-len", type=int, default=48)
     p.add_argument("--repeats", type=int, default=0)
     p.add_argument("--fixed-depths", default="", help="comma-separated (default 1,2,3,4,6,8 up to the drafter's)")
-    p.add_argument("--drafter", default="eagle2", help="family drafter (ngram, draft-model, medusa, eagle1/2/3)")
+    p.add_argument("--drafter", default="eagle2", help="family drafter(s), comma-separated (ngram, draft-model, "
+                                                       "medusa, eagle1/2/3)")
+    p.add_argument("--zoo", default=None, help="family directory (default: $SPECDEC_ZOO or the shipped one)")
     p.add_argument("--standin", action="store_true", help="random Llama + oracle drafter even if the family exists")
     p.add_argument("--accept", type=float, default=0.8, help="stand-in: per-token draft acceptance")
     p.add_argument("--draft-ms", type=float, default=0.3, help="stand-in: ms of draft work per draft token")
@@ -111,7 +116,9 @@ def main(argv=None) -> int:
     p.add_argument("--cold", action="store_true", help="also time a fresh AdaptiveDrafter per run")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", metavar="PATH", help="default: benchmarks/results/batch_sweep_<drafter>.json")
+    p.add_argument("--json", metavar="PATH", help="default: benchmarks/results/batch_sweep_<drafter>.json (one "
+                                                  "drafter only)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     args = p.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -120,37 +127,57 @@ def main(argv=None) -> int:
     args.max_new_tokens = args.max_new_tokens or (24 if args.quick else 64)
     fixed = [int(x) for x in args.fixed_depths.split(",") if x] or None
 
-    family = None
+    models = None
     if not args.standin:
         try:
-            from specdec_ext.zoo import load_family
+            from specdec_ext.bench.models import from_zoo
 
-            family = load_family(device="cpu")
+            models = from_zoo(args.zoo, device="cpu")
         except Exception as err:  # noqa: BLE001  (no family yet: the stand-in)
             print(f"(model family unavailable: {err}; using the stand-in)", file=sys.stderr)
-    if family is not None:
-        target, make_drafter, prompts = family.target, (lambda: family.make_drafter(args.drafter)), None
-        name, models_note = args.drafter, "specdec_ext.zoo family"
-    else:
-        target, make_drafter, prompts, name, models_note = standin_models(args)
-    result = run_batch_sweep(target, make_drafter, prompts, args.batch_sizes, args.max_new_tokens, fixed,
-                             drafter_name=name, prompt_len=args.prompt_len, repeats=args.repeats or None,
-                             quick=args.quick, seed=args.seed, cold=args.cold, log=lambda s: print(s, flush=True))
-    result["models"] = models_note
-    try:
-        from specdec_ext.bench.machine import machine_info
+    names = [n for n in args.drafter.split(",") if n] if models is not None else ["standin"]
+    if args.json and len(names) > 1:
+        p.error("--json takes one drafter")
+    for drafter in names:
+        if models is not None:
+            target, prompts = models.target, None
+            make_drafter = (lambda n=drafter: models.make_drafter(n))
+            name, models_note = drafter, {"name": "specdec_ext.zoo family", "path": models.info.get("family_path"),
+                                          "drafter_settings": models.info.get("drafter_settings", {}).get(drafter)}
+        else:
+            target, make_drafter, prompts, name, note = standin_models(args)
+            models_note = {"name": note}
+        result = run_batch_sweep(target, make_drafter, prompts, args.batch_sizes, args.max_new_tokens, fixed,
+                                 drafter_name=name, models=models, prompt_len=args.prompt_len,
+                                 repeats=args.repeats or None, quick=args.quick, seed=args.seed, cold=args.cold,
+                                 log=lambda s: print(s, flush=True))
+        result["models"] = models_note
+        result["command"] = "python " + " ".join([os.path.relpath(__file__, ROOT)] + list(
+            sys.argv[1:] if argv is None else argv))
+        try:
+            from specdec_ext.bench.machine import machine_info
 
-        result["machine"] = machine_info()
-    except Exception:  # noqa: BLE001
-        pass
-    print(format_table(result))
-    path = args.json or os.path.join(ROOT, "benchmarks", "results",
-                                     f"batch_sweep_{'standin' if family is None else args.drafter}"
-                                     f"{'_quick' if args.quick else ''}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {path}")
+            result["machine"] = machine_info()
+        except Exception:  # noqa: BLE001
+            pass
+        print(format_table(result))
+        tag = "standin" if models is None else drafter
+        path = args.json or os.path.join(ROOT, "benchmarks", "results",
+                                         f"batch_sweep_{tag}{'_quick' if args.quick else ''}.json")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {path}")
+        if not args.no_plot:
+            try:
+                from specdec_ext.bench.plots import plot_batch
+
+                png = plot_batch({"batch": result, "machine": result.get("machine", {}), "models": models_note},
+                                 os.path.splitext(path)[0] + ".png")
+                if png:
+                    print(f"wrote {png}")
+            except ImportError as err:
+                print(f"(no plot: {err})", file=sys.stderr)
     return 0
 
 

@@ -142,6 +142,7 @@ def run_batch_sweep(target, make_drafter, prompts=None, batch_sizes=None, max_ne
             run(cfg, batch, min(8, max_new_tokens))
         tps = {c: [] for c in configs}
         mal = {c: [] for c in configs}
+        step_ms = {c: [] for c in configs}
         hist: dict[str, dict[int, int]] = {"adaptive": {}, "adaptive_cold": {}}
         reference = None
         match = True
@@ -155,6 +156,7 @@ def run_batch_sweep(target, make_drafter, prompts=None, batch_sizes=None, max_ne
                     match = False
                 tps[cfg].append(stats.tokens_per_s)
                 mal[cfg].append(stats.mean_accepted_length)
+                step_ms[cfg].append(1e3 * (stats.total_s - stats.prefill_s) / max(stats.steps, 1))
                 if cfg.startswith("adaptive"):
                     h = hist[cfg]
                     for d, n in drafter.depth_hist.items():
@@ -173,6 +175,8 @@ def run_batch_sweep(target, make_drafter, prompts=None, batch_sizes=None, max_ne
             "adaptive_vs_plain": med["adaptive"] / med["plain"] if med["plain"] > 0 else 0.0,
             "adaptive_depth_hist": {str(d): n for d, n in sorted(hist["adaptive"].items()) if n},
             "mean_accepted_length": {c: statistics.median(v) for c, v in mal.items()},
+            "ms_per_step": {c: statistics.median(v) for c, v in step_ms.items()},
+            "adaptive_model": _model_view(persistent, B),
             "all_tokens_per_s": tps,
             **({"adaptive_cold_tokens_per_s": med["adaptive_cold"],
                 "adaptive_cold_vs_best": med["adaptive_cold"] / best_other if best_other > 0 else 0.0,
@@ -205,6 +209,18 @@ def run_batch_sweep(target, make_drafter, prompts=None, batch_sizes=None, max_ne
         },
         "seconds": time.perf_counter() - t_start,
     }
+
+
+def _model_view(ad: AdaptiveDrafter, B: int) -> dict:
+    """What the persistent adaptive drafter believes at batch size B after the runs: per depth, expected tokens per
+    row-step, predicted ms per step and the tokens/s they imply (compare with the fixed depths' measurements)."""
+    out = {}
+    for d in range(ad.max_depth + 1):
+        t = ad.predicted_step_time(B, d)
+        e = ad.expected_tokens(d)
+        out[str(d)] = {"expected_tokens": round(e, 3), "step_ms": None if t is None else round(1e3 * t, 3),
+                       "tokens_per_s": None if not t else round(B * e / t, 1)}
+    return out
 
 
 def format_row(r: dict) -> str:
