@@ -76,9 +76,9 @@ def demo(args: argparse.Namespace) -> int:
     from specdec_ext.zoo import load_family
     from specdec_ext.zoo.evaluate import heldout_prompts
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise SystemExit(f"specdec demo: --threads must be >= 1, got {args.threads}")
+    if args.threads < 0:
+        raise SystemExit(f"specdec demo: --threads must be >= 0 (0 = torch's choice), got {args.threads}")
+    if args.threads:
         torch.set_num_threads(args.threads)
     for name, val in (("--max-new-tokens", args.max_new_tokens), ("--prompts", args.prompts),
                       ("--prompt-tokens", args.prompt_tokens)):
@@ -159,6 +159,8 @@ def add_demo_command(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--drafters", default=None, help="comma-separated subset of the family's drafters")
     p.add_argument("--stream-with", default="eagle3", help="the drafter of the streamed completion")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (the family's matrices are too small to gain from a second thread, and on "
+                        "a busy machine threads wait on each other at every op; 0 = torch's choice)")
     p.add_argument("--no-color", action="store_true", help="mark accepted drafts with «» instead of color")
     p.set_defaults(func=demo)

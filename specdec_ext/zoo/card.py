@@ -68,7 +68,7 @@ def render_card(card: dict) -> str:
         "",
         "## Training",
         f"Built {card['built']} on {card['machine']['cpu']} ({card['machine']['cores']} cores, torch "
-        f"{card['machine']['torch']}, {card['machine']['torch_threads']} threads): "
+        f"{card['machine']['torch']}, {card['machine']['torch_threads']} torch thread(s) in the last run): "
         f"{card['build_seconds']['wall'] / 60:.1f} min wall-clock, {card['build_seconds']['cpu'] / 60:.1f} min "
         "of CPU time (all threads). Per stage:",
         "",
