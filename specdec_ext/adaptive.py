@@ -19,8 +19,9 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
   conditional acceptance of depth i given depth i - 1 was accepted: exponentially decayed counts (factor ``decay``
   per step) from the rows of recent steps that drafted at least i deep; the decay is applied when a depth is tried
   again (``decay ** steps since its last update``), so an untried depth holds its estimate and a depth explored after
-  a long gap is judged by what it does now, not outvoted by old outcomes. A weak prior (``prior_accept`` with weight ``prior_weight`` row-steps) makes depths never tried look
-  good enough to be tried once, but never better than the measured shallower depths (the product bounds it).
+  a long gap is judged by what it does now, not outvoted by old outcomes. A weak prior (``prior_accept`` with weight
+  ``prior_weight`` row-steps) makes depths never tried look good enough to be tried once, but never better than the
+  measured shallower depths (the product bounds it).
 * ``t_target(x)``: the target's forward + verification + the loop's bookkeeping as a function of tokens in flight
   ``x = B * N(d)``: a decayed mean per measured ``x``, made non-decreasing (isotonic), linearly interpolated between
   measured points and extrapolated with the slope over the measured range (flat with one point).
@@ -167,7 +168,8 @@ class AdaptiveDrafter:
     """
 
     def __init__(self, inner, mode: str = "adapt", depth: int | None = None, *, decay: float = 0.85,
-                 explore_every: int = 16, explore_backoff: int = 4, prior_accept: float = 0.7, prior_weight: float = 1.0,
+                 explore_every: int = 16, explore_backoff: int = 4, prior_accept: float = 0.7,
+                 prior_weight: float = 1.0,
                  cost_alpha: float = 0.2, clock=None):
         for attr in ("propose", "observe", "begin"):
             if not callable(getattr(inner, attr, None)):
