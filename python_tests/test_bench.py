@@ -17,6 +17,7 @@ from specdec_ext.bench.context_sweep import fit_lengths, run_context_sweep
 from specdec_ext.bench.e2e import E2EConfig, compare_outputs, greedy_checks, measure, run_e2e
 from specdec_ext.bench.machine import machine_info, machine_tag
 from specdec_ext.bench.models import tiny_random
+from specdec_ext.bench.plots import main as plots_main
 from specdec_ext.bench.plots import plot_batch
 
 
@@ -84,7 +85,12 @@ def test_quick_suite_writes_json_and_pngs(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "wrote" in printed
     assert "| method | T=0 tokens/s" in printed and "| hf-assisted | " in printed  # the Markdown tables
-    assert "| prompt tokens | plain tokens/s | ngram: accepted / speedup" in printed
+    assert "| prompt tokens | plain tokens/s | ngram: accepted / speedup / loop speedup" in printed
+    # the plots can be redrawn from the JSON alone
+    for p in pngs:
+        os.remove(out / p)
+    assert plots_main([str(out / js[0])]) == 0
+    assert sorted(f for f in os.listdir(out) if f.endswith(".png")) == sorted(pngs)
 
 
 def test_compare_outputs_flags_a_wrong_output():

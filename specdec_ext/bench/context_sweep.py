@@ -1,5 +1,10 @@
 """Context-length sweep: acceptance and speedup against the prompt length (128 .. 4096 tokens by default).
 
+Each row has the end-to-end ``speedup`` (wall time of the whole call: with long prompts and a short budget the
+prefill, the same for every method, dominates and pulls it towards 1) and the decode-loop speedup
+(``predicted_speedup`` = mean accepted length x step time(plain) / step time(method), which at batch 1 is exactly
+tokens per second of the decode loop over plain decoding's, prefill excluded).
+
 Prompts of each length are cut from held-out text (see :meth:`BenchModels.prompts`), greedy decoding, batch 1,
 the same protocol as :mod:`specdec_ext.bench.e2e` (warm-up, round-robin, speedup vs plain decoding at the same
 length in the same run). Lengths that do not fit the target's ``max_position_embeddings`` together with the token
@@ -77,17 +82,21 @@ def run_context_sweep(models: BenchModels, lengths=DEFAULT_LENGTHS, methods: lis
 
 
 def markdown_table(ctx: dict) -> str:
-    """Mean accepted length and speedup per drafter (columns) and prompt length (rows), as Markdown."""
+    """Per drafter (columns) and prompt length (rows), as Markdown: mean accepted length, end-to-end speedup
+    (prefill included) and decode-loop speedup (prefill excluded: ``predicted_speedup``, which at batch 1 is
+    exactly tokens per decode-loop second over plain decoding's)."""
     rows = [r for r in ctx.get("rows", []) if r.get("tokens_per_s") is not None]
     methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "plain"]
     lengths = sorted({r["context_len"] for r in rows})
-    head = ["prompt tokens", "plain tokens/s"] + [f"{m}: accepted / speedup" for m in methods]
+    head = ["prompt tokens", "plain tokens/s"] + [f"{m}: accepted / speedup / loop speedup" for m in methods]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n in lengths:
         at = {r["method"]: r for r in rows if r["context_len"] == n}
         cells = [str(n), f"{at['plain']['tokens_per_s']:.1f}" if "plain" in at else "-"]
         for m in methods:
             r = at.get(m)
-            cells.append(f"{r['mean_accepted_length']:.2f} / {r['speedup']:.2f}x" if r and r.get("speedup") else "-")
+            loop = f" / {r['predicted_speedup']:.2f}x" if r and r.get("predicted_speedup") else " / -"
+            cells.append(f"{r['mean_accepted_length']:.2f} / {r['speedup']:.2f}x{loop}" if r and r.get("speedup")
+                         else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

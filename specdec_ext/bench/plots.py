@@ -73,7 +73,7 @@ def plot_context(results: dict, path: str) -> str | None:
     plt = _plt()
     rows = [r for r in ctx["rows"] if r.get("tokens_per_s") is not None]
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     lengths = sorted({r["context_len"] for r in rows})
     for i, m in enumerate(methods):
@@ -83,7 +83,8 @@ def plot_context(results: dict, path: str) -> str | None:
         if m != "plain":
             ax1.plot(xs, [p[1].get("mean_accepted_length") or 0 for p in pts], "o-", label=m, color=c)
         ax2.plot(xs, [p[1].get("speedup") or 0 for p in pts], "o-", label=m, color=c)
-    for ax in (ax1, ax2):
+        ax3.plot(xs, [p[1].get("predicted_speedup") or 0 for p in pts], "o-", label=m, color=c)
+    for ax in (ax1, ax2, ax3):
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.minorticks_off()
@@ -91,8 +92,10 @@ def plot_context(results: dict, path: str) -> str | None:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     ax1.set_ylabel("mean accepted length (tokens / target forward)")
-    ax2.set_ylabel("speedup over plain decoding (same length)")
-    ax2.axhline(1.0, color="grey", lw=0.8)
+    ax2.set_ylabel("end-to-end speedup (prefill included)")
+    ax3.set_ylabel("decode-loop speedup (prefill excluded)")
+    for ax in (ax2, ax3):
+        ax.axhline(1.0, color="grey", lw=0.8)
     note = ctx.get("note")
     fig.suptitle(_title(results, "context-length sweep, greedy") + (f"\n{note}" if note else ""), fontsize=9)
     fig.tight_layout()
@@ -172,3 +175,31 @@ def plot_all(results: dict, out_dir: str, stem: str) -> list[str]:
         if p:
             written.append(p)
     return written
+
+
+def main(argv=None) -> int:
+    """``python -m specdec_ext.bench.plots RESULTS.json``: redraws the PNGs next to the JSON and prints the tables."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m specdec_ext.bench.plots", description=main.__doc__)
+    p.add_argument("json")
+    args = p.parse_args(argv)
+    with open(args.json) as f:
+        results = json.load(f)
+    stem = os.path.splitext(os.path.basename(args.json))[0]
+    for path in plot_all(results, os.path.dirname(os.path.abspath(args.json)), stem):
+        print(f"wrote {path}")
+    if results.get("e2e"):
+        from specdec_ext.bench.e2e import markdown_table
+
+        print(markdown_table(results["e2e"]) + "\n")
+    if results.get("context"):
+        from specdec_ext.bench.context_sweep import markdown_table as context_table
+
+        print(context_table(results["context"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
