@@ -373,7 +373,7 @@ def test_draft_cost_at_a_new_batch_size_borrows_the_shape_of_a_measured_one():
     B_now = {"B": 4}
     draft.draft_time = lambda d: 1e-3 * B_now["B"] * d
     fake_run(ad, clock, 20, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: d, state=state)
-    assert ad.history[-5:] == [6] * 5 and all(ad.draft_cost[4].measured(d) for d in range(7))
+    assert ad.history[-5:] == [6] * 5 and all(ad.draft_cost[4].covers(d) for d in range(7))
     for x in (32, 64, 128, 256):  # the target's cost is known (flat) up to 256 tokens in flight
         ad.target_cost.add(x, 0.01)
     B_now["B"] = 32
@@ -381,6 +381,49 @@ def test_draft_cost_at_a_new_batch_size_borrows_the_shape_of_a_measured_one():
     # true scores at 32 rows: depth 0 1 / 0.01 = 100 tokens/s per row, depth 6 7 / (0.01 + 0.192) = 35
     assert ad.history[0] == 6 and ad.history[-5:] == [0] * 5, ad.history  # one deep step, then plain
     assert ad._draft_time(32, 3) == pytest.approx(0.096, rel=0.01)
+
+
+class FakeCatchUp(FakeChain):
+    """A chain drafter that, like a draft model, skips its forwards on plain steps and catches up on them at the next
+    speculative step: ``catch_up`` seconds per skipped step and row."""
+
+    def __init__(self, clock, catch_up: float, **kw):
+        super().__init__(clock, **kw)
+        self.catch_up, self.lag = catch_up, 0
+
+    def begin(self, target, state, prefill_hidden_states=None):
+        self.lag = 0
+
+    def propose(self, state, max_depth):
+        d = min(self.num_pred_tokens, max_depth)
+        if d > 0:
+            self.clock.t += self.lag * self.catch_up * state.batch_size
+            self.lag = 0
+        else:
+            self.lag += 1
+        return super().propose(state, max_depth)
+
+
+def test_exploring_out_of_plain_steps_is_skipped_where_the_catch_up_costs_more_than_the_budget():
+    """At 8 rows every token costs (plain decoding wins) and a speculative step after k plain steps costs the drafter
+    k x 8 ms of catch-up (as much as the k plain steps themselves). Catch-up time is not taken for the depth's own
+    draft cost; once measured, explorations out of plain steps stop (with the budget off, they go on)."""
+    out = {}
+    for budget in (0.05, float("inf")):
+        clock = FakeClock()
+        ad = AdaptiveDrafter(FakeCatchUp(clock, 1e-3, D=4, draft_time=lambda d: 1e-3 * d), explore_every=8,
+                             explore_backoff=1, catchup_budget=budget, clock=clock)
+        fake_run(ad, clock, 20, B=2, target_time=lambda x: 0.01, accept=lambda s, b, d: d)  # steady deep drafting
+        assert ad.history[-5:] == [4] * 5
+        before = ad.explorations
+        for g in range(4):
+            fake_run(ad, clock, 50, B=8, target_time=lambda x: 1e-3 * x, accept=geometric(0.7))
+            assert g == 0 or ad.history.count(0) >= (45 if budget < 1 else 40), ad.history
+        out[budget] = ad.explorations - before
+        if budget < 1:
+            assert ad.catchup[8] == pytest.approx(8e-3, rel=0.25), ad.catchup
+            assert ad._draft_time(8, 1) < 2e-3  # the depth's own cost, not the catch-up
+    assert out[0.05] <= 2 and out[float("inf")] >= 20, out
 
 
 def test_pinned_modes_and_budget_cap():
@@ -454,6 +497,7 @@ def test_cost_curve():
     (dict(prior_accept=1.5), r"prior_accept must be a number in \[0"),
     (dict(prior_weight=0), "prior_weight must be"),
     (dict(cost_alpha=0), "cost_alpha must be"),
+    (dict(catchup_budget=-1), "catchup_budget must be"),
 ])
 def test_bad_arguments_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):

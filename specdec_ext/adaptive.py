@@ -169,8 +169,7 @@ class AdaptiveDrafter:
 
     def __init__(self, inner, mode: str = "adapt", depth: int | None = None, *, decay: float = 0.85,
                  explore_every: int = 16, explore_backoff: int = 4, prior_accept: float = 0.7,
-                 prior_weight: float = 1.0,
-                 cost_alpha: float = 0.2, clock=None):
+                 prior_weight: float = 1.0, cost_alpha: float = 0.2, catchup_budget: float = 0.05, clock=None):
         for attr in ("propose", "observe", "begin"):
             if not callable(getattr(inner, attr, None)):
                 raise TypeError(f"AdaptiveDrafter: inner must be a drafter (with begin / propose / observe), got "
@@ -200,6 +199,7 @@ class AdaptiveDrafter:
         _check_number("prior_accept", prior_accept, 0.0, 1.0)
         _check_number("prior_weight", prior_weight, 0.0, float("inf"), low_open=True, high_open=True)
         _check_number("cost_alpha", cost_alpha, 0.0, 1.0, low_open=True)
+        _check_number("catchup_budget", catchup_budget, 0.0, float("inf"))  # inf: never skip
         if clock is not None and not callable(clock):
             raise TypeError(f"AdaptiveDrafter: clock must be a function returning seconds, got {clock!r}")
         self.inner = inner
@@ -213,6 +213,7 @@ class AdaptiveDrafter:
         self.prior_accept = float(prior_accept)
         self.prior_weight = float(prior_weight)
         self.cost_alpha = float(cost_alpha)
+        self.catchup_budget = float(catchup_budget)
         self.clock = clock or time.perf_counter
         self.reset()
 
@@ -238,6 +239,7 @@ class AdaptiveDrafter:
         self.target_cost = CostCurve(self.cost_alpha)  # x = tokens in flight -> seconds
         self.draft_cost: dict[int, CostCurve] = {}  # batch rows -> (depth -> seconds)
         self.nodes: dict[int, float] = {0: 1.0}  # depth -> mean tree nodes
+        self.catchup: dict[int, float] = {}  # batch rows -> draft seconds per plain step to catch up on afterwards
         self.depth_hist: dict[int, int] = {}
         self.history: list[int] = []
         self.steps_total = 0
@@ -252,6 +254,7 @@ class AdaptiveDrafter:
         self.inner.begin(target, state, prefill_hidden_states)
         self.history = []
         self._gen_step = 0
+        self._lag = 0  # plain steps since the last speculative one (the inner drafter catches up on them)
         self._pending = None
 
     @property
@@ -290,9 +293,17 @@ class AdaptiveDrafter:
             old = self.nodes.get(d)
             self.nodes[d] = float(N) if old is None else old + 0.5 * (N - old)
         # timings (not the generation's first step: drafters catch up on the prompt there)
+        lag, self._lag = self._lag, (self._lag + 1 if d == 0 else 0)
         if self._gen_step > 0:
             self.target_cost.add(B * N, t2 - t1)
-            self.draft_cost.setdefault(B, CostCurve(self.cost_alpha)).add(d, (t1 - t0) + (t3 - t2))
+            dt = (t1 - t0) + (t3 - t2)
+            if d > 0 and lag > 0:  # the drafter caught up on `lag` plain steps: not this depth's steady cost
+                if any(c.covers(d) for c in self.draft_cost.values()):  # (the excess over it, when that is known)
+                    excess = max(0.0, dt - self._draft_time(B, d)) / lag
+                    old = self.catchup.get(B)
+                    self.catchup[B] = excess if old is None else old + self.cost_alpha * (excess - old)
+            else:
+                self.draft_cost.setdefault(B, CostCurve(self.cost_alpha)).add(d, dt)
         self._gen_step += 1
         # acceptance: rows still generating after the step accepted exactly appended - 1 drafts (rows that finished
         # this step may have been cut at EOS / the budget: their outcome is censored and left out)
@@ -365,9 +376,9 @@ class AdaptiveDrafter:
         t_ref = ref.predict(d) or 0.0
         if curve is None:
             return t_ref
-        common = [k for k in curve.points if ref.covers(k)]
+        common = [k for k in curve.points if k > 0 and ref.covers(k)]  # (depth 0's near-zero times: a noisy ratio)
         if not common:
-            return curve.predict(d) or 0.0
+            return t_ref
         num = sum(curve.predict(k) or 0.0 for k in common)
         den = sum(ref.predict(k) or 0.0 for k in common)
         return t_ref * (num / den) if den > 0 else (curve.predict(d) or 0.0)
@@ -420,10 +431,21 @@ class AdaptiveDrafter:
         if self.explore_every and self._since_explore >= self._explore_gap:
             self._since_explore = 0
             self._explore_gap = min(2 * self._explore_gap, self.explore_every * self.explore_backoff)
-            self.explorations += 1
             up = self._explore_up
             self._explore_up = not up
-            if (up and d < limit) or d == 0:
-                return d + 1
-            return d - 1
+            e = d + 1 if (up and d < limit) or d == 0 else d - 1
+            if e > 0 and self._lag > 0 and self._catchup_too_dear(B, d):
+                return d  # leaving plain steps would cost the drafter's catch-up on all of them: skipped
+            self.explorations += 1
+            return e
         return d
+
+    def _catchup_too_dear(self, B: int, d: int) -> bool:
+        """Whether the inner drafter's catch-up per plain step (measured when a speculative step followed plain ones)
+        exceeds ``catchup_budget`` of a step at depth d: then an exploration out of a run of plain steps costs more
+        than that share of the run (a draft model re-reads every token it skipped), and is not worth it."""
+        c = self.catchup.get(B)
+        if c is None and self.catchup:
+            c = self.catchup[min(self.catchup, key=lambda b: (max(b / B, B / b), b))]
+        t = self.predicted_step_time(B, d)
+        return c is not None and t is not None and c > self.catchup_budget * t
