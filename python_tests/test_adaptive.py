@@ -426,6 +426,24 @@ def test_exploring_out_of_plain_steps_is_skipped_where_the_catch_up_costs_more_t
     assert out[0.05] <= 2 and out[float("inf")] >= 20, out
 
 
+def test_optimism_keeps_one_row_from_settling_on_a_depth_after_one_unlucky_step():
+    """At one row each step is one sample: a single failure at depth 3 pulls its estimate to 0.35, below what depth
+    3 needs to pay (~0.68), and without optimism only rare explorations could lift it (the drafter settles at depth
+    2). With one standard error of optimism on measured depths it keeps trying depth 3 and 4 until they are known,
+    and settles at the best depth (4: acceptance 0.8 per depth, drafting 2 ms per depth on a 9.5 ms target step)."""
+    hists = {}
+    for optimism in (0.0, 1.0):
+        clock = FakeClock()
+        inner = FakeCatchUp(clock, 2e-4, D=4, draft_time=lambda d: (1.5e-3 + 2e-3 * d) if d else 1e-4)
+        ad = AdaptiveDrafter(inner, optimism=optimism, clock=clock)
+        for g in range(6):  # six requests of 40 steps, one drafter
+            fake_run(ad, clock, 40, B=1, target_time=lambda x: 9.5e-3 + 0.5e-3 * (x - 1),
+                     accept=geometric(0.8, 300 + g))
+        hists[optimism] = dict(ad.depth_hist)
+    assert hists[0.0].get(2, 0) > 150, hists  # stuck one depth short
+    assert hists[1.0].get(4, 0) > 200, hists
+
+
 def test_pinned_modes_and_budget_cap():
     clock = FakeClock()
     steep = lambda x: 1e-3 * x  # noqa: E731
@@ -498,6 +516,7 @@ def test_cost_curve():
     (dict(prior_weight=0), "prior_weight must be"),
     (dict(cost_alpha=0), "cost_alpha must be"),
     (dict(catchup_budget=-1), "catchup_budget must be"),
+    (dict(optimism=-0.5), "optimism must be"),
 ])
 def test_bad_arguments_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -169,7 +169,8 @@ class AdaptiveDrafter:
 
     def __init__(self, inner, mode: str = "adapt", depth: int | None = None, *, decay: float = 0.85,
                  explore_every: int = 16, explore_backoff: int = 4, prior_accept: float = 0.7,
-                 prior_weight: float = 1.0, cost_alpha: float = 0.2, catchup_budget: float = 0.05, clock=None):
+                 prior_weight: float = 1.0, cost_alpha: float = 0.2, catchup_budget: float = 0.05,
+                 optimism: float = 1.0, clock=None):
         for attr in ("propose", "observe", "begin"):
             if not callable(getattr(inner, attr, None)):
                 raise TypeError(f"AdaptiveDrafter: inner must be a drafter (with begin / propose / observe), got "
@@ -200,6 +201,7 @@ class AdaptiveDrafter:
         _check_number("prior_weight", prior_weight, 0.0, float("inf"), low_open=True, high_open=True)
         _check_number("cost_alpha", cost_alpha, 0.0, 1.0, low_open=True)
         _check_number("catchup_budget", catchup_budget, 0.0, float("inf"))  # inf: never skip
+        _check_number("optimism", optimism, 0.0, 10.0)
         if clock is not None and not callable(clock):
             raise TypeError(f"AdaptiveDrafter: clock must be a function returning seconds, got {clock!r}")
         self.inner = inner
@@ -214,6 +216,7 @@ class AdaptiveDrafter:
         self.prior_weight = float(prior_weight)
         self.cost_alpha = float(cost_alpha)
         self.catchup_budget = float(catchup_budget)
+        self.optimism = float(optimism)
         self.clock = clock or time.perf_counter
         self.reset()
 
@@ -331,20 +334,26 @@ class AdaptiveDrafter:
         """Estimated P(depth i accepted | depth i - 1 accepted)."""
         return self._conditional()[i]
 
-    def _conditional(self) -> list[float]:
+    def _conditional(self, optimism: float = 0.0) -> list[float]:
         """``[i]``: estimated conditional acceptance of depth i (index 0 unused). The prior of depth i > 1 is the
         estimate of depth i - 1 when that is higher than ``prior_accept``: a drafter that keeps its drafts at depth
-        i - 1 is expected to keep them one deeper as well, until measured."""
+        i - 1 is expected to keep them one deeper as well, until measured. ``optimism``: measured depths get
+        ``optimism`` standard errors on top (``sqrt(c (1 - c) / n)``, n their decayed row-steps + the prior's)."""
         w, out, prev = self.prior_weight, [1.0], self.prior_accept
         for i in range(1, self.max_depth + 1):
             prior = max(self.prior_accept, prev) if i > 1 else self.prior_accept
-            prev = (self.acc_s[i] + w * prior) / (self.acc_n[i] + w)
-            out.append(prev)
+            n = self.acc_n[i] + w
+            prev = (self.acc_s[i] + w * prior) / n
+            if optimism and self.acc_n[i] > 0:
+                out.append(min(1.0, prev + optimism * (prev * (1.0 - prev) / n) ** 0.5))
+            else:
+                out.append(prev)
         return out
 
-    def expected_tokens(self, d: int) -> float:
-        """Estimated tokens per row-step at depth d: ``1 + sum_{i <= d} P(accept >= i)``."""
-        c = self._conditional()
+    def expected_tokens(self, d: int, optimism: float = 0.0) -> float:
+        """Estimated tokens per row-step at depth d: ``1 + sum_{i <= d} P(accept >= i)`` (``optimism``: see
+        ``_conditional``)."""
+        c = self._conditional(optimism)
         e, p = 1.0, 1.0
         for i in range(1, d + 1):
             p *= c[i]
@@ -390,12 +399,12 @@ class AdaptiveDrafter:
             return None
         return t + self._draft_time(B, d)
 
-    def score(self, B: int, d: int) -> float | None:
+    def score(self, B: int, d: int, optimism: float = 0.0) -> float | None:
         """Expected tokens per second per row at depth d (None before any timing)."""
         t = self.predicted_step_time(B, d)
         if t is None:
             return None
-        return self.expected_tokens(d) / max(t, 1e-12)
+        return self.expected_tokens(d, optimism) / max(t, 1e-12)
 
     def best_depth(self, B: int, limit: int) -> int:
         """The depth with the best score among 0..limit, going at most one depth past the largest tokens in flight
@@ -403,7 +412,7 @@ class AdaptiveDrafter:
         best, best_s = 0, None
         max_x = max(self.target_cost.points, default=0.0)
         for d in range(0, limit + 1):
-            s = self.score(B, d)
+            s = self.score(B, d, self.optimism)
             if s is None:
                 return min(1, limit)
             if best_s is None or s > best_s * (1 + 1e-9):
