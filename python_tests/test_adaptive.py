@@ -429,8 +429,9 @@ def test_exploring_out_of_plain_steps_is_skipped_where_the_catch_up_costs_more_t
 def test_optimism_keeps_one_row_from_settling_on_a_depth_after_one_unlucky_step():
     """At one row each step is one sample: a single failure at depth 3 pulls its estimate to 0.35, below what depth
     3 needs to pay (~0.68), and without optimism only rare explorations could lift it (the drafter settles at depth
-    2). With one standard error of optimism on measured depths it keeps trying depth 3 and 4 until they are known,
-    and settles at the best depth (4: acceptance 0.8 per depth, drafting 2 ms per depth on a 9.5 ms target step)."""
+    2). With one standard error of optimism on measured depths (from their row-steps so far: it fades as they
+    accumulate) it keeps trying depth 3 and 4 until they are known, and mostly takes the best depth (4: acceptance
+    0.8 per depth, drafting 2 ms per depth on a 9.5 ms target step)."""
     hists = {}
     for optimism in (0.0, 1.0):
         clock = FakeClock()
@@ -441,7 +442,8 @@ def test_optimism_keeps_one_row_from_settling_on_a_depth_after_one_unlucky_step(
                      accept=geometric(0.8, 300 + g))
         hists[optimism] = dict(ad.depth_hist)
     assert hists[0.0].get(2, 0) > 150, hists  # stuck one depth short
-    assert hists[1.0].get(4, 0) > 200, hists
+    h = hists[1.0]
+    assert h.get(4, 0) > 100 and h[4] == max(h.values()), hists  # the best depth, most of the time
 
 
 def test_pinned_modes_and_budget_cap():

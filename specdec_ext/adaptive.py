@@ -44,8 +44,17 @@ costs off the current point stay fresh (acceptance drops and cost changes at the
 ``explore_backoff`` times; the count runs across generations, as a server's drafter would see them), back to
 ``explore_every`` when the argmax or the batch size changes.
 
+Choice under uncertainty: the argmax scores measured depths with ``optimism`` standard errors added to their
+conditional acceptance (``sqrt(c (1 - c) / n)``, n the row-steps that measured them, not decayed: the bonus fades as
+they accumulate, so it changes no settled choice): at one row every step is one sample, and one unlucky step would
+otherwise settle the choice a depth short until an exploration happened to succeed.
+
 Depth 0 is a plain decoding step: the inner drafter is still asked (``propose(state, 0)`` returns a 1-node tree)
-and observes the result, so its caches stay in sync.
+and observes the result, so its caches stay in sync. A drafter with its own model skips its forwards on plain steps
+and catches up on them at the next speculative step; that step's draft time is kept apart from its depth's steady
+cost (as catch-up seconds per plain step, ``catchup``), and an exploration out of a run of plain steps is skipped
+where the catch-up per plain step exceeds ``catchup_budget`` of a step (leaving plain decoding for one step would
+cost re-reading every skipped token: at large batches a draft model's catch-up is ~10-20% of the plain steps).
 """
 
 from __future__ import annotations
@@ -159,6 +168,9 @@ class AdaptiveDrafter:
     ``depth`` may not exceed the inner drafter's own depth. ``decay``: per-step decay of the acceptance counts
     (0.85: about the last 7 steps matter). ``explore_every``: steps between exploration steps (0 = never);
     ``explore_backoff``: how far that gap may grow (times ``explore_every``) while the choice holds.
+    ``catchup_budget``: explorations out of plain steps are skipped where the drafter's catch-up per plain step
+    exceeds this share of a step (``inf``: never skipped). ``optimism``: standard errors added to measured acceptance
+    in the choice (0: the plain estimate).
     ``prior_accept`` / ``prior_weight``: the prior of each depth's conditional acceptance and its weight in
     row-steps. ``cost_alpha``: weight of the newest timing in the cost curves' moving averages. ``clock``: a
     function returning seconds (default ``time.perf_counter``).
@@ -239,6 +251,7 @@ class AdaptiveDrafter:
         self.acc_n = [0.0] * (D + 1)  # [i]: decayed row-steps that drafted depth i with depth i - 1 accepted
         self.acc_s = [0.0] * (D + 1)  # [i]: ... of which depth i was accepted
         self.acc_at = [0] * (D + 1)  # [i]: the step (steps_total) at which depth i's counts were last updated
+        self.acc_tot = [0.0] * (D + 1)  # [i]: row-steps that drafted depth i with depth i - 1 accepted, not decayed
         self.target_cost = CostCurve(self.cost_alpha)  # x = tokens in flight -> seconds
         self.draft_cost: dict[int, CostCurve] = {}  # batch rows -> (depth -> seconds)
         self.nodes: dict[int, float] = {0: 1.0}  # depth -> mean tree nodes
@@ -328,6 +341,7 @@ class AdaptiveDrafter:
                     self.acc_n[i] = f * self.acc_n[i] + elig[i]
                     self.acc_s[i] = f * self.acc_s[i] + succ[i]
                     self.acc_at[i] = now
+                    self.acc_tot[i] += elig[i]
 
     # ---- the model ------------------------------------------------------------------------------------------------
     def conditional_acceptance(self, i: int) -> float:
@@ -338,14 +352,13 @@ class AdaptiveDrafter:
         """``[i]``: estimated conditional acceptance of depth i (index 0 unused). The prior of depth i > 1 is the
         estimate of depth i - 1 when that is higher than ``prior_accept``: a drafter that keeps its drafts at depth
         i - 1 is expected to keep them one deeper as well, until measured. ``optimism``: measured depths get
-        ``optimism`` standard errors on top (``sqrt(c (1 - c) / n)``, n their decayed row-steps + the prior's)."""
+        ``optimism`` standard errors on top (``sqrt(c (1 - c) / n)``, n their row-steps so far + the prior's)."""
         w, out, prev = self.prior_weight, [1.0], self.prior_accept
         for i in range(1, self.max_depth + 1):
             prior = max(self.prior_accept, prev) if i > 1 else self.prior_accept
-            n = self.acc_n[i] + w
-            prev = (self.acc_s[i] + w * prior) / n
-            if optimism and self.acc_n[i] > 0:
-                out.append(min(1.0, prev + optimism * (prev * (1.0 - prev) / n) ** 0.5))
+            prev = (self.acc_s[i] + w * prior) / (self.acc_n[i] + w)
+            if optimism and self.acc_tot[i] > 0:
+                out.append(min(1.0, prev + optimism * (prev * (1.0 - prev) / (self.acc_tot[i] + w)) ** 0.5))
             else:
                 out.append(prev)
         return out
