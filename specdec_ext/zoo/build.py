@@ -30,6 +30,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from specdec_ext.bench.machine import cpu_model
 from specdec_ext.zoo.corpus import python_sources, read_sources, split_sources, stdlib_dir
 from specdec_ext.zoo.spec import ZooSpec
 
@@ -272,7 +273,7 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     card = {
         "name": "specdec-zoo-pystdlib",
         "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "torch": torch.__version__, "python": platform.python_version()},
         "spec": spec.to_dict(),
         "training": training,
@@ -288,13 +289,3 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
          f"{card['build_seconds']['wall'] / 60:.1f} min wall ({card['build_seconds']['cpu'] / 60:.1f} min CPU)")
     return card
 
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
