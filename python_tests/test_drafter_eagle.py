@@ -518,3 +518,23 @@ def test_cli_eagle(tmp_path, capsys):
     out = capsys.readouterr().out
     assert " ".join(map(str, reference_outputs()[1])) in out
     assert "accepted" in out
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_draft_prefill_runs_in_begin(version):
+    """The EAGLE draft reads every prompt position but the last during the generation's prefill (begin): the first
+    propose's catch-up covers one position per row; output equals HF greedy, 1-token prompts included."""
+    m = target()
+    drafter = EagleDrafter(trained_draft(version), depth=3, top_k=2, total_tokens=6, target=m)
+    seen = []
+    propose = drafter.propose
+
+    def spy(state, max_depth):
+        seen.append(list(drafter.valid))
+        return propose(state, max_depth)
+    drafter.propose = spy
+    prompts = [PROMPTS[4], [PROMPTS[0][0]], PROMPTS[1]]
+    outs, _ = generate(m, drafter, prompts, max_new_tokens=6, eos_token_id=[])
+    assert seen[0] == [len(PROMPTS[4]) - 2, 0, len(PROMPTS[1]) - 2]
+    for p, o in zip(prompts, outs):
+        assert o[len(p):].tolist() == hf_greedy(m, p, 6)

@@ -138,7 +138,8 @@ def test_draft_model_identical_to_target_accepts_everything():
     assert stats.steps == 5 and stats.mean_accepted_length == pytest.approx(23 / 5)
     assert stats.accept_hist[4] == 4 and stats.accept_hist[2] == 1
     assert stats.acceptance_by_depth[0] == 1.0
-    assert stats.draft_forwards == 4 * 4 + 2  # per step: catch-up + (k - 1) chain forwards; last step k = 2
+    # the prompt's prefill in begin(), then per step: catch-up (the root) + (k - 1) chain forwards; last step k = 2
+    assert stats.draft_forwards == 1 + 4 * 4 + 2
 
 
 @pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "tree"])
@@ -229,3 +230,22 @@ def test_ngram_index_equals_the_scan():
             assert drafter._lookup(0, ctx, 4) == want, ctx
             ctx.extend(torch.randint(0, vocab, (int(torch.randint(1, 4, (1,), generator=gen)),),
                                      generator=gen).tolist())
+
+
+def test_draft_model_prefills_its_cache_in_begin():
+    """The draft model reads the prompt (all but the root) during the generation's prefill, so the first decoding
+    step feeds only the root; output unchanged."""
+    model = target("llama")
+    drafter = DraftModelDrafter(copy.deepcopy(model), num_draft_tokens=3)
+    seen = []
+    propose = drafter.propose
+
+    def spy(state, max_depth):
+        seen.append(list(drafter.valid))
+        return propose(state, max_depth)
+    drafter.propose = spy
+    prompts = [prompt_of(11, 3), prompt_of(4, 4)]
+    outs, _ = generate(model, drafter, prompts, max_new_tokens=6, eos_token_id=[])
+    assert seen[0] == [10, 3]
+    for p, o in zip(prompts, outs):
+        assert o[len(p):].tolist() == hf_greedy(model, p, 6)

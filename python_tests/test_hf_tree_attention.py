@@ -267,6 +267,28 @@ def test_head_size_the_kernel_lacks_uses_the_mask_fallback(head_dim, monkeypatch
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("use_kernel", [True, False])
+def test_chain_without_parents_skips_build_tree_and_matches(use_kernel, monkeypatch):
+    """parents=None (a chain: prefill, extend, draft-model steps) gives the same logits as the explicit chain and
+    never calls build_tree, whose [B, N, N] paths would cost O(N^2) memory on a long prompt."""
+    model = make_model("llama")
+    use_tree_attention(model)
+    gen = torch.Generator().manual_seed(10)
+    B, N = 2, 9
+    prompts, padded = random_prompts(gen, [4, 6])
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    prefix = torch.tensor([4, 6])
+    results = []
+    for parents in (ops.chain_parents(B, N), None):
+        cache = TreeKVCache(model.config, B, 24)
+        with torch.no_grad():
+            extend(model, cache, padded, prefix)
+            counter = CountCalls(monkeypatch, "build_tree")
+            results.append(tree_forward(model, cache, tokens, parents, prefix, use_kernel=use_kernel))
+        assert counter.calls == (1 if parents is not None else 0)
+    torch.testing.assert_close(results[1], results[0], atol=0, rtol=0)
+
+
 def test_fallback_mask_matches_reference_definition():
     gen = torch.Generator().manual_seed(3)
     B, N, S = 3, 6, 20

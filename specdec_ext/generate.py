@@ -286,7 +286,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     if P > 1:  # everything but each prompt's last token (the first root); its logits are not needed
         T = P - 1
         extra = {"logits_to_keep": 1} if _accepts(target, "logits_to_keep") else {}
-        out = tree_forward(target, cache, state.tokens[:, :T], ops.chain_parents(B, T, device=device), 0,
+        out = tree_forward(target, cache, state.tokens[:, :T], None, 0,
                            use_kernel=False if T > EXTEND_KERNEL_MAX_TOKENS else None, validate=False,
                            **hidden_kwargs, **extra)
         if layers:

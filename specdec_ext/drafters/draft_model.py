@@ -87,12 +87,20 @@ class DraftModelDrafter:
         self.valid = [0] * state.batch_size  # per row: context tokens the draft cache holds correctly
         self.fed = 0  # drafts fed in the last propose (their K/V sit after the context)
         self.forwards = 0
+        # Prefill the draft cache with each prompt but its last token (the first root) now, in the generation's
+        # prefill: left to the first propose it would bill a whole prompt forward to the first decoding step.
+        lengths = [n - 1 for n in state.prompt_lens]
+        T = max(lengths)
+        if T > 0:
+            self._forward(state.tokens[:, :T], torch.zeros(state.batch_size, dtype=torch.int64, device=state.device),
+                          to_device(lengths, state.device))
+            self.valid = lengths
 
     def _forward(self, tokens: torch.Tensor, prefix: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
         """Appends ``tokens[B, T]`` (row b's first ``num[b]``) after ``prefix[b]``; returns logits ``[B, T, V]``."""
         B, T = tokens.shape
         use_kernel = False if T > EXTEND_KERNEL_MAX_TOKENS else None
-        logits = tree_forward(self.model, self.cache, tokens, ops.chain_parents(B, T, device=tokens.device), prefix,
+        logits = tree_forward(self.model, self.cache, tokens, None, prefix,
                               use_kernel=use_kernel, validate=False)
         self.cache.rewind(prefix + num)
         self.forwards += 1

@@ -152,6 +152,11 @@ class EagleDrafter:
         if prefill_hidden_states is not None:
             f = torch.cat([h.to(p.dtype) for h in prefill_hidden_states], -1)  # [B, P_max - 1, Hf]
             self.feats[:, : f.shape[1]] = f
+            # The draft's own prefill, now (the generation's prefill): every prompt position but the last, which
+            # the first propose's catch-up reads to predict the root's feature. Left to that propose, a whole
+            # prompt's forward would be billed to the first decoding step.
+            if max(state.prompt_lens) >= 3:
+                self._catch_up(state, hold=1)
 
     def _features(self, hidden_states) -> torch.Tensor:
         return torch.cat([h.to(self.feats.dtype) for h in hidden_states], -1)
@@ -161,11 +166,11 @@ class EagleDrafter:
 
     # ---- drafting ---------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def _catch_up(self, state: DecodeState):
-        """One chain forward over each row's positions ``valid .. n - 2``; returns the root's predicted hidden
-        ``[B, H]``, the root entry's position ``[B]`` and the new valid lengths (host)."""
+    def _catch_up(self, state: DecodeState, hold: int = 0):
+        """One chain forward over each row's positions ``valid .. n - 2 - hold``; returns the last position's
+        predicted hidden ``[B, H]`` (with ``hold`` 0: the root's) and position ``[B]``; updates the valid lengths."""
         B, dev = state.batch_size, state.device
-        lengths = [len(t) for t in state.host_tokens]
+        lengths = [len(t) - hold for t in state.host_tokens]
         start = [min(v, max(n - 2, 0)) for v, n in zip(self.valid, lengths)]
         count = [max(n - 1 - s, 1) for s, n in zip(start, lengths)]
         T = max(count)
@@ -184,7 +189,7 @@ class EagleDrafter:
                          write_slots=slots, kv_len=kv_len)
         self.forwards += 1
         root_h = out.gather(1, (count_t - 1)[:, None, None].expand(B, 1, out.shape[-1]))[:, 0]
-        self.valid = [min(s + c, n - 1) for s, c, n in zip(start, count, lengths)]
+        self.valid = [max(0, min(s + c, n - 1)) for s, c, n in zip(start, count, lengths)]
         return root_h, start_t + count_t - 1
 
     @torch.no_grad()

@@ -80,13 +80,15 @@ def _as_rows(value, B: int, device, name: str) -> torch.Tensor:
 
 
 @torch.no_grad()  # a KV cache is inference state: writing K/V that require grad into it would fail in place
-def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch.Tensor,
+def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch.Tensor | None,
                  prefix_lens: torch.Tensor | int | None = None, *, use_kernel: bool | None = None,
                  packed: bool = True, validate: bool = True, return_outputs: bool = False,
                  **model_kwargs) -> torch.Tensor:
     """Verification forward of a draft tree per row; returns logits ``[B, N, V]``.
 
-    ``tokens[B, N]`` / ``parents[B, N]`` (int64; node 0 the root, parents earlier than children); ``prefix_lens``
+    ``tokens[B, N]`` / ``parents[B, N]`` (int64; node 0 the root, parents earlier than children; ``None``: a chain,
+    whose positions are computed directly — no ``build_tree``, whose ``[B, N, N]`` paths would cost O(N^2) memory
+    on a long prompt); ``prefix_lens``
     (number or ``[B]``; default: the cache's lengths) tokens of each row already in ``cache`` before the root.
     Anything the cache holds at or beyond ``prefix_lens[b]`` is overwritten. ``use_kernel``: None = the kernel when
     the model is set to ``"specdec_tree"``, else the 4-D mask fallback. ``packed``: bit-packed tree mask for the
@@ -94,6 +96,9 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     Extra ``model_kwargs`` go to the model's forward (e.g. ``output_hidden_states=True``); with
     ``return_outputs`` the model's whole output (logits, hidden states) is returned instead of the logits.
     """
+    chain = parents is None
+    if chain and tokens.dim() == 2:
+        parents = ops.chain_parents(tokens.shape[0], tokens.shape[1], device=tokens.device)
     if tokens.dim() != 2 or parents.shape != tokens.shape:
         raise ValueError(f"tree_forward: tokens and parents must both have shape [B, N], got tokens "
                          f"{tuple(tokens.shape)} and parents {tuple(parents.shape)}")
@@ -118,7 +123,10 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
         if window is not None and int((prefix + N).max()) > window:
             raise NotImplementedError(f"tree_forward: prefix_lens + N exceeds the model's sliding window ({window}); "
                                       "sliding-window masks are not applied by tree verification")
-    info = ops.build_tree(parents, prefix, validate=validate)
+    if chain:
+        position_ids = prefix[:, None] + torch.arange(N, device=device)
+    else:
+        position_ids = ops.build_tree(parents, prefix, validate=validate).position_ids
     use_kernel = is_tree_attention(model) if use_kernel is None else use_kernel
     if use_kernel and not is_tree_attention(model):
         raise ValueError("tree_forward: use_kernel=True needs the model set to 'specdec_tree' "
@@ -132,12 +140,12 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
         kwargs[PREFIX_LENS_KWARG] = prefix
         kwargs[TREE_MASK_KWARG] = tree_mask
         with tree_metadata(prefix, tree_mask):
-            out = model(input_ids=tokens, attention_mask=placeholder, position_ids=info.position_ids,
+            out = model(input_ids=tokens, attention_mask=placeholder, position_ids=position_ids,
                         use_cache=True, **kwargs)
     else:
         tree_mask = ops.tree_ancestor_mask(parents, packed=False, validate=False)
         mask = tree_attention_mask(prefix, tree_mask, cache.max_len, dtype=_model_dtype(model, cache))
-        out = model(input_ids=tokens, attention_mask=mask, position_ids=info.position_ids, use_cache=True, **kwargs)
+        out = model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True, **kwargs)
     cache.rewind(prefix)
     return out if return_outputs else out.logits
 
@@ -159,7 +167,7 @@ def extend(model, cache: TreeKVCache, tokens: torch.Tensor, num_tokens: torch.Te
     if T > EXTEND_KERNEL_MAX_TOKENS:
         kwargs.setdefault("use_kernel", False)
     prefix = cache.lengths
-    logits = tree_forward(model, cache, tokens, ops.chain_parents(B, T, device=cache.device), prefix, **kwargs)
+    logits = tree_forward(model, cache, tokens, None, prefix, **kwargs)
     n = _as_rows(T if num_tokens is None else num_tokens, B, cache.device, "num_tokens")
     if bool(((n < 0) | (n > T)).any()):
         raise ValueError(f"extend: num_tokens must be in [0, T = {T}], got {n.tolist()}")
