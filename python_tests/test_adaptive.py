@@ -426,6 +426,21 @@ def test_exploring_out_of_plain_steps_is_skipped_where_the_catch_up_costs_more_t
     assert out[0.05] <= 2 and out[float("inf")] >= 20, out
 
 
+def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():
+    """Deep drafting pays here, but after 50 plain steps with a catch-up of 50 ms per plain step, the first
+    speculative step would cost 2.5 s; spread over ``explore_every`` steps that outweighs the gain: plain stays."""
+    clock = FakeClock()
+    ad = AdaptiveDrafter(FakeChain(clock, D=4, draft_time=lambda d: 1e-3 * d), explore_every=16, clock=clock)
+    fake_run(ad, clock, 20, B=8, target_time=lambda x: 0.01 + 1e-4 * x, accept=lambda s, b, d: d)
+    assert ad.history[-5:] == [4] * 5
+    ad.catchup[8] = 0.05
+    assert ad.best_depth(8, 4) == 4  # not in a plain run: nothing to catch up on
+    ad._lag = 50
+    assert ad.best_depth(8, 4) == 0
+    ad._lag = 1  # one plain step behind: 50 ms / 16 per step, deep drafting still pays
+    assert ad.best_depth(8, 4) == 4
+
+
 def test_optimism_keeps_one_row_from_settling_on_a_depth_after_one_unlucky_step():
     """At one row each step is one sample: a single failure at depth 3 pulls its estimate to 0.35, below what depth
     3 needs to pay (~0.68), and without optimism only rare explorations could lift it (the drafter settles at depth

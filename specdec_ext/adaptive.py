@@ -256,6 +256,7 @@ class AdaptiveDrafter:
         self.draft_cost: dict[int, CostCurve] = {}  # batch rows -> (depth -> seconds)
         self.nodes: dict[int, float] = {0: 1.0}  # depth -> mean tree nodes
         self.catchup: dict[int, float] = {}  # batch rows -> draft seconds per plain step to catch up on afterwards
+        self._lag = 0
         self.depth_hist: dict[int, int] = {}
         self.history: list[int] = []
         self.steps_total = 0
@@ -424,10 +425,16 @@ class AdaptiveDrafter:
         measured so far (costs beyond it are extrapolated: climb one step at a time instead of jumping)."""
         best, best_s = 0, None
         max_x = max(self.target_cost.points, default=0.0)
+        c = self._catchup_at(B) if self._lag > 0 else None
+        # leaving a run of plain steps costs the drafter's catch-up on them once: spread over the steps it is expected
+        # to stay (``explore_every``), it is charged to every speculative depth
+        extra = c * self._lag / max(1, self.explore_every) if c else 0.0
         for d in range(0, limit + 1):
             s = self.score(B, d, self.optimism)
             if s is None:
                 return min(1, limit)
+            if d > 0 and extra:
+                s = self.expected_tokens(d, self.optimism) / (self.predicted_step_time(B, d) + extra)
             if best_s is None or s > best_s * (1 + 1e-9):
                 best, best_s = d, s
             if B * self.nodes_at(d) > max_x:
@@ -466,8 +473,13 @@ class AdaptiveDrafter:
         """Whether the inner drafter's catch-up per plain step (measured when a speculative step followed plain ones)
         exceeds ``catchup_budget`` of a step at depth d: then an exploration out of a run of plain steps costs more
         than that share of the run (a draft model re-reads every token it skipped), and is not worth it."""
+        c = self._catchup_at(B)
+        t = self.predicted_step_time(B, d)
+        return c is not None and t is not None and c > self.catchup_budget * t
+
+    def _catchup_at(self, B: int) -> float | None:
+        """Catch-up seconds per plain step at B rows (measured at B, else at the nearest batch size; None: unknown)."""
         c = self.catchup.get(B)
         if c is None and self.catchup:
             c = self.catchup[min(self.catchup, key=lambda b: (max(b / B, B / b), b))]
-        t = self.predicted_step_time(B, d)
-        return c is not None and t is not None and c > self.catchup_budget * t
+        return c
