@@ -55,6 +55,8 @@ and catches up on them at the next speculative step; that step's draft time is k
 cost (as catch-up seconds per plain step, ``catchup``), and an exploration out of a run of plain steps is skipped
 where the catch-up per plain step exceeds ``catchup_budget`` of a step (leaving plain decoding for one step would
 cost re-reading every skipped token: at large batches a draft model's catch-up is ~10-20% of the plain steps).
+The argmax, in a run of k plain steps, charges every speculative depth ``catchup * k / explore_every`` seconds (the
+catch-up spread over the steps it is expected to stay).
 """
 
 from __future__ import annotations
