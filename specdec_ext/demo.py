@@ -110,7 +110,6 @@ def demo(args: argparse.Namespace) -> int:
     legend = "green" if streamer.color else "«between marks»"
     print(f"\n1. Completion by the {args.stream_with} drafter (greedy; accepted draft tokens {legend}):\n")
     print(fam.tokenizer.decode(prompts[0]), end="")
-    print("", end="", flush=True)
     _, stats, _ = _run(fam, args.stream_with, prompts[0], args.max_new_tokens, streamer)
     print(f"\n   {stats.new_tokens} tokens, {streamer.drafted} of them from accepted drafts, in {stats.steps} target "
           f"forwards (mean accepted length {stats.mean_accepted_length:.2f})")
