@@ -219,6 +219,24 @@ def test_plain_forwards_are_sdpa_exactly():
     assert torch.equal(results[0][1], results[1][1])
 
 
+def assert_mask_fallback_matches_paths(model, monkeypatch, seed: int, prompt_lens: list[int], N: int) -> None:
+    """After a prefill of ``prompt_lens``, one random tree per row through tree_forward without the kernel (never
+    called) gives every node the logits of its root-to-node path run alone."""
+    gen = torch.Generator().manual_seed(seed)
+    B = len(prompt_lens)
+    prompts, padded = random_prompts(gen, prompt_lens)
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    parents = random_tree(gen, B, N)
+    expected = path_logits(model, prompts, tokens, parents)
+    counter = CountCalls(monkeypatch, "tree_attention")
+    cache = TreeKVCache(model.config, B, 24)
+    with torch.no_grad():
+        extend(model, cache, padded, torch.tensor(prompt_lens))
+        got = tree_forward(model, cache, tokens, parents)
+    assert counter.calls == 0
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
 def test_model_without_attention_interface_uses_the_mask_fallback(monkeypatch):
     """GPT-Neo computes attention itself (no AttentionInterface): use_tree_attention declines and tree_forward
     hands it the additive 4-D mask; same logits as each path alone."""
@@ -228,20 +246,7 @@ def test_model_without_attention_interface_uses_the_mask_fallback(monkeypatch):
     model = transformers.GPTNeoForCausalLM(config).eval()
     assert not uses_attention_interface(model)
     assert not use_tree_attention(model)
-    gen = torch.Generator().manual_seed(8)
-    B, N = 3, 7
-    prompt_lens = [4, 7, 1]
-    prompts, padded = random_prompts(gen, prompt_lens)
-    tokens = torch.randint(0, V, (B, N), generator=gen)
-    parents = random_tree(gen, B, N)
-    expected = path_logits(model, prompts, tokens, parents)
-    counter = CountCalls(monkeypatch, "tree_attention")
-    cache = TreeKVCache(model.config, B, 24)
-    with torch.no_grad():
-        extend(model, cache, padded, torch.tensor(prompt_lens))
-        got = tree_forward(model, cache, tokens, parents)
-    assert counter.calls == 0
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert_mask_fallback_matches_paths(model, monkeypatch, seed=8, prompt_lens=[4, 7, 1], N=7)
 
 
 @pytest.mark.parametrize("head_dim", [16, 32, 48])
@@ -251,20 +256,7 @@ def test_head_size_the_kernel_lacks_uses_the_mask_fallback(head_dim, monkeypatch
     model = make_model("llama", head_dim=head_dim)
     assert uses_attention_interface(model)
     assert not use_tree_attention(model)
-    gen = torch.Generator().manual_seed(9)
-    B, N = 2, 6
-    prompt_lens = [5, 2]
-    prompts, padded = random_prompts(gen, prompt_lens)
-    tokens = torch.randint(0, V, (B, N), generator=gen)
-    parents = random_tree(gen, B, N)
-    expected = path_logits(model, prompts, tokens, parents)
-    counter = CountCalls(monkeypatch, "tree_attention")
-    cache = TreeKVCache(model.config, B, 24)
-    with torch.no_grad():
-        extend(model, cache, padded, torch.tensor(prompt_lens))
-        got = tree_forward(model, cache, tokens, parents)
-    assert counter.calls == 0
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert_mask_fallback_matches_paths(model, monkeypatch, seed=9, prompt_lens=[5, 2], N=6)
 
 
 @pytest.mark.parametrize("use_kernel", [True, False])
