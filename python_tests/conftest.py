@@ -20,6 +20,16 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a test that takes more than a few seconds on 2 CPU cores")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For modules that run tiny models (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``): they run as
+    fast on one thread, and one thread does not stall when another process holds a core."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 @pytest.fixture(params=DEVICES)
 def device(request) -> str:
     return request.param

@@ -29,12 +29,7 @@ from specdec_ext.drafters.base import DecodeState, DraftTree, SamplingParams, St
 from specdec_ext.generate import generate  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -21,12 +21,7 @@ from specdec_ext.bench.plots import main as plots_main
 from specdec_ext.bench.plots import plot_batch
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 _MODELS: dict = {}

@@ -37,12 +37,7 @@ L_TARGET = 8  # EAGLE-3 features: inputs of layers (2, 4, 5)
 VD = 64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 _CACHE: dict = {}

@@ -38,12 +38,7 @@ from specdec_ext.models import TreeKVCache  # noqa: E402
 from specdec_ext.ops.reference import filtered_weights  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 NEW = 20  # token budget of the greedy batches

@@ -28,13 +28,8 @@ from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.ops.reference import filtered_weights  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run as fast on one thread, and one thread does not stall when another process holds a core."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 V = 8
 ROWS = 5000
