@@ -263,3 +263,16 @@ def assert_verification_matches(got, want, redraw):
     ``redraw(delta)`` reruns the reference with the next-token uniform shifted by delta and returns next_token."""
     assert_equal_tuples(got[:2], want[:2], ["accepted", "accept_len"])
     assert_draws_match(got[2], want[2], redraw)
+
+
+def record_valid_at_propose(drafter) -> list:
+    """Wraps ``drafter.propose`` to record a copy of ``drafter.valid`` (the context each row's draft cache holds)
+    at every call; returns the list the records go to."""
+    seen: list = []
+    propose = drafter.propose
+
+    def spy(state, max_depth):
+        seen.append(list(drafter.valid))
+        return propose(state, max_depth)
+    drafter.propose = spy
+    return seen

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
+from helpers import record_valid_at_propose  # noqa: E402
 from hf_reference import CountForwards, hf_greedy  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
@@ -521,13 +522,7 @@ def test_draft_prefill_runs_in_begin(version):
     propose's catch-up covers one position per row; output equals HF greedy, 1-token prompts included."""
     m = target()
     drafter = EagleDrafter(trained_draft(version), depth=3, top_k=2, total_tokens=6, target=m)
-    seen = []
-    propose = drafter.propose
-
-    def spy(state, max_depth):
-        seen.append(list(drafter.valid))
-        return propose(state, max_depth)
-    drafter.propose = spy
+    seen = record_valid_at_propose(drafter)
     prompts = [PROMPTS[4], [PROMPTS[0][0]], PROMPTS[1]]
     outs, _ = generate(m, drafter, prompts, max_new_tokens=6, eos_token_id=[])
     assert seen[0] == [len(PROMPTS[4]) - 2, 0, len(PROMPTS[1]) - 2]

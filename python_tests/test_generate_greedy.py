@@ -16,6 +16,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from helpers import record_valid_at_propose  # noqa: E402
 from hf_reference import CountForwards, hf_greedy  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
@@ -232,13 +233,7 @@ def test_draft_model_prefills_its_cache_in_begin():
     step feeds only the root; output unchanged."""
     model = target("llama")
     drafter = DraftModelDrafter(copy.deepcopy(model), num_draft_tokens=3)
-    seen = []
-    propose = drafter.propose
-
-    def spy(state, max_depth):
-        seen.append(list(drafter.valid))
-        return propose(state, max_depth)
-    drafter.propose = spy
+    seen = record_valid_at_propose(drafter)
     prompts = [prompt_of(11, 3), prompt_of(4, 4)]
     outs, _ = generate(model, drafter, prompts, max_new_tokens=6, eos_token_id=[])
     assert seen[0] == [10, 3]
