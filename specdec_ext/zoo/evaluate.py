@@ -33,7 +33,7 @@ def evaluate_drafters(family, prompts: list[list[int]], max_new_tokens: int, nam
     """Greedy decoding of every prompt (batch 1) without and with each drafter: per drafter the mean accepted
     length (tokens per target forward), acceptance by depth, tokens/s and whether its output equals plain greedy
     output token for token."""
-    from specdec_ext.generate import generate
+    from specdec_ext.generate import DecodeStats, generate
 
     names = list(names or family.drafter_names)
     results: dict = {}
@@ -57,11 +57,7 @@ def evaluate_drafters(family, prompts: list[list[int]], max_new_tokens: int, nam
             tokens += stats.new_tokens
             forwards += stats.row_steps
             hist = [a + b for a, b in zip(hist, stats.accept_hist)] if hist else list(stats.accept_hist)
-        total = sum(hist)
-        by_depth, running = [], total
-        for d in range(1, len(hist)):
-            running -= hist[d - 1]
-            by_depth.append(round(running / total, 4) if total else 0.0)
+        by_depth = [round(x, 4) for x in DecodeStats(accept_hist=hist).acceptance_by_depth]
         results[name] = {"mean_accepted_length": round(tokens / max(forwards, 1), 4),
                          "acceptance_by_depth": by_depth, "tokens_per_s": tokens / elapsed,
                          "speedup": (tokens / elapsed) / results["plain"]["tokens_per_s"],
