@@ -6,11 +6,20 @@ import torch  # noqa: F401  (loads libtorch, which _C links against)
 
 from specdec_ext import _C  # loads the compiled library and its op registrations
 from specdec_ext import ops
-from specdec_ext.adaptive import AdaptiveDrafter  # noqa: E402  (adaptive speculation, see specdec_ext/adaptive.py)
 
 __version__ = "0.1.0"
 
-__all__ = ["ops", "built_with_cuda", "__version__"]
+__all__ = ["AdaptiveDrafter", "ops", "built_with_cuda", "__version__"]
+
+
+def __getattr__(name: str):
+    # AdaptiveDrafter (specdec_ext/adaptive.py) imports the drafters and through them transformers: loaded on first
+    # use, so that `import specdec_ext` for the ops alone stays light.
+    if name == "AdaptiveDrafter":
+        from specdec_ext.adaptive import AdaptiveDrafter
+
+        return AdaptiveDrafter
+    raise AttributeError(f"module 'specdec_ext' has no attribute {name!r}")
 
 
 def built_with_cuda() -> bool:
