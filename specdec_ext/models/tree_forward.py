@@ -97,11 +97,11 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     ``return_outputs`` the model's whole output (logits, hidden states) is returned instead of the logits.
     """
     chain = parents is None
-    if chain and tokens.dim() == 2:
-        parents = ops.chain_parents(tokens.shape[0], tokens.shape[1], device=tokens.device)
-    if tokens.dim() != 2 or parents.shape != tokens.shape:
+    if tokens.dim() != 2 or (not chain and parents.shape != tokens.shape):
         raise ValueError(f"tree_forward: tokens and parents must both have shape [B, N], got tokens "
-                         f"{tuple(tokens.shape)} and parents {tuple(parents.shape)}")
+                         f"{tuple(tokens.shape)} and parents {None if chain else tuple(parents.shape)}")
+    if chain:  # (the tree mask still needs parents)
+        parents = ops.chain_parents(tokens.shape[0], tokens.shape[1], device=tokens.device)
     if not isinstance(cache, TreeKVCache):
         raise TypeError(f"tree_forward: cache must be a TreeKVCache, got {type(cache).__name__}")
     B, N = tokens.shape
