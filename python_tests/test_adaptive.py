@@ -174,6 +174,39 @@ def test_draft_model_drafter_depth_zero_keeps_its_cache_in_sync():
     assert alt.acc and all(a == 3 for a in alt.acc), alt.acc
 
 
+@pytest.mark.parametrize("kind", ["draft", "eagle1"])
+def test_deferred_prefill_is_caught_up_on_at_the_first_speculative_step(kind):
+    """The wrapper asks drafters with their own network to defer their prompt prefill: a generation kept plain
+    runs no draft forward at all, and one that speculates after plain steps catches up on the prompt and those
+    steps (greedy output unchanged, and an exact draft model still accepts every draft)."""
+    tgt, inner = make_inner(kind)
+    ad = AdaptiveDrafter(inner, mode="off")
+    assert ad.defers_prefill
+    prompts = prompts_of(3)
+    want, _ = generate(tgt, None, prompts, max_new_tokens=12, eos_token_id=[])
+    got, stats = generate(tgt, ad, prompts, max_new_tokens=12, eos_token_id=[])
+    assert [g.tolist() for g in got] == [w.tolist() for w in want]
+    assert inner.forwards == 0 and stats.draft_forwards == 0
+    begun = make_inner(kind)[1]  # undeferred, the drafter's own begin prefills the prompts
+    generate(tgt, AdaptiveDrafter(begun, mode="fixed", depth=0), prompts, max_new_tokens=3, eos_token_id=[])
+    assert begun.forwards == 1
+    if kind == "draft":  # an exact draft model: after 5 plain steps, every draft of the deferred catch-up is right
+        exact = AdaptiveDrafter(DraftModelDrafter(copy.deepcopy(tgt), num_draft_tokens=3), mode="fixed", depth=3)
+        exact.defers_prefill = True  # (fixed mode does not defer by itself)
+        exact.choose = lambda B, max_depth, n=iter(range(10 ** 6)): 0 if next(n) < 5 else min(3, max_depth)
+        prompt = random_prompt()
+        want1, _ = generate(tgt, None, prompt, max_new_tokens=20, eos_token_id=[])
+        got1, stats1 = generate(tgt, exact, prompt, max_new_tokens=20, eos_token_id=[])
+        assert got1.tolist() == want1.tolist()
+        spec = exact.history.count(3)  # (the last step may be capped by the budget, or cut by it)
+        assert spec >= 3 and stats1.accept_hist[3] >= spec - 1, (stats1.accept_hist, exact.history)
+
+
+def test_fixed_mode_does_not_defer_and_plain_drafters_have_nothing_to_defer():
+    assert not AdaptiveDrafter(make_inner("draft")[1], mode="fixed", depth=2).defers_prefill
+    assert not AdaptiveDrafter(make_inner("ngram")[1]).defers_prefill
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Decisions under a fake clock and a fake loop.
 
@@ -434,6 +467,49 @@ def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():
     assert ad.best_depth(8, 4) == 0
     ad._lag = 1  # one plain step behind: 50 ms / 16 per step, deep drafting still pays
     assert ad.best_depth(8, 4) == 4
+
+
+class FakeDeferred(FakeCatchUp):
+    """FakeCatchUp that defers its prompt prefill when asked (the prompt then joins the first catch-up)."""
+
+    def begin(self, target, state, prefill_hidden_states=None, *, defer_prefill=False):
+        self.lag = max(state.prompt_lens) - 1 if defer_prefill else 0
+        if not defer_prefill:
+            self.clock.t += self.catch_up * state.batch_size * (max(state.prompt_lens) - 1)
+
+
+def test_a_deferred_prefill_is_a_lag_of_the_prompt_and_its_catch_up_is_measured_per_token():
+    """With the prefill deferred, a generation starts with a lag of the prompt (- 1) tokens; the first speculative
+    step's catch-up, measured per lagging token, is kept apart from the depth's own cost. At 16 rows, where plain
+    decoding wins, later generations then never leave plain decoding (so never pay the prompt's catch-up)."""
+    clock = FakeClock()
+    inner = FakeDeferred(clock, 1e-3, D=4, draft_time=lambda d: 1e-3 * d)
+    ad = AdaptiveDrafter(inner, explore_every=8, clock=clock)
+    assert ad.defers_prefill
+    fake_run(ad, clock, 20, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: d)  # 1 row: deep drafting pays
+    assert ad.history[-5:] == [4] * 5 and ad._draft_time(1, 4) == pytest.approx(4e-3, rel=0.05)
+
+    def prompt_state(B: int, P: int) -> DecodeState:
+        st = fake_state(B)
+        st.prompt_lens, st.host_tokens = [P] * B, [[0] * P for _ in range(B)]
+        return st
+
+    st = prompt_state(1, 33)
+    ad.begin(None, st)
+    assert ad._lag == 32
+    fake_run(ad, clock, 5, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: d, state=st)
+    assert ad.history[0] > 0  # 32 ms of catch-up over 8 steps: drafting still pays at one row
+    assert ad.catchup[1] == pytest.approx(1e-3, rel=0.05)  # per lagging token (and row)
+    assert ad._draft_time(1, 4) == pytest.approx(4e-3, rel=0.05)  # untouched by the catch-up
+    for _ in range(3):  # 16 rows: a target cost that grows steeply with the tokens in flight
+        st = prompt_state(16, 33)
+        ad.begin(None, st)
+        fake_run(ad, clock, 40, B=16, target_time=lambda x: 2e-3 * x, accept=geometric(0.6), state=st)
+    st = prompt_state(16, 33)
+    ad.begin(None, st)
+    lag_before = inner.lag
+    fake_run(ad, clock, 40, B=16, target_time=lambda x: 2e-3 * x, accept=geometric(0.6), state=st)
+    assert set(ad.history) == {0} and inner.lag == lag_before + 40, ad.history
 
 
 def test_optimism_keeps_one_row_from_settling_on_a_depth_after_one_unlucky_step():

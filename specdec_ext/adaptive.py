@@ -33,7 +33,8 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
 
 Times are taken from the wrapper (``clock``, default ``time.perf_counter``; inject one for tests): propose is draft
 time, the end of propose to the start of observe is the target's step, observe is draft time again. No change to
-the decode loop is needed. The first step of a generation is not timed (drafters catch up on the prompt there).
+the decode loop is needed. The first step of a generation adds nothing to the cost curves (first-shape effects);
+its draft time counts as catch-up when the drafter caught up on a deferred prefill there.
 
 Schedule (``mode="adapt"``): depth 1, 0, 1 for the first three steps (so that two target costs are measured), then
 the argmax every step, among the depths up to the first one whose tokens in flight exceed every measured point (a
@@ -51,17 +52,22 @@ otherwise settle the choice a depth short until an exploration happened to succe
 
 Depth 0 is a plain decoding step: the inner drafter is still asked (``propose(state, 0)`` returns a 1-node tree)
 and observes the result, so its caches stay in sync. A drafter with its own model skips its forwards on plain steps
-and catches up on them at the next speculative step; that step's draft time is kept apart from its depth's steady
-cost (as catch-up seconds per plain step, ``catchup``), and an exploration out of a run of plain steps is skipped
-where the catch-up per plain step exceeds ``catchup_budget`` of a step (leaving plain decoding for one step would
-cost re-reading every skipped token: at large batches a draft model's catch-up is ~10-20% of the plain steps).
-The argmax, in a run of k plain steps, charges every speculative depth ``catchup * k / explore_every`` seconds (the
-catch-up spread over the steps it is expected to stay).
+and catches up on them at the next speculative step. The wrapper also asks it to defer its prefill
+(``begin(..., defer_prefill=True)``, where the inner drafter takes that keyword; not in ``"fixed"`` mode): the
+prompt is then caught up on at the first speculative step, so a generation that stays plain (large batches) never
+pays for the draft's pass over the prompts. The *lag* counts the context tokens per row the drafter has not read
+(the longest prompt - 1 after a deferred prefill, then one per plain step). A speculative step's draft time with a
+lag is kept apart from its depth's steady cost (as catch-up seconds per lagging token, ``catchup``), and an
+exploration out of a lag is skipped where the catch-up per token exceeds ``catchup_budget`` of a step (leaving
+plain decoding for one step would cost re-reading every skipped token: at large batches a draft model's catch-up
+is ~10-20% of the plain steps). With a lag of k tokens, the argmax charges every speculative depth
+``catchup * k / explore_every`` seconds (the catch-up spread over the steps it is expected to stay).
 """
 
 from __future__ import annotations
 
 import bisect
+import inspect
 import time
 
 import torch
@@ -170,7 +176,7 @@ class AdaptiveDrafter:
     ``depth`` may not exceed the inner drafter's own depth. ``decay``: per-step decay of the acceptance counts
     (0.85: about the last 7 steps matter). ``explore_every``: steps between exploration steps (0 = never);
     ``explore_backoff``: how far that gap may grow (times ``explore_every``) while the choice holds.
-    ``catchup_budget``: explorations out of plain steps are skipped where the drafter's catch-up per plain step
+    ``catchup_budget``: explorations out of plain steps are skipped where the drafter's catch-up per lagging token
     exceeds this share of a step (``inf``: never skipped). ``optimism``: standard errors added to measured acceptance
     in the choice (0: the plain estimate).
     ``prior_accept`` / ``prior_weight``: the prior of each depth's conditional acceptance and its weight in
@@ -220,6 +226,13 @@ class AdaptiveDrafter:
             raise TypeError(f"AdaptiveDrafter: clock must be a function returning seconds, got {clock!r}")
         self.inner = inner
         self.mode = mode
+        try:
+            begin_params = inspect.signature(inner.begin).parameters
+        except (TypeError, ValueError):
+            begin_params = {}
+        # pinned depths speculate from the first step: the prefill costs the same then, and "fixed" stays the inner
+        # drafter as it is
+        self.defers_prefill = "defer_prefill" in begin_params and mode != "fixed"
         self.max_depth = inner_depth if depth is None else depth  # deepest depth considered
         if mode == "off":
             self.max_depth = 0
@@ -257,7 +270,7 @@ class AdaptiveDrafter:
         self.target_cost = CostCurve(self.cost_alpha)  # x = tokens in flight -> seconds
         self.draft_cost: dict[int, CostCurve] = {}  # batch rows -> (depth -> seconds)
         self.nodes: dict[int, float] = {0: 1.0}  # depth -> mean tree nodes
-        self.catchup: dict[int, float] = {}  # batch rows -> draft seconds per plain step to catch up on afterwards
+        self.catchup: dict[int, float] = {}  # batch rows -> draft seconds per lagging token (caught up on later)
         self._lag = 0
         self.depth_hist: dict[int, int] = {}
         self.history: list[int] = []
@@ -270,10 +283,15 @@ class AdaptiveDrafter:
         self.explorations = 0
 
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
-        self.inner.begin(target, state, prefill_hidden_states)
+        # the lag: context tokens per row the inner drafter has not read (it catches up on them when it next drafts)
+        if self.defers_prefill:
+            self.inner.begin(target, state, prefill_hidden_states, defer_prefill=True)
+            self._lag = max(0, max(state.prompt_lens) - 1)
+        else:
+            self.inner.begin(target, state, prefill_hidden_states)
+            self._lag = 0
         self.history = []
         self._gen_step = 0
-        self._lag = 0  # plain steps since the last speculative one (the inner drafter catches up on them)
         self._pending = None
 
     @property
@@ -311,18 +329,18 @@ class AdaptiveDrafter:
         if d > 0:
             old = self.nodes.get(d)
             self.nodes[d] = float(N) if old is None else old + 0.5 * (N - old)
-        # timings (not the generation's first step: drafters catch up on the prompt there)
+        # timings (the generation's first step adds nothing to the curves: first-shape effects)
         lag, self._lag = self._lag, (self._lag + 1 if d == 0 else 0)
+        dt = (t1 - t0) + (t3 - t2)
+        if d > 0 and lag > 0:  # the drafter caught up on `lag` tokens: not this depth's steady cost
+            if any(c.covers(d) for c in self.draft_cost.values()):  # (the excess over it, when that is known)
+                excess = max(0.0, dt - self._draft_time(B, d)) / lag
+                old = self.catchup.get(B)
+                self.catchup[B] = excess if old is None else old + self.cost_alpha * (excess - old)
+        elif self._gen_step > 0:
+            self.draft_cost.setdefault(B, CostCurve(self.cost_alpha)).add(d, dt)
         if self._gen_step > 0:
             self.target_cost.add(B * N, t2 - t1)
-            dt = (t1 - t0) + (t3 - t2)
-            if d > 0 and lag > 0:  # the drafter caught up on `lag` plain steps: not this depth's steady cost
-                if any(c.covers(d) for c in self.draft_cost.values()):  # (the excess over it, when that is known)
-                    excess = max(0.0, dt - self._draft_time(B, d)) / lag
-                    old = self.catchup.get(B)
-                    self.catchup[B] = excess if old is None else old + self.cost_alpha * (excess - old)
-            else:
-                self.draft_cost.setdefault(B, CostCurve(self.cost_alpha)).add(d, dt)
         self._gen_step += 1
         # acceptance: rows still generating after the step accepted exactly appended - 1 drafts (rows that finished
         # this step may have been cut at EOS / the budget: their outcome is censored and left out)
@@ -428,7 +446,7 @@ class AdaptiveDrafter:
         best, best_s = 0, None
         max_x = max(self.target_cost.points, default=0.0)
         c = self._catchup_at(B) if self._lag > 0 else None
-        # leaving a run of plain steps costs the drafter's catch-up on them once: spread over the steps it is expected
+        # leaving plain decoding costs the drafter's catch-up on the lag once: spread over the steps it is expected
         # to stay (``explore_every``), it is charged to every speculative depth
         extra = c * self._lag / max(1, self.explore_every) if c else 0.0
         for d in range(0, limit + 1):
@@ -472,15 +490,17 @@ class AdaptiveDrafter:
         return d
 
     def _catchup_too_dear(self, B: int, d: int) -> bool:
-        """Whether the inner drafter's catch-up per plain step (measured when a speculative step followed plain ones)
-        exceeds ``catchup_budget`` of a step at depth d: then an exploration out of a run of plain steps costs more
-        than that share of the run (a draft model re-reads every token it skipped), and is not worth it."""
+        """Whether the inner drafter's catch-up per lagging token (measured when a speculative step followed plain
+        steps or a deferred prefill) exceeds ``catchup_budget`` of a step at depth d: then an exploration out of plain
+        decoding costs more than that share of the plain steps (a draft model re-reads every token it skipped), and is
+        not worth it."""
         c = self._catchup_at(B)
         t = self.predicted_step_time(B, d)
         return c is not None and t is not None and c > self.catchup_budget * t
 
     def _catchup_at(self, B: int) -> float | None:
-        """Catch-up seconds per plain step at B rows (measured at B, else at the nearest batch size; None: unknown)."""
+        """Catch-up seconds per lagging token at B rows (measured at B, else at the nearest batch size; None:
+        unknown)."""
         c = self.catchup.get(B)
         if c is None and self.catchup:
             c = self.catchup[min(self.catchup, key=lambda b: (max(b / B, B / b), b))]

@@ -172,7 +172,12 @@ class Drafter(Protocol):
 
     def begin(self, target: torch.nn.Module, state: DecodeState,
               prefill_hidden_states: tuple[torch.Tensor, ...] | None = None) -> None:
-        """Start of a generation: check compatibility with ``target`` (clear errors), allocate caches."""
+        """Start of a generation: check compatibility with ``target`` (clear errors), allocate caches.
+
+        A drafter with its own network usually runs it over the prompt here (its prefill). It may also accept a
+        keyword ``defer_prefill: bool = False``: with ``True`` it skips that forward, and its first speculative
+        :meth:`propose` catches up on the prompt instead (:class:`~specdec_ext.adaptive.AdaptiveDrafter` asks for
+        it, so that a generation it keeps plain never pays for the draft's prefill)."""
 
     def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
         """A tree of at most ``max_nodes`` nodes (root included) per row, no deeper than ``max_depth`` (drafts past

@@ -67,7 +67,10 @@ class DraftModelDrafter:
         self.cache: TreeKVCache | None = None
         self.forwards = 0  # draft model forwards in the current generation
 
-    def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
+    def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None, *,
+              defer_prefill: bool = False) -> None:
+        """Checks the pair, allocates the draft cache and prefills it with the prompts (``defer_prefill``: not
+        now; the first speculative :meth:`propose` catches up on them)."""
         check_vocab("DraftModelDrafter", _text_config(self.model.config).vocab_size, state.vocab_size)
         if self.width > state.vocab_size:
             raise ValueError(f"DraftModelDrafter: tree_width = {self.width} exceeds the vocabulary "
@@ -91,7 +94,7 @@ class DraftModelDrafter:
         # prefill: left to the first propose it would bill a whole prompt forward to the first decoding step.
         lengths = [n - 1 for n in state.prompt_lens]
         T = max(lengths)
-        if T > 0:
+        if T > 0 and not defer_prefill:
             self._forward(state.tokens[:, :T], torch.zeros(state.batch_size, dtype=torch.int64, device=state.device),
                           to_device(lengths, state.device))
             self.valid = lengths

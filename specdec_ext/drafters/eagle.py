@@ -108,7 +108,10 @@ class EagleDrafter:
                    target=target)
 
     # ---- start of a generation ------------------------------------------------------------------------------
-    def begin(self, target: nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
+    def begin(self, target: nn.Module, state: DecodeState, prefill_hidden_states=None, *,
+              defer_prefill: bool = False) -> None:
+        """Checks the pair, allocates the draft cache, keeps the prompt's target features and runs the draft over
+        them (``defer_prefill``: not now; the first speculative :meth:`propose` catches up on them)."""
         m = self.model
         cfg = _text_config(target.config)
         H = getattr(cfg, "hidden_size", None)
@@ -155,7 +158,7 @@ class EagleDrafter:
             # The draft's own prefill, now (the generation's prefill): every prompt position but the last, which
             # the first propose's catch-up reads to predict the root's feature. Left to that propose, a whole
             # prompt's forward would be billed to the first decoding step.
-            if max(state.prompt_lens) >= 3:
+            if max(state.prompt_lens) >= 3 and not defer_prefill:
                 self._catch_up(state, hold=1)
 
     def _features(self, hidden_states) -> torch.Tensor:
