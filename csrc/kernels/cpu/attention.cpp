@@ -1,13 +1,25 @@
 // Tree attention and KV-cache compaction on CPU (semantics: common/params.h).
 //
 // TreeAttention: one task = (batch row, kv head). All G = H / Hkv query heads of the kv head and all N tree nodes
-// (M = G * N queries) are processed together, so every K/V row is read (and converted to float32) once per task.
-// Keys are taken in blocks of kKeyBlock: scores S = Q K^T for the block (register-blocked 4 queries x 16 keys),
-// the tree mask for keys past the prefix, an online (flash-style) softmax update, then acc += P V (4 queries x 16
-// dims). The two inner products are compiled for the baseline ISA, for AVX2 + FMA and for AVX-512 + FMA and chosen
-// at run time, like the vocabulary loops. Unlike those, the clones may differ in the last bits (FMA contraction):
-// attention outputs are compared with a tolerance, and FMA doubles the arithmetic throughput of these loops.
+// (M = G * N queries) are processed together, so every K/V row is read (and converted to float32) once per task;
+// at M = 4 * 64 a task is compute-bound, so the float32 path is built around two register-tiled FMA micro-kernels
+// and keeps everything else off the critical path. Keys are taken in blocks of kKeyBlock:
+// - Scores are computed transposed, S^T = K Q^T. The queries (pre-scaled, padded with zero queries to a multiple of
+//   16) are stored once per task in panels of W = vector-width queries, [D][W] each; a tile of 8 keys x 2 panels
+//   broadcasts K[j, d] and loads a panel row, so K is read in place from a float32 cache: no transpose, no copy.
+// - Right after a panel's scores, while they are in L1, its online (flash-style) softmax step runs across the
+//   queries (a row of S^T is a vector of queries): the tree mask as a precomputed 0 / -inf bias on the tree keys,
+//   new maxima, exp, running sums, and P^T in place.
+// - acc = alpha * acc + P V: a tile of 4 queries x 64 dims broadcasts P^T[j, m] and loads V rows in place; the
+//   softmax rescale alpha is folded into the load of the accumulator tile.
+// The task body is written once over GCC vector types and compiled for AVX-512 (zmm, 16 accumulators per tile),
+// AVX2 + FMA (ymm, 8) and the baseline ISA (xmm, 8), chosen at run time like the vocabulary loops. Unlike those,
+// the clones may differ in the last bits (FMA contraction): attention outputs are compared with a tolerance, and
+// FMA doubles the arithmetic throughput. On Zen4 both micro-kernels run at ~95% of the FMA peak in place; the
+// softmax (~6%) is most of the rest. float16 and bfloat16 caches are converted to float32 once per block, except
+// bfloat16 on CPUs with AVX512-BF16, which has its own path at twice the float32 rate (below).
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -22,77 +34,297 @@
 namespace specdec::cpu {
 namespace {
 
-constexpr int64_t kKeyBlock = 64;  // keys per block (multiple of kKeyTile)
-constexpr int64_t kKeyTile = 32;   // keys per score micro-tile
-constexpr int64_t kRowTile = 6;    // queries per micro-tile
-constexpr int64_t kDimTile = 16;   // head dims per P.V micro-tile (every supported D is a multiple of 16)
+constexpr int64_t kKeyBlock = 64;  // keys per block (a multiple of every KeyTile below)
+constexpr int64_t kRowTile = 6;    // queries per micro-tile of the bfloat16 path
+constexpr int64_t kQueryPad = 16;  // the float32 path pads the M queries to a multiple of the widest vector
 
-// S[m, j] = sum_d Q[m, d] * Kt[d, j] for m < rows (a multiple of kRowTile; Q rows padded with zeros) and j <
-// kKeyBlock. Kt is [D, kKeyBlock].
-__attribute__((always_inline)) inline void scores_impl(const float* q, int64_t rows, int64_t dim, const float* kt, float* s) {
-  for (int64_t m0 = 0; m0 < rows; m0 += kRowTile) {
-    const float* q0 = q + m0 * dim;
-    for (int64_t j0 = 0; j0 < kKeyBlock; j0 += kKeyTile) {
-      float a[kRowTile][kKeyTile] = {};
-      for (int64_t d = 0; d < dim; ++d) {
-        const float* kr = kt + d * kKeyBlock + j0;
-        for (int64_t r = 0; r < kRowTile; ++r) {
-          const float qv = q0[r * dim + d];
-#pragma omp simd
-          for (int64_t c = 0; c < kKeyTile; ++c) a[r][c] += qv * kr[c];
-        }
-      }
-      for (int64_t r = 0; r < kRowTile; ++r)
-        for (int64_t c = 0; c < kKeyTile; ++c) s[(m0 + r) * kKeyBlock + j0 + c] = a[r][c];
+// GCC vector types: the micro-kernels below are written once over a vector type V and compiled, inside the ISA
+// clones, for zmm (AVX-512), ymm (AVX2) or xmm (baseline SSE2). `a += s * v` with a scalar s broadcasts s (one
+// vbroadcastss per tile row); with FMA enabled GCC contracts it into one vfmadd (checked in the disassembly).
+// Fixed-size arrays of V in fully unrolled loops live in registers.
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
+
+// Unaligned loads and stores (by reference: a vector passed by value outside its ISA's clone draws -Wpsabi).
+template <typename V>
+__attribute__((always_inline)) inline void load(V& v, const float* p) {
+  std::memcpy(&v, p, sizeof(V));
+}
+template <typename V>
+__attribute__((always_inline)) inline void store(float* p, const V& v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+// Register tiles per ISA. Scores: KeyTile keys x QueryVecs vectors of queries (accumulators: their product).
+// P.V: RowTile queries x DimVecs vectors of head dims. AVX-512 has 32 registers: 16 accumulators each, which keeps
+// both loops limited by FMA throughput rather than by loads or FMA latency (measured in L1: 98-99% of the FMA peak
+// on Zen4); AVX2 and SSE2 have 16 registers: 8 accumulators each.
+struct Avx512Tiles {
+  using V = f32x16;
+  static constexpr int KeyTile = 8, QueryVecs = 2, RowTile = 4, DimVecs = 4;
+};
+struct Avx2Tiles {
+  using V = f32x8;
+  static constexpr int KeyTile = 4, QueryVecs = 2, RowTile = 4, DimVecs = 2;
+};
+struct BaseTiles {
+  using V = f32x4;
+  static constexpr int KeyTile = 4, QueryVecs = 2, RowTile = 4, DimVecs = 2;
+};
+
+// S^T[j, m] = sum_d K[j, d] * Q[m, d] for KT keys (rows of k, `k_stride` apart: the cache itself for float32) and
+// NQ * W queries. Q is stored in panels of W queries, [D][W] each, so one load gives W queries' d-th values and
+// the keys are broadcast: K is read in place, never transposed.
+template <typename V, int KT, int NQ>
+__attribute__((always_inline)) inline void scores_tile(const float* qpanels, int64_t dim, const float* k,
+                                                       int64_t k_stride, float* st, int64_t st_stride) {
+  constexpr int W = sizeof(V) / sizeof(float);
+  V a[KT][NQ] = {};
+  for (int64_t d = 0; d < dim; ++d) {
+    V q[NQ];
+    for (int n = 0; n < NQ; ++n) load(q[n], qpanels + (n * dim + d) * W);
+    for (int r = 0; r < KT; ++r) {
+      const float kv = k[r * k_stride + d];
+      for (int n = 0; n < NQ; ++n) a[r][n] += kv * q[n];
     }
+  }
+  for (int r = 0; r < KT; ++r)
+    for (int n = 0; n < NQ; ++n) store(st + r * st_stride + n * W, a[r][n]);
+}
+
+// acc[m, :] = alpha[m] * acc[m, :] + sum_{j < keys} P^T[j, m] * V[j, :] for RT queries and NV * W dims. The
+// rescale of the online softmax is folded into the load of the accumulator tile.
+template <typename V, int RT, int NV>
+__attribute__((always_inline)) inline void pv_tile(const float* pt, int64_t pt_stride, int64_t keys, const float* v,
+                                                   int64_t v_stride, const float* alpha, float* acc, int64_t dim) {
+  constexpr int W = sizeof(V) / sizeof(float);
+  V a[RT][NV];
+  for (int r = 0; r < RT; ++r)
+    for (int n = 0; n < NV; ++n) {
+      load(a[r][n], acc + r * dim + n * W);
+      a[r][n] *= alpha[r];
+    }
+  for (int64_t j = 0; j < keys; ++j) {
+    V vv[NV];
+    for (int n = 0; n < NV; ++n) load(vv[n], v + j * v_stride + n * W);
+    for (int r = 0; r < RT; ++r) {
+      const float pj = pt[j * pt_stride + r];
+      for (int n = 0; n < NV; ++n) a[r][n] += pj * vv[n];
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int n = 0; n < NV; ++n) store(acc + r * dim + n * W, a[r][n]);
+}
+
+// acc = alpha * acc + P V for queries m < M (a multiple of RT, or padding rows past it) and dims d0..: tiles of
+// NV vectors of dims, then (D not a multiple of the tile) fewer. Queries run innermost, so the V columns of a dim
+// tile stay in L1 while every query tile uses them.
+template <typename V, int RT, int NV>
+__attribute__((always_inline)) inline void pv_block(const float* pt, int64_t pt_stride, int64_t M, int64_t keys,
+                                                    const float* v, int64_t v_stride, const float* alpha, float* acc,
+                                                    int64_t dim, int64_t d0) {
+  constexpr int W = sizeof(V) / sizeof(float);
+  for (; d0 + NV * W <= dim; d0 += NV * W)
+    for (int64_t m0 = 0; m0 < M; m0 += RT)
+      pv_tile<V, RT, NV>(pt + m0, pt_stride, keys, v + d0, v_stride, alpha + m0, acc + m0 * dim + d0, dim);
+  if constexpr (NV > 1)
+    if (d0 < dim) pv_block<V, RT, NV - 1>(pt, pt_stride, M, keys, v, v_stride, alpha, acc, dim, d0);
+}
+
+// One K or V row (D values) as float32.
+inline void load_row(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void load_row(const bf16* src, float* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) dst[d] = bits_to_float(static_cast<uint32_t>(src[d].bits) << 16);
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx,f16c"))) void load_row_f16c(const f16* src, float* dst, int64_t n) {
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + d))));
+  for (; d < n; ++d) dst[d] = to_float(src[d]);
+}
+inline void load_row(const f16* src, float* dst, int64_t n) {
+  static const bool f16c = __builtin_cpu_supports("f16c");  // exact conversion, like to_float
+  if (f16c) return load_row_f16c(src, dst, n);
+  for (int64_t d = 0; d < n; ++d) dst[d] = to_float(src[d]);
+}
+#else
+inline void load_row(const f16* src, float* dst, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = to_float(src[d]);
+}
+#endif
+
+// Prefetches rows [r0, r1) of a K or V cache (D values of T, `stride` apart) into L2, so that a key block's rows
+// arrive while the previous phase computes instead of stalling the first micro-tile that reads them.
+template <typename T>
+__attribute__((always_inline)) inline void prefetch_rows(const T* base, int64_t stride, int64_t r0, int64_t r1,
+                                                         int64_t dim) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const char* row = reinterpret_cast<const char*>(base + r * stride);
+    for (int64_t off = 0; off < dim * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(row + off, 0, 2);
   }
 }
 
-// acc[m, :] += sum_{j < keys} P[m, j] * V[j, :] for m < rows (multiple of kRowTile). V is [kKeyBlock, D].
-__attribute__((always_inline)) inline void accumulate_pv_impl(const float* p, int64_t rows, int64_t keys, const float* v, int64_t dim,
-                               float* acc) {
-  for (int64_t m0 = 0; m0 < rows; m0 += kRowTile) {
-    for (int64_t d0 = 0; d0 < dim; d0 += kDimTile) {
-      float a[kRowTile][kDimTile];
-      for (int64_t r = 0; r < kRowTile; ++r)
-        for (int64_t c = 0; c < kDimTile; ++c) a[r][c] = acc[(m0 + r) * dim + d0 + c];
-      for (int64_t j = 0; j < keys; ++j) {
-        const float* vr = v + j * dim + d0;
-        for (int64_t r = 0; r < kRowTile; ++r) {
-          const float pv = p[(m0 + r) * kKeyBlock + j];
+// A float buffer whose data starts on a cache line (no vector load straddles two lines).
+struct AlignedFloats {
+  std::vector<float> raw;
+  float* data = nullptr;
+  float* get(int64_t n) {
+    raw.resize(n + 16);
+    data = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(raw.data()) + 63) & ~uintptr_t{63});
+    return data;
+  }
+};
+
+struct Work {
+  AlignedFloats qt, st, acc, bias, kbuf, vbuf;
+  std::vector<float> mx, sum, alpha;
+};
+
+// The online-softmax step of one key block for the QW queries of a panel (st points at the panel's column of S^T,
+// rows `st_stride` apart; tree keys from row tree_from get the mask bias): new maxima, the rescale factors alpha
+// of the accumulators, the running sums, and P^T = exp(S^T - max) in place. Vectorised across the queries.
+template <int QW>
+__attribute__((always_inline)) inline void softmax_panel(float* st, int64_t st_stride, int64_t keys,
+                                                         int64_t tree_from, const float* bias, Work& w, int64_t q0) {
+  float* mx = w.mx.data() + q0;
+  float* sum = w.sum.data() + q0;
+  float* alpha = w.alpha.data() + q0;
+  for (int64_t j = tree_from; j < keys; ++j) {
+    float* s = st + j * st_stride;
+    const float* bj = bias + (j - tree_from) * st_stride;
 #pragma omp simd
-          for (int64_t c = 0; c < kDimTile; ++c) a[r][c] += pv * vr[c];
-        }
-      }
-      for (int64_t r = 0; r < kRowTile; ++r)
-        for (int64_t c = 0; c < kDimTile; ++c) acc[(m0 + r) * dim + d0 + c] = a[r][c];
+    for (int c = 0; c < QW; ++c) s[c] += bj[c];
+  }
+  float mu[QW];  // the new max, or 0 while a query has seen no visible key (so no inf - inf below)
+  for (int c = 0; c < QW; ++c) mu[c] = mx[c];
+  for (int64_t j = 0; j < keys; ++j) {
+    const float* s = st + j * st_stride;
+#pragma omp simd
+    for (int c = 0; c < QW; ++c) mu[c] = std::max(mu[c], s[c]);
+  }
+#pragma omp simd
+  for (int c = 0; c < QW; ++c) {
+    const float m_new = mu[c];
+    mu[c] = m_new == neg_inf() ? 0.0f : m_new;
+    alpha[c] = exp_nonpositive(mx[c] - mu[c]);  // 0 when mx was -inf
+    mx[c] = m_new;
+  }
+  float l[QW] = {};
+  for (int64_t j = 0; j < keys; ++j) {
+    float* s = st + j * st_stride;
+#pragma omp simd
+    for (int c = 0; c < QW; ++c) {
+      const float e = exp_nonpositive(s[c] - mu[c]);
+      s[c] = e;
+      l[c] += e;
     }
+  }
+  for (int c = 0; c < QW; ++c) sum[c] = sum[c] * alpha[c] + l[c];
+}
+
+// One task of the float32 path (float32 and float16 inputs; bfloat16 without AVX512-BF16), tiles from Tiles.
+template <typename T, typename Tiles>
+__attribute__((always_inline)) inline void tree_attention_task(const TreeAttentionParams<T>& p, int64_t b,
+                                                               int64_t kvh, int64_t prefix, Work& w) {
+  using V = typename Tiles::V;
+  constexpr int W = sizeof(V) / sizeof(float), KT = Tiles::KeyTile, NQ = Tiles::QueryVecs, RT = Tiles::RowTile;
+  static_assert(kKeyBlock % KT == 0 && kQueryPad % W == 0 && kQueryPad % RT == 0, "tile shapes");
+  const int64_t Hkv = p.num_kv_heads, G = p.num_heads / Hkv, N = p.num_nodes, D = p.head_dim;
+  const int64_t M = G * N, Mp = (M + kQueryPad - 1) / kQueryPad * kQueryPad;
+  float* qt = w.qt.get(Mp * D);
+  float* st = w.st.get(kKeyBlock * Mp);  // S^T, then P^T, of one key block: [kKeyBlock][Mp]
+  float* acc = w.acc.get(Mp * D);
+  w.mx.assign(Mp, neg_inf());
+  w.sum.assign(Mp, 0.0f);
+  w.alpha.resize(Mp);
+  const float *sum = w.sum.data(), *alpha = w.alpha.data();
+  // Queries pre-multiplied by the softmax scale, in panels of W: qt[(m / W) * D * W + d * W + m % W]. Padding
+  // queries are zeros; their scores are finite and their outputs never written.
+  std::fill(qt, qt + Mp * D, 0.0f);
+  std::fill(acc, acc + Mp * D, 0.0f);
+  for (int64_t m = 0; m < M; ++m) {
+    const T* src = p.q + b * p.q_stride_b + (kvh * G + m / N) * p.q_stride_h + (m % N) * p.q_stride_n;
+    float* dst = qt + (m / W) * D * W + m % W;
+    for (int64_t d = 0; d < D; ++d) dst[d * W] = to_float(src[d]) * p.scale;
+  }
+  // The tree mask as an additive bias for the tree keys: bias[jj * Mp + m] = 0 where node m % N sees node jj, else
+  // -inf (padding queries see everything).
+  float* bias = w.bias.get(N * Mp);
+  for (int64_t jj = 0; jj < N; ++jj) {
+    float* row = bias + jj * Mp;
+    for (int64_t m = 0; m < Mp; ++m) row[m] = 0.0f;
+    for (int64_t i = 0; i < N; ++i)
+      if (!tree_mask_allows(p, b, i, jj))
+        for (int64_t g = 0; g < G; ++g) row[g * N + i] = neg_inf();
+  }
+  const T* kbase = p.k + b * p.k_stride_b + kvh * p.k_stride_h;
+  const T* vbase = p.v + b * p.v_stride_b + kvh * p.v_stride_h;
+  const int64_t total = prefix + N;
+  for (int64_t t0 = 0; t0 < total; t0 += kKeyBlock) {
+    const int64_t keys = std::min(kKeyBlock, total - t0);
+    const int64_t key_tiles = (keys + KT - 1) / KT * KT;
+    // K and V rows: float32 caches are read where they are, unless the score tiles would run past the last key;
+    // other types are converted to float32 once per block (zero rows pad the last score tile).
+    const float *k = nullptr, *v = nullptr;
+    int64_t k_stride = D, v_stride = D;
+    if constexpr (std::is_same_v<T, float>) {
+      v = vbase + t0 * p.v_stride_s;
+      v_stride = p.v_stride_s;
+      if (key_tiles == keys) {
+        k = kbase + t0 * p.k_stride_s;
+        k_stride = p.k_stride_s;
+      }
+    } else {
+      float* vb = w.vbuf.get(kKeyBlock * D);
+      for (int64_t j = 0; j < keys; ++j) load_row(vbase + (t0 + j) * p.v_stride_s, vb + j * D, D);
+      v = vb;
+    }
+    if (k == nullptr) {
+      float* kb = w.kbuf.get(kKeyBlock * D);
+      for (int64_t j = 0; j < keys; ++j) load_row(kbase + (t0 + j) * p.k_stride_s, kb + j * D, D);
+      std::fill(kb + keys * D, kb + key_tiles * D, 0.0f);
+      k = kb;
+    }
+    // This block's V rows (read after the scores) and the next block's K rows into L2: 1-3% at N = 26..64.
+    prefetch_rows(vbase, p.v_stride_s, t0, t0 + keys, D);
+    prefetch_rows(kbase, p.k_stride_s, t0 + kKeyBlock, std::min(t0 + 2 * kKeyBlock, total), D);
+    // Scores and softmax, one panel of NQ * W queries (then W at the end) at a time, so that the panel's S^T
+    // columns are still in L1 when the softmax reads them.
+    const int64_t tree_from = std::max<int64_t>(prefix - t0, 0);  // first tree key of the block
+    int64_t q0 = 0;
+    for (; q0 + NQ * W <= Mp; q0 += NQ * W) {
+      for (int64_t j0 = 0; j0 < key_tiles; j0 += KT)
+        scores_tile<V, KT, NQ>(qt + q0 * D, D, k + j0 * k_stride, k_stride, st + j0 * Mp + q0, Mp);
+      softmax_panel<NQ * W>(st + q0, Mp, keys, tree_from, bias + (t0 + tree_from - prefix) * Mp + q0, w, q0);
+    }
+    for (; q0 < Mp; q0 += W) {
+      for (int64_t j0 = 0; j0 < key_tiles; j0 += KT)
+        scores_tile<V, KT, 1>(qt + q0 * D, D, k + j0 * k_stride, k_stride, st + j0 * Mp + q0, Mp);
+      softmax_panel<W>(st + q0, Mp, keys, tree_from, bias + (t0 + tree_from - prefix) * Mp + q0, w, q0);
+    }
+    // acc = alpha * acc + P V, in tiles of RT queries x NV * W dims.
+    pv_block<V, RT, Tiles::DimVecs>(st, Mp, M, keys, v, v_stride, alpha, acc, D, 0);
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    T* o = p.out + ((b * p.num_heads + kvh * G + m / N) * N + m % N) * D;
+    const float inv = sum[m] > 0.0f ? 1.0f / sum[m] : 0.0f;
+    for (int64_t d = 0; d < D; ++d) o[d] = from_float_rn<T>(acc[m * D + d] * inv);
   }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f,avx512vl,avx2,fma"))) void scores_avx512(const float* q, int64_t rows, int64_t dim,
-                                                                        const float* kt, float* s) {
-  scores_impl(q, rows, dim, kt, s);
+template <typename T>
+__attribute__((target("avx512f,avx512vl,avx2,fma"))) void tree_attention_task_avx512(
+    const TreeAttentionParams<T>& p, int64_t b, int64_t kvh, int64_t prefix, Work& w) {
+  tree_attention_task<T, Avx512Tiles>(p, b, kvh, prefix, w);
 }
-__attribute__((target("avx512f,avx512vl,avx2,fma"))) void accumulate_pv_avx512(const float* p, int64_t rows,
-                                                                               int64_t keys, const float* v,
-                                                                               int64_t dim, float* acc) {
-  accumulate_pv_impl(p, rows, keys, v, dim, acc);
-}
-__attribute__((target("avx2,fma"))) void scores_avx2(const float* q, int64_t rows, int64_t dim, const float* kt,
-                                                 float* s) {
-  scores_impl(q, rows, dim, kt, s);
-}
-void scores_base(const float* q, int64_t rows, int64_t dim, const float* kt, float* s) {
-  scores_impl(q, rows, dim, kt, s);
-}
-__attribute__((target("avx2,fma"))) void accumulate_pv_avx2(const float* p, int64_t rows, int64_t keys, const float* v,
-                                                        int64_t dim, float* acc) {
-  accumulate_pv_impl(p, rows, keys, v, dim, acc);
-}
-void accumulate_pv_base(const float* p, int64_t rows, int64_t keys, const float* v, int64_t dim, float* acc) {
-  accumulate_pv_impl(p, rows, keys, v, dim, acc);
+template <typename T>
+__attribute__((target("avx2,fma"))) void tree_attention_task_avx2(const TreeAttentionParams<T>& p, int64_t b,
+                                                                  int64_t kvh, int64_t prefix, Work& w) {
+  tree_attention_task<T, Avx2Tiles>(p, b, kvh, prefix, w);
 }
 bool has_avx2() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -103,26 +335,39 @@ bool has_avx512() {
                           __builtin_cpu_supports("fma");
   return has;
 }
-void scores(const float* q, int64_t rows, int64_t dim, const float* kt, float* s) {
-  if (has_avx512()) return scores_avx512(q, rows, dim, kt, s);
-  has_avx2() ? scores_avx2(q, rows, dim, kt, s) : scores_base(q, rows, dim, kt, s);
-}
-void accumulate_pv(const float* p, int64_t rows, int64_t keys, const float* v, int64_t dim, float* acc) {
-  if (has_avx512()) return accumulate_pv_avx512(p, rows, keys, v, dim, acc);
-  has_avx2() ? accumulate_pv_avx2(p, rows, keys, v, dim, acc) : accumulate_pv_base(p, rows, keys, v, dim, acc);
-}
-#else
-void scores(const float* q, int64_t rows, int64_t dim, const float* kt, float* s) {
-  scores_impl(q, rows, dim, kt, s);
-}
-void accumulate_pv(const float* p, int64_t rows, int64_t keys, const float* v, int64_t dim, float* acc) {
-  accumulate_pv_impl(p, rows, keys, v, dim, acc);
-}
 #endif
+template <typename T>
+void tree_attention_task_base(const TreeAttentionParams<T>& p, int64_t b, int64_t kvh, int64_t prefix, Work& w) {
+  tree_attention_task<T, BaseTiles>(p, b, kvh, prefix, w);
+}
 
-// The mask and online-softmax step of one key block [t0, t0 + keys): masks padding keys and the tree keys node i
-// may not see, updates each query's running max and sum, rescales its accumulator, and leaves the weights
-// P = exp(s - max) in `s` (zeros for padding rows m >= M).
+template <typename T>
+void zero_group_outputs(const TreeAttentionParams<T>& p, int64_t b, int64_t kvh) {
+  const int64_t G = p.num_heads / p.num_kv_heads, N = p.num_nodes, D = p.head_dim;
+  for (int64_t g = 0; g < G; ++g) {
+    T* o = p.out + ((b * p.num_heads + kvh * G + g) * N) * D;
+    for (int64_t x = 0; x < N * D; ++x) o[x] = from_float_rn<T>(0.0f);
+  }
+}
+
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// bfloat16 inputs on CPUs with AVX512-BF16 (vdpbf16ps: 32 bf16 products summed in pairs into 16 float32 lanes):
+// S = Q K^T from the bf16 inputs as they are (products exact, float32 sums, then * scale), and acc += P V with P
+// rounded to bf16 (as flash-attention does on GPUs; the sums of P stay float32). Twice the arithmetic rate of the
+// float32 FMA path. Layouts: Q and K as pairs of bf16 along D (their natural memory order, read as uint32), K
+// transposed to [D / 2][kKeyBlock] pairs, V interleaved to [kKeyBlock / 2][D] pairs of consecutive keys.
+#define SPECDEC_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+
+bool has_avx512_bf16() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+
+// The mask and online-softmax step of one key block [t0, t0 + keys), scores in rows of kKeyBlock per query: masks
+// padding keys and the tree keys node i may not see, updates each query's running max and sum, rescales its
+// accumulator, and leaves the weights P = exp(s - max) in `s` (zeros for padding rows m >= M).
 template <typename T>
 __attribute__((always_inline)) inline void softmax_block(const TreeAttentionParams<T>& p, int64_t b, int64_t prefix,
                                                          int64_t t0, int64_t keys, int64_t M, int64_t rows,
@@ -159,54 +404,6 @@ __attribute__((always_inline)) inline void softmax_block(const TreeAttentionPara
   }
   for (int64_t m = M; m < rows; ++m)
     for (int64_t j = 0; j < kKeyBlock; ++j) s[m * kKeyBlock + j] = 0.0f;
-}
-
-// One K or V row (D values) as float32.
-inline void load_row(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-inline void load_row(const bf16* src, float* dst, int64_t n) {
-#pragma omp simd
-  for (int64_t d = 0; d < n; ++d) dst[d] = bits_to_float(static_cast<uint32_t>(src[d].bits) << 16);
-}
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx,f16c"))) void load_row_f16c(const f16* src, float* dst, int64_t n) {
-  int64_t d = 0;
-  for (; d + 8 <= n; d += 8)
-    _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + d))));
-  for (; d < n; ++d) dst[d] = to_float(src[d]);
-}
-inline void load_row(const f16* src, float* dst, int64_t n) {
-  static const bool f16c = __builtin_cpu_supports("f16c");  // exact conversion, like to_float
-  if (f16c) return load_row_f16c(src, dst, n);
-  for (int64_t d = 0; d < n; ++d) dst[d] = to_float(src[d]);
-}
-#else
-inline void load_row(const f16* src, float* dst, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) dst[d] = to_float(src[d]);
-}
-#endif
-
-template <typename T>
-void zero_group_outputs(const TreeAttentionParams<T>& p, int64_t b, int64_t kvh) {
-  const int64_t G = p.num_heads / p.num_kv_heads, N = p.num_nodes, D = p.head_dim;
-  for (int64_t g = 0; g < G; ++g) {
-    T* o = p.out + ((b * p.num_heads + kvh * G + g) * N) * D;
-    for (int64_t x = 0; x < N * D; ++x) o[x] = from_float_rn<T>(0.0f);
-  }
-}
-
-
-#if defined(__x86_64__) && defined(__GNUC__)
-// bfloat16 inputs on CPUs with AVX512-BF16 (vdpbf16ps: 32 bf16 products summed in pairs into 16 float32 lanes):
-// S = Q K^T from the bf16 inputs as they are (products exact, float32 sums, then * scale), and acc += P V with P
-// rounded to bf16 (as flash-attention does on GPUs; the sums of P stay float32). Twice the arithmetic rate of the
-// float32 FMA path. Layouts: Q and K as pairs of bf16 along D (their natural memory order, read as uint32), K
-// transposed to [D / 2][kKeyBlock] pairs, V interleaved to [kKeyBlock / 2][D] pairs of consecutive keys.
-#define SPECDEC_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
-
-bool has_avx512_bf16() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-  return has;
 }
 
 struct Bf16Work {
@@ -322,10 +519,8 @@ bool has_avx512_bf16() { return false; }
 
 template <typename T>
 void TreeAttention(const TreeAttentionParams<T>& p, int64_t task_begin, int64_t task_end) {
-  const int64_t Hkv = p.num_kv_heads, G = p.num_heads / Hkv, N = p.num_nodes, D = p.head_dim;
-  const int64_t M = G * N, rows = (M + kRowTile - 1) / kRowTile * kRowTile;
-  std::vector<float> q(rows * D, 0.0f), acc(rows * D), kt(D * kKeyBlock), v(kKeyBlock * D), s(rows * kKeyBlock);
-  std::vector<float> mx(rows), sum(rows), krow(D);
+  const int64_t Hkv = p.num_kv_heads, N = p.num_nodes;
+  static thread_local Work work;
   for (int64_t task = task_begin; task < task_end; ++task) {
     const int64_t b = task / Hkv, kvh = task % Hkv;
     const int64_t prefix = p.prefix_lens[b];
@@ -338,43 +533,21 @@ void TreeAttention(const TreeAttentionParams<T>& p, int64_t task_begin, int64_t 
 #if defined(__x86_64__) && defined(__GNUC__)
     if constexpr (std::is_same_v<T, bf16>) {
       if (has_avx512_bf16()) {
-        static thread_local Bf16Work work;
-        tree_attention_bf16_task(p, b, kvh, prefix, work);
+        static thread_local Bf16Work bf16_work;
+        tree_attention_bf16_task(p, b, kvh, prefix, bf16_work);
         continue;
       }
     }
+    if (has_avx512()) {
+      tree_attention_task_avx512(p, b, kvh, prefix, work);
+      continue;
+    }
+    if (has_avx2()) {
+      tree_attention_task_avx2(p, b, kvh, prefix, work);
+      continue;
+    }
 #endif
-    // Queries of the group, as float32, pre-multiplied by the softmax scale.
-    for (int64_t m = 0; m < M; ++m) {
-      const int64_t g = m / N, i = m % N;
-      const T* src = p.q + b * p.q_stride_b + (kvh * G + g) * p.q_stride_h + i * p.q_stride_n;
-      for (int64_t d = 0; d < D; ++d) q[m * D + d] = to_float(src[d]) * p.scale;
-    }
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    std::fill(mx.begin(), mx.end(), neg_inf());
-    std::fill(sum.begin(), sum.end(), 0.0f);
-    const T* kbase = p.k + b * p.k_stride_b + kvh * p.k_stride_h;
-    const T* vbase = p.v + b * p.v_stride_b + kvh * p.v_stride_h;
-    const int64_t total = prefix + N;
-    for (int64_t t0 = 0; t0 < total; t0 += kKeyBlock) {
-      const int64_t keys = std::min(kKeyBlock, total - t0);
-      for (int64_t j = 0; j < keys; ++j) {
-        load_row(kbase + (t0 + j) * p.k_stride_s, krow.data(), D);
-        for (int64_t d = 0; d < D; ++d) kt[d * kKeyBlock + j] = krow[d];
-        load_row(vbase + (t0 + j) * p.v_stride_s, v.data() + j * D, D);
-      }
-      for (int64_t j = keys; j < kKeyBlock; ++j)
-        for (int64_t d = 0; d < D; ++d) kt[d * kKeyBlock + j] = 0.0f;
-      scores(q.data(), rows, D, kt.data(), s.data());
-      softmax_block(p, b, prefix, t0, keys, M, rows, s.data(), mx.data(), sum.data(), acc.data());
-      accumulate_pv(s.data(), rows, keys, v.data(), D, acc.data());
-    }
-    for (int64_t m = 0; m < M; ++m) {
-      const int64_t g = m / N, i = m % N;
-      T* o = p.out + ((b * p.num_heads + kvh * G + g) * N + i) * D;
-      const float inv = sum[m] > 0.0f ? 1.0f / sum[m] : 0.0f;
-      for (int64_t d = 0; d < D; ++d) o[d] = from_float_rn<T>(acc[m * D + d] * inv);
-    }
+    tree_attention_task_base(p, b, kvh, prefix, work);
   }
 }
 
