@@ -157,6 +157,47 @@ def test_rewind_and_compact_semantics():
     assert cache.lengths.tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_writes_land_at_each_layers_own_lengths(dtype):
+    """``update`` writes at ``lengths[b] + j`` per row, through a flat index the first layer of a forward computes and
+    the others reuse; a single layer cropped on its own (lengths no longer equal across layers) gets its own index.
+    Compared with a scatter-based reference write of the same keys/values."""
+    model = make_model("llama")
+    cfg = model.config
+    cache = TreeKVCache(cfg, 3, 12, dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    L, Hkv, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    want = cache.storage.clone()
+
+    def write(lengths_per_layer, q):
+        for l, layer in enumerate(cache.layers):
+            k = torch.randn(3, Hkv, q, D, generator=gen).to(dtype)
+            v = torch.randn(3, Hkv, q, D, generator=gen).to(dtype)
+            pos = torch.tensor(lengths_per_layer[l])[:, None] + torch.arange(q)
+            for b in range(3):
+                want[l, 0, b, :, pos[b]] = k[b]
+                want[l, 1, b, :, pos[b]] = v[b]
+            layer.update(k, v)
+
+    cache.rewind(torch.tensor([0, 4, 2]))
+    write([[0, 4, 2]] * L, 3)  # one forward of 3 tokens
+    write([[3, 7, 5]] * L, 2)  # the next forward continues from the advanced lengths
+    cache.layers[1].crop(-2)  # layer 1 alone steps back: the layers now differ
+    lens = [[5, 9, 7]] * L
+    lens[1] = [3, 7, 5]
+    write(lens, 1)
+    assert torch.equal(cache.storage, want)
+    assert cache.layers[0].lengths.tolist() == [6, 10, 8] and cache.layers[1].lengths.tolist() == [4, 8, 6]
+    cache.crop(-1)  # cache-wide: every layer steps back one (they still differ)
+    lens = [[5, 9, 7]] * L
+    lens[1] = [3, 7, 5]
+    write(lens, 2)
+    assert torch.equal(cache.storage, want)
+    cache.rewind(torch.tensor([1, 0, 5]))  # equal again: shared once more
+    write([[1, 0, 5]] * L, 4)
+    assert torch.equal(cache.storage, want) and cache._write_index.uniform
+
+
 def test_cache_bad_input():
     model = make_model("llama")
     cache = TreeKVCache(model.config, 2, 8)

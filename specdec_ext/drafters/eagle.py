@@ -38,6 +38,7 @@ from specdec_ext import ops
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
+from specdec_ext.models.kv_cache import write_rows
 
 __all__ = ["EagleDrafter"]
 
@@ -324,7 +325,7 @@ class EagleDrafter:
             a = result.appended[b]
             old = len(ctx) - a
             idx.append([old - 1 + j if j < a else dump for j in range(N)])
-        self.feats.scatter_(1, to_device(idx, state.device)[:, :, None].expand(B, N, Hf), g)
+        write_rows(self.feats[:, None], to_device(idx, state.device), g[:, None])
 
     def retire(self, keep: torch.Tensor) -> None:
         """Keeps the rows ``keep`` of the draft cache, the target features and the valid lengths (one

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec_ext.models.kv_cache import write_rows
+
 __all__ = ["Eagle1Model", "Eagle3Model", "EagleConfig", "EagleKVCache", "default_eagle3_layers"]
 
 
@@ -203,9 +205,8 @@ class Attention(nn.Module):
         k = self._rope(self.k_proj(x).view(B, T, self.nKV, self.hd).transpose(1, 2), position_ids)
         v = self.v_proj(x).view(B, T, self.nKV, self.hd).transpose(1, 2)
         if cache is not None:
-            idx = write_slots[:, None, :, None].expand(B, self.nKV, T, self.hd)
-            cache.k.scatter_(2, idx, k.to(cache.k.dtype))
-            cache.v.scatter_(2, idx, v.to(cache.v.dtype))
+            write_rows(cache.k, write_slots, k)
+            write_rows(cache.v, write_slots, v)
             S = cache.max_len if kv_len is None else kv_len
             k, v = cache.k[:, :, :S], cache.v[:, :, :S]
         elif mask is None:

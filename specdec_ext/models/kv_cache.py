@@ -8,7 +8,11 @@ every layer's K and V with ONE :func:`specdec_ext.ops.compact_kv` call over the 
 overwritten later.
 
 Writes. ``update`` (called by every attention layer) writes the layer's new ``[B, Hkv, q, D]`` keys/values at
-positions ``lengths[b] + j`` of each row and advances that layer's length by q, then returns the FULL buffers, so an
+positions ``lengths[b] + j`` of each row (``index_copy_`` of whole D-rows into the flattened buffer: ``scatter_``
+with an expanded index costs ~10x more, and on CPU in bfloat16 ~100x) and advances that layer's length by q. The
+flat index is computed (and bounds-checked) by the first layer of a forward and reused by the others: every layer
+starts a forward at the same lengths, which the cache knows without reading them, because only cache-wide methods
+(``rewind``, ``compact``, ``keep_rows``, ``reset``, ``crop``) set lengths. Then it returns the FULL buffers, so an
 attention function sees positions ``[0, S)`` and must mask: :func:`~specdec_ext.models.tree_forward.tree_forward`
 passes the tree metadata (or a 4-D mask), and transformers' own masks for ordinary forwards span all S positions
 (``get_mask_sizes`` returns ``(S, 0)``, as HF's ``StaticCache``). Ordinary forwards (``model(ids, cache=cache)``)
@@ -34,9 +38,42 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from specdec_ext import ops
 
 
+def flat_row_index(batch: int, heads: int, length: int, slots: torch.Tensor) -> torch.Tensor:
+    """Indices ``[B * H * T]`` of ``(b, h, slots[b, t])`` in a ``[B, H, S, D]`` buffer viewed as ``[B * H * S, D]``
+    (``slots``: int64 ``[B, T]``, in ``[0, S)``), ordered like ``src.reshape(-1, D)`` for ``src[B, H, T, D]``."""
+    rows = torch.arange(batch * heads, device=slots.device).view(batch, heads, 1) * length
+    return (rows + slots[:, None, :]).reshape(-1)
+
+
+def write_rows(buf: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> None:
+    """``buf[b, h, slots[b, t]] = src[b, h, t]`` for a contiguous ``buf[B, H, S, D]``: one ``index_copy_`` of whole
+    D-rows (``scatter_`` with an index expanded over D costs ~10x more on CPU, ~100x in bfloat16). ``slots`` must lie
+    in ``[0, S)`` (a slot outside lands in another head's rows); slots written twice hold one of the writes."""
+    B, H, S, D = buf.shape
+    buf.view(B * H * S, D).index_copy_(0, flat_row_index(B, H, S, slots), src.to(buf.dtype).reshape(-1, D))
+
+
 def _text_config(config):
     get = getattr(config, "get_text_config", None)
     return get(decoder=True) if callable(get) else config
+
+
+class _WriteIndex:
+    """The flat write index of the current forward, shared by a cache's layers (see the module doc).
+
+    ``epoch`` advances whenever lengths are set from outside ``update``; ``uniform`` says whether every layer started
+    the epoch at the same lengths (False from a single layer's ``crop`` / ``reset`` until ``rewind``, ``compact`` or
+    ``reset`` sets every layer alike: meanwhile nothing is shared)."""
+
+    def __init__(self):
+        self.epoch, self.uniform, self.key, self.index = 0, True, None, None
+
+    def lengths_set(self, uniform: bool | None) -> None:
+        """Lengths were set; ``uniform``: whether they are now equal across layers (None: as equal as before)."""
+        self.epoch += 1
+        self.key, self.index = None, None
+        if uniform is not None:
+            self.uniform = uniform
 
 
 class TreeKVLayer(CacheLayerMixin):
@@ -49,9 +86,12 @@ class TreeKVLayer(CacheLayerMixin):
     is_sliding = False  # stored in full; the mask applies any window
     supports_early_init = False  # allocated up front
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, layer_idx: int):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, layer_idx: int,
+                 write_index: _WriteIndex | None = None):
         super().__init__()
         self.keys, self.values, self.lengths, self.layer_idx = keys, values, lengths, layer_idx
+        self._shared = write_index or _WriteIndex()
+        self._epoch, self._written = -1, 0  # the epoch this layer last wrote in, and positions written since
         self.batch_size, self.num_heads, self.max_cache_len, self.k_head_dim = keys.shape
         self.v_head_dim = values.shape[-1]
         self.device = keys.device
@@ -70,18 +110,34 @@ class TreeKVLayer(CacheLayerMixin):
             raise ValueError(f"TreeKVCache layer {self.layer_idx}: values {tuple(value_states.shape)} and keys "
                              f"{tuple(key_states.shape)} differ")
         q = key_states.shape[2]
-        pos = self.lengths[:, None] + torch.arange(q, device=self.device)  # [B, q]
-        if self.device.type == "cpu":
-            if bool((pos[:, -1] >= S).any()) if q else False:
-                raise ValueError(f"TreeKVCache: writing {q} positions after lengths {self.lengths.tolist()} "
-                                 f"overflows max_len = {S}")
-        else:
-            torch._assert_async((pos[:, -1] < S).all() if q else torch.tensor(True, device=self.device))
-        idx = pos[:, None, :, None].expand(B, Hkv, q, D)
-        self.keys.scatter_(2, idx, key_states.to(self.keys.dtype))
-        self.values.scatter_(2, idx, value_states.to(self.values.dtype))
-        self.lengths.add_(q)
+        if q:
+            idx = self._write_index(q)
+            self.keys.view(B * Hkv * S, D).index_copy_(0, idx, key_states.to(self.keys.dtype).reshape(-1, D))
+            self.values.view(B * Hkv * S, D).index_copy_(0, idx, value_states.to(self.values.dtype).reshape(-1, D))
+            self.lengths.add_(q)
         return self.keys, self.values
+
+    def _write_index(self, q: int) -> torch.Tensor:
+        """Flat row indices ``[B * Hkv * q]`` of positions ``lengths[b] + j`` in the ``[B * Hkv * S, D]`` view."""
+        shared = self._shared
+        if self._epoch != shared.epoch:
+            self._epoch, self._written = shared.epoch, 0
+        key = (shared.epoch, self._written, q)
+        self._written += q
+        if shared.uniform and shared.key == key:  # an earlier layer of this forward computed it
+            return shared.index
+        B, Hkv, S, _ = self.keys.shape
+        pos = self.lengths[:, None] + torch.arange(q, device=self.device)  # [B, q]
+        # (checked here, once per forward: a position outside [0, S) would land in another head's rows)
+        if self.device.type == "cpu":
+            if bool(((pos[:, -1] >= S) | (pos[:, 0] < 0)).any()):
+                raise ValueError(f"TreeKVCache: writing {q} positions after lengths {self.lengths.tolist()} "
+                                 f"overflows max_len = {S} (or starts below 0)")
+        else:
+            torch._assert_async(((pos[:, -1] < S) & (pos[:, 0] >= 0)).all())
+        index = flat_row_index(B, Hkv, S, pos)
+        shared.key, shared.index = key, index
+        return index
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.max_cache_len, 0
@@ -100,9 +156,11 @@ class TreeKVLayer(CacheLayerMixin):
         if tokens_to_remove > 0:
             raise RuntimeError("TreeKVCache can only be cropped by a negative count (tokens to remove); use rewind")
         self.lengths.sub_(abs(tokens_to_remove)).clamp_(min=0)
+        self._shared.lengths_set(uniform=False)  # this layer alone (TreeKVCache.crop makes it uniform again)
 
     def reset(self) -> None:
         self.lengths.zero_()
+        self._shared.lengths_set(uniform=False)
 
     def offload(self):
         raise NotImplementedError("TreeKVCache does not offload")
@@ -136,7 +194,9 @@ class TreeKVCache(Cache):
             raise ValueError(f"TreeKVCache: batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
         self.storage = torch.zeros(L, 2, batch_size, Hkv, max_len, D, dtype=dtype, device=device)
         self._lengths = torch.zeros(L, batch_size, dtype=torch.int64, device=device)
-        layers = [TreeKVLayer(self.storage[l, 0], self.storage[l, 1], self._lengths[l], l) for l in range(L)]
+        self._write_index = _WriteIndex()
+        layers = [TreeKVLayer(self.storage[l, 0], self.storage[l, 1], self._lengths[l], l, self._write_index)
+                  for l in range(L)]
         super().__init__(layers=layers)
         self.max_len = max_len
         # The window of the model's sliding-window layers, if any (tree_forward refuses trees that reach past it).
@@ -195,13 +255,25 @@ class TreeKVCache(Cache):
         for l, layer in enumerate(self.layers):
             layer.keys, layer.values, layer.lengths = self.storage[l, 0], self.storage[l, 1], self._lengths[l]
             layer.batch_size = self.storage.shape[2]
+        self._write_index.lengths_set(None)
 
-    def rewind(self, lengths: torch.Tensor | int) -> None:
-        """Sets every layer's per-row length to ``lengths`` (number or ``[B]``); entries beyond are stale."""
+    def crop(self, tokens_to_remove: int) -> None:
+        uniform = self._write_index.uniform
+        super().crop(tokens_to_remove)  # (every layer alike: as uniform as before)
+        self._write_index.lengths_set(uniform)
+
+    def reset(self) -> None:
+        super().reset()
+        self._write_index.lengths_set(True)
+
+    def rewind(self, lengths: torch.Tensor | int, validate: bool = True) -> None:
+        """Sets every layer's per-row length to ``lengths`` (number or ``[B]``); entries beyond are stale.
+        ``validate=False`` (callers that checked the lengths, or built them in range): no range check."""
         t = self._row_tensor(lengths, "lengths")
-        if t.device.type == "cpu" and bool(((t < 0) | (t > self.max_len)).any()):
+        if validate and t.device.type == "cpu" and bool(((t < 0) | (t > self.max_len)).any()):
             raise ValueError(f"TreeKVCache.rewind: lengths {t.tolist()} must be in [0, max_len = {self.max_len}]")
         self._lengths.copy_(t.expand_as(self._lengths))
+        self._write_index.lengths_set(True)
 
     def compact(self, src_positions: torch.Tensor, dst_start: torch.Tensor | int, lengths: torch.Tensor | int,
                 validate: bool = True) -> None:
@@ -216,6 +288,7 @@ class TreeKVCache(Cache):
         ops.compact_kv(self.kv_views(), src_positions.to(device=self.device, dtype=torch.int64), dst, n, seq_dim=2,
                        validate=validate)
         self._lengths.copy_((dst + n).expand_as(self._lengths))
+        self._write_index.lengths_set(True)
 
     def accept(self, accepted: torch.Tensor, accept_len: torch.Tensor, prefix_lens: torch.Tensor | int,
                validate: bool = True) -> None:

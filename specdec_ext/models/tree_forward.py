@@ -50,14 +50,21 @@ def tree_attention_mask(prefix_lens: torch.Tensor, tree_mask: torch.Tensor, kv_l
     return torch.where(allowed, zero, torch.full((), torch.finfo(dtype).min, dtype=dtype, device=dense.device))
 
 
+_CACHE_KWARG: dict[type, str] = {}
+
+
 def _cache_kwarg(model) -> str:
     """transformers 5.24 spells the cache argument ``cache`` (``past_key_values`` is deprecated); older ones
-    ``past_key_values``."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
+    ``past_key_values``. Looked up once per model class (``inspect.signature`` costs tens of microseconds, on
+    every forward of a decoding loop)."""
+    name = _CACHE_KWARG.get(type(model))
+    if name is None:
+        try:
+            params = inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            params = {}
+        name = _CACHE_KWARG[type(model)] = "cache" if "cache" in params else "past_key_values"
+    return name
 
 
 def _model_dtype(model, cache: TreeKVCache) -> torch.dtype:
@@ -131,7 +138,7 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     if use_kernel and not is_tree_attention(model):
         raise ValueError("tree_forward: use_kernel=True needs the model set to 'specdec_tree' "
                          "(specdec_ext.models.use_tree_attention(model))")
-    cache.rewind(prefix)
+    cache.rewind(prefix, validate=validate)
     kwargs = dict(model_kwargs)
     kwargs[_cache_kwarg(model)] = cache
     if use_kernel:
@@ -146,7 +153,7 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
         tree_mask = ops.tree_ancestor_mask(parents, packed=False, validate=False)
         mask = tree_attention_mask(prefix, tree_mask, cache.max_len, dtype=_model_dtype(model, cache))
         out = model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True, **kwargs)
-    cache.rewind(prefix)
+    cache.rewind(prefix, validate=False)  # (the lengths the forward started from)
     return out if return_outputs else out.logits
 
 
