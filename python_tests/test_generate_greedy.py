@@ -138,6 +138,50 @@ def test_draft_model_identical_to_target_accepts_everything():
     assert stats.draft_forwards == 1 + 4 * 4 + 2
 
 
+@pytest.mark.parametrize("threshold", [0.65, 0.7])
+def test_draft_model_confidence_threshold_stops_chains_early_and_stays_greedy_identical(threshold):
+    """An unsure draft stops its chain early (shorter trees, fewer draft forwards per step) and the output stays
+    plain greedy's, at one row and in a batch; each chain ends at the first draft every row was unsure of."""
+    model = copy.deepcopy(target("llama"))
+    with torch.no_grad():  # sharper than the random init's near-uniform distributions: drafts are sure now and then
+        model.lm_head.weight.mul_(16.0)
+    draft = perturbed_copy(model, scale=0.03)
+    for prompts in ([prompt_of(6, 3)], [prompt_of(6, 3), prompt_of(3, 4), prompt_of(9, 5)]):
+        want = [hf_greedy(model, p, 24) for p in prompts]
+        drafter = DraftModelDrafter(draft, num_draft_tokens=5, confidence_threshold=threshold)
+        sizes, stops = [], []
+        propose, unsure = drafter.propose, drafter._unsure
+
+        def spy_unsure(logits, tok, probs):
+            conf = torch.softmax(logits.float(), -1).amax(-1)  # greedy: the argmax's probability
+            stops.append(bool((conf < threshold).all()))
+            assert unsure(logits, tok, probs) == stops[-1]
+            return stops[-1]
+
+        def spy_propose(state, max_depth):
+            tree = propose(state, max_depth)
+            sizes.append(tree.num_nodes)
+            return tree
+
+        drafter.propose, drafter._unsure = spy_propose, spy_unsure
+        out, stats = generate(model, drafter, [torch.tensor(p) for p in prompts], max_new_tokens=24,
+                              eos_token_id=[])
+        assert [o[len(p):].tolist() for o, p in zip(out, prompts)] == want
+        assert any(stops) and not all(stops), stops
+        assert min(sizes) < 6 and max(sizes) == 6, sizes  # some chains stopped early, some ran to k = 5
+        # per step: the catch-up forward, then one per draft but the last
+        assert stats.draft_forwards == 1 + sum(n - 1 for n in sizes)
+
+
+def test_confidence_threshold_bad_arguments_name_it():
+    model = target("llama")
+    for bad in (1.0, -0.1, "0.5", True):
+        with pytest.raises(ValueError, match="confidence_threshold must be a number in \\[0, 1\\)"):
+            DraftModelDrafter(model, confidence_threshold=bad)
+    with pytest.raises(ValueError, match="confidence_threshold applies to chains"):
+        DraftModelDrafter(model, tree_width=2, confidence_threshold=0.5)
+
+
 @pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "tree"])
 def test_batch_of_prompts_of_different_lengths(kind):
     """Rows finish at different steps (EOS, budget inside an accepted run): each row equals its own HF run."""

@@ -81,6 +81,15 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(stats_mod.chisquare(obs.numpy(), exp.numpy() * float(obs.sum() / exp.sum())).pvalue)
 
 
+def stopping_at_random(drafter: DraftModelDrafter) -> DraftModelDrafter:
+    """A draft model whose chains stop early at random (seeded): with one prompt in 5000 rows every row is rarely
+    unsure at once, so the real stopping rule would hardly ever cut a chain here. Chains of varying length, with
+    their draft probabilities, must stay lossless."""
+    gen = torch.Generator().manual_seed(7)
+    drafter._unsure = lambda logits, tok, probs: bool(torch.rand((), generator=gen) < 0.5)
+    return drafter
+
+
 @pytest.mark.parametrize("T,top_k,top_p", [(1.0, 0, 1.0), (0.8, 5, 0.9)])
 def test_speculative_sampling_matches_the_target_distribution(T, top_k, top_p):
     target, draft = tiny(21), tiny(21, noise=0.3)
@@ -88,7 +97,9 @@ def test_speculative_sampling_matches_the_target_distribution(T, top_k, top_p):
     prompts = torch.tensor(PROMPT).expand(ROWS, -1).contiguous()
     for seed, drafter in ((1234, None), (4321, DraftModelDrafter(draft, num_draft_tokens=3)),
                           (5678, DraftModelDrafter(draft, num_draft_tokens=3, tree_width=2)),
-                          (8765, NgramDrafter(num_pred_tokens=2, max_ngram_size=2))):
+                          (8765, NgramDrafter(num_pred_tokens=2, max_ngram_size=2)),
+                          (2468, stopping_at_random(DraftModelDrafter(draft, num_draft_tokens=3,
+                                                                      confidence_threshold=0.5)))):
         gen = torch.Generator().manual_seed(seed)
         out, st = generate(target, drafter, prompts, max_new_tokens=3, eos_token_id=[], temperature=T, top_k=top_k,
                            top_p=top_p, generator=gen)

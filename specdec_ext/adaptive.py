@@ -343,7 +343,9 @@ class AdaptiveDrafter:
             self.target_cost.add(B * N, t2 - t1)
         self._gen_step += 1
         # acceptance: rows still generating after the step accepted exactly appended - 1 drafts (rows that finished
-        # this step may have been cut at EOS / the budget: their outcome is censored and left out)
+        # this step may have been cut at EOS / the budget: their outcome is censored and left out). Depths past the
+        # tree's (a chain cut short: no n-gram match, an unsure draft model) were not drafted: no outcome either.
+        d = min(d, N - 1)
         if d > 0:
             elig = [0] * (d + 1)
             succ = [0] * (d + 1)

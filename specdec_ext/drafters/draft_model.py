@@ -50,15 +50,28 @@ class DraftModelDrafter:
     ``tree_width``: 1 = a chain; w > 1 = the top-k tree of the module doc (``1 + w * k`` nodes).
     ``tree_attention``: switch the draft model to the ``specdec_tree`` attention implementation when it supports
     transformers' attention interface (ordinary forwards are unchanged).
+    ``confidence_threshold`` (chains; 0 = off): stop drafting once every row's newest draft had a probability below
+    it under the draft's own distribution (greedy: its softmax maximum; sampling: the sampled token's probability).
+    That token is still proposed, but no forward is spent on drafts after it, which are mostly rejected: longer
+    chains then cost little where the draft is unsure (Hugging Face's ``assistant_confidence_threshold``). Stopping
+    depends on the draft alone, so verification stays lossless. Each check reads one value back: a device
+    synchronisation per draft token on a GPU.
     """
 
     hidden_state_layers: tuple[int, ...] = ()
 
     def __init__(self, model: torch.nn.Module, num_draft_tokens: int = 4, tree_width: int = 1,
-                 tree_attention: bool = True):
+                 tree_attention: bool = True, confidence_threshold: float = 0.0):
         if num_draft_tokens < 1 or tree_width < 1:
             raise ValueError(f"DraftModelDrafter: num_draft_tokens and tree_width must be >= 1, got "
                              f"{num_draft_tokens}, {tree_width}")
+        if (isinstance(confidence_threshold, bool) or not isinstance(confidence_threshold, (int, float))
+                or not 0.0 <= confidence_threshold < 1.0):
+            raise ValueError(f"DraftModelDrafter: confidence_threshold must be a number in [0, 1) (0 = off), got "
+                             f"{confidence_threshold!r}")
+        if confidence_threshold and tree_width > 1:
+            raise ValueError("DraftModelDrafter: confidence_threshold applies to chains (tree_width = 1)")
+        self.confidence_threshold = float(confidence_threshold)
         self.model = model.eval()
         self.k = num_draft_tokens
         self.width = tree_width
@@ -139,16 +152,26 @@ class DraftModelDrafter:
             tok, p = self._sample(last, state)
             drafts.append(tok)
             probs.append(p)
-            if i < k - 1:
-                last = self._forward(tok[:, None], pos, torch.ones_like(pos))[:, 0]
-                pos = pos + 1
-        self.fed = k - 1
+            if i == k - 1 or (self.confidence_threshold and self._unsure(last, tok, p)):
+                break
+            last = self._forward(tok[:, None], pos, torch.ones_like(pos))[:, 0]
+            pos = pos + 1
+        n = len(drafts)
+        self.fed = n - 1
         tokens = torch.stack([root] + drafts, 1)
-        parents = ops.chain_parents(B, k + 1, device=dev)
+        parents = ops.chain_parents(B, n + 1, device=dev)
         draft_probs = None
         if not state.sampling.greedy:
             draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], 1)  # leaf row: never read
         return DraftTree(tokens, parents, draft_probs)
+
+    def _unsure(self, logits: torch.Tensor, tok: torch.Tensor, probs: torch.Tensor | None) -> bool:
+        """Whether every row's draft ``tok`` had a probability below ``confidence_threshold``."""
+        if probs is None:  # greedy: the argmax's probability
+            conf = torch.softmax(logits.float(), -1).amax(-1)
+        else:
+            conf = probs.gather(1, tok[:, None])[:, 0]
+        return bool((conf < self.confidence_threshold).all())
 
     def _propose_tree(self, state: DecodeState, root: torch.Tensor, last: torch.Tensor, k: int) -> DraftTree:
         B, w, dev = state.batch_size, self.width, state.device
