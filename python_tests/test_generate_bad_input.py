@@ -121,6 +121,13 @@ def test_cli_generate_ngram_and_draft_model(model_dir, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out[0].split()) <= 8
     _summary_ok(out[-1])
+    assert cli.main(["generate", "--model", model_dir, "--draft-model", model_dir, "--prompt-ids", ids,
+                     "--max-new-tokens", "12", "--eos-id", "0", "--no-stream", "--confidence-threshold", "0.5"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert [int(t) for t in out[0].split()] == want[10:].tolist()  # greedy: plain decoding's tokens
+    with pytest.raises(SystemExit, match="confidence_threshold must be a number in"):
+        cli.main(["generate", "--model", model_dir, "--draft-model", model_dir, "--prompt-ids", ids,
+                  "--confidence-threshold", "1.5"])
     with pytest.raises(SystemExit, match="no tokenizer could be loaded"):
         cli.main(["generate", "--model", model_dir, "--prompt", "hello"])
     with pytest.raises(SystemExit, match="is not a local directory"):

@@ -64,7 +64,8 @@ def generate_cmd(args: argparse.Namespace) -> int:
         drafter = None
         if args.draft_model:
             drafter = DraftModelDrafter(load_model(args.draft_model, dtype=dtype, device=args.device),
-                                        num_draft_tokens=args.num_draft_tokens, tree_width=args.tree_width)
+                                        num_draft_tokens=args.num_draft_tokens, tree_width=args.tree_width,
+                                        confidence_threshold=args.confidence_threshold)
         elif args.ngram:
             drafter = NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
         elif args.medusa:
@@ -132,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length")
     p_gen.add_argument("--tree-width", type=int, default=1,
                        help="--draft-model: top-k tree with this many branches at the root (1 = chain)")
+    p_gen.add_argument("--confidence-threshold", type=float, default=0.0,
+                       help="--draft-model chains: stop drafting after a draft below this probability (0 = off)")
     p_gen.add_argument("--max-ngram", type=int, default=3, help="longest n-gram matched by --ngram")
     p_gen.add_argument("--prompt", help="prompt text (needs a tokenizer in --model)")
     p_gen.add_argument("--chat", action="store_true", help="wrap --prompt in the tokenizer's chat template")
