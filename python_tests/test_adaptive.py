@@ -456,7 +456,8 @@ def test_exploring_out_of_plain_steps_is_skipped_where_the_catch_up_costs_more_t
 
 def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():
     """Deep drafting pays here, but after 50 plain steps with a catch-up of 50 ms per plain step, the first
-    speculative step would cost 2.5 s; spread over ``explore_every`` steps that outweighs the gain: plain stays."""
+    speculative step would cost 2.5 s; spread over ``explore_every`` steps (or the steps left, when more) that
+    outweighs the gain: plain stays, unless the generation has long enough to go to earn it back."""
     clock = FakeClock()
     ad = AdaptiveDrafter(FakeChain(clock, D=4, draft_time=lambda d: 1e-3 * d), explore_every=16, clock=clock)
     fake_run(ad, clock, 20, B=8, target_time=lambda x: 0.01 + 1e-4 * x, accept=lambda s, b, d: d)
@@ -465,6 +466,9 @@ def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():
     assert ad.best_depth(8, 4) == 4  # not in a plain run: nothing to catch up on
     ad._lag = 50
     assert ad.best_depth(8, 4) == 0
+    assert ad.best_depth(8, 4, remaining=60) == 0  # 12 deep steps left: the catch-up is not earned back
+    # 2000 tokens left, ~400 deep steps: 6 ms of catch-up per step, and deep drafting more than doubles tokens/s
+    assert ad.best_depth(8, 4, remaining=2000) == 4
     ad._lag = 1  # one plain step behind: 50 ms / 16 per step, deep drafting still pays
     assert ad.best_depth(8, 4) == 4
 
@@ -637,6 +641,10 @@ def test_batch_sweep_runs_and_reports():
     for r in res["rows"]:
         assert set(r["fixed_tokens_per_s"]) == {"1", "3"} and r["plain_tokens_per_s"] > 0
         assert r["outputs_match_plain"] and sum(r["adaptive_depth_hist"].values()) >= 1
+        t = {c: v[0] for c, v in r["all_tokens_per_s"].items()}  # one round: the paired ratios are that round's
+        assert r["adaptive_vs_best"] == pytest.approx(
+            t["adaptive"] / max(t["plain"], t[f"fixed:{r['best_fixed_depth']}"]))
+        assert r["adaptive_vs_all"] == pytest.approx(t["adaptive"] / max(t["plain"], t["fixed:1"], t["fixed:3"]))
     assert res["summary"]["all_outputs_match_plain"] and "beats both" in format_table(res)
     named = run_batch_sweep(tgt, lambda name: NgramDrafter(num_pred_tokens=2), prompts, [2], 4, None, repeats=1,
                             drafter_names=["ngram"], log=None)

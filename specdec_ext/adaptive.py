@@ -60,8 +60,9 @@ pays for the draft's pass over the prompts. The *lag* counts the context tokens 
 lag is kept apart from its depth's steady cost (as catch-up seconds per lagging token, ``catchup``), and an
 exploration out of a lag is skipped where the catch-up per token exceeds ``catchup_budget`` of a step (leaving
 plain decoding for one step would cost re-reading every skipped token: at large batches a draft model's catch-up
-is ~10-20% of the plain steps). With a lag of k tokens, the argmax charges every speculative depth
-``catchup * k / explore_every`` seconds (the catch-up spread over the steps it is expected to stay).
+is ~10-20% of the plain steps). With a lag of k tokens, the argmax charges every speculative depth d
+``catchup * k / n`` seconds per step: the catch-up spread over the n steps d would take to finish the generation
+(the loop's budget over ``E[tokens | d]``), at least ``explore_every``.
 """
 
 from __future__ import annotations
@@ -442,21 +443,24 @@ class AdaptiveDrafter:
             return None
         return self.expected_tokens(d, optimism) / max(t, 1e-12)
 
-    def best_depth(self, B: int, limit: int) -> int:
+    def best_depth(self, B: int, limit: int, remaining: int | None = None) -> int:
         """The depth with the best score among 0..limit, going at most one depth past the largest tokens in flight
-        measured so far (costs beyond it are extrapolated: climb one step at a time instead of jumping)."""
+        measured so far (costs beyond it are extrapolated: climb one step at a time instead of jumping).
+        ``remaining``: tokens the generation may still emit (None: unknown)."""
         best, best_s = 0, None
         max_x = max(self.target_cost.points, default=0.0)
         c = self._catchup_at(B) if self._lag > 0 else None
-        # leaving plain decoding costs the drafter's catch-up on the lag once: spread over the steps it is expected
-        # to stay (``explore_every``), it is charged to every speculative depth
-        extra = c * self._lag / max(1, self.explore_every) if c else 0.0
+        catchup = c * self._lag if c else 0.0
         for d in range(0, limit + 1):
             s = self.score(B, d, self.optimism)
             if s is None:
                 return min(1, limit)
-            if d > 0 and extra:
-                s = self.expected_tokens(d, self.optimism) / (self.predicted_step_time(B, d) + extra)
+            if d > 0 and catchup:
+                # leaving plain decoding costs the drafter's catch-up on the lag once, spread over the steps that
+                # depth would take to finish the generation (at least ``explore_every``: it may not stay that long)
+                e = self.expected_tokens(d, self.optimism)
+                steps = max(self.explore_every, (remaining or 0) / e, 1)
+                s = e / (self.predicted_step_time(B, d) + catchup / steps)
             if best_s is None or s > best_s * (1 + 1e-9):
                 best, best_s = d, s
             if B * self.nodes_at(d) > max_x:
@@ -473,7 +477,7 @@ class AdaptiveDrafter:
         step = getattr(self, "_gen_step", 0)
         if len(self.target_cost) < 2 and step < 3:  # probes: 1 (untimed), 0, 1
             return (1, 0, 1)[step]
-        d = self.best_depth(B, limit)
+        d = self.best_depth(B, limit, int(max_depth) + 1)
         if limit == self.max_depth:  # (steps capped by the token budget say nothing about the choice)
             if self._last_best != (B, d):  # the choice moved (or the batch size did): explore at the base rate
                 self._explore_gap, self._since_explore = self.explore_every, 0
