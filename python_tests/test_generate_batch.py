@@ -171,6 +171,25 @@ def test_greedy_rows_equal_single_prompt_decoding(kind):
     assert stats.mean_accepted_length > 1.2, stats.mean_accepted_length  # drafts were accepted
 
 
+@pytest.mark.parametrize("kind", ["plain", "draft", "medusa", "eagle2_tree"])
+def test_a_budget_per_row(kind):
+    """``max_new_tokens`` as one budget per prompt: each row stops at its own budget (inside an accepted run or
+    not), equal to that prompt decoded alone with that budget; rows retire as their budgets run out."""
+    m, drafter, prompts = case(kind)
+    budgets = [NEW - 3 * (b % 5) for b in range(len(prompts))]  # different budgets, the full one included
+    refs = [hf_greedy(m, p, NEW) for p in prompts]
+    outs, stats = generate(m, drafter, prompts, max_new_tokens=budgets, eos_token_id=[])
+    for b, (p, o, r, n) in enumerate(zip(prompts, outs, refs, budgets)):
+        assert o.tolist() == p + r[:n], (kind, b)
+    assert stats.new_tokens == sum(budgets) and stats.retirements >= 1
+    with pytest.raises(ValueError, match="max_new_tokens has 2 entries for"):
+        generate(m, None, prompts, max_new_tokens=[4, 5], eos_token_id=[])
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+        generate(m, None, prompts, max_new_tokens=[4] * (len(prompts) - 1) + [0], eos_token_id=[])
+    with pytest.raises(ValueError, match="a prompt plus its max_new_tokens needs"):
+        generate(m, None, prompts, max_new_tokens=[10 ** 6] * len(prompts), eos_token_id=[])
+
+
 @pytest.mark.parametrize("kind", ["ngram", "draft", "tree", "medusa", "eagle1_chain", "eagle2_tree", "eagle3_tree"])
 def test_finished_rows_stop_costing_compute(kind):
     """Target and drafter forwards shrink with the live rows; the frozen loop (retire hidden) keeps all rows. The

@@ -178,6 +178,22 @@ def _accepts(model, name: str) -> bool:
         return False
 
 
+def _budgets(max_new_tokens, B: int) -> list[int]:
+    """``max_new_tokens`` (one integer, or one per prompt) as a list of B integers >= 1."""
+    if isinstance(max_new_tokens, (list, tuple)):
+        if len(max_new_tokens) != B:
+            raise ValueError(f"generate: max_new_tokens has {len(max_new_tokens)} entries for {B} prompts (give one "
+                             "integer, or one per prompt)")
+        values = list(max_new_tokens)
+    else:
+        values = [max_new_tokens] * B
+    for n in values:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"generate: max_new_tokens must be an integer >= 1 (or a list of them, one per prompt), "
+                             f"got {max_new_tokens!r}")
+    return values
+
+
 def _eos_list(eos_token_id, target) -> list[int]:
     if eos_token_id is None:
         gc = getattr(target, "generation_config", None)
@@ -192,7 +208,7 @@ def _eos_list(eos_token_id, target) -> list[int]:
 
 
 @torch.no_grad()
-def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_tokens: int = 32,
+def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_tokens: int | list[int] = 32,
              eos_token_id: int | list[int] | None = None, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, generator: torch.Generator | None = None, seed: int | None = None,
              streamer=None, pad_token_id: int | None = None, max_cache_len: int | None = None,
@@ -201,6 +217,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     """Speculative (or, with ``drafter=None``, plain) generation from ``target`` (an HF causal LM).
 
     ``input_ids``: ``[P]`` or ``[B, P]`` tensor, or a list of prompts (lists of ints / 1-D tensors, any lengths).
+    ``max_new_tokens``: one budget for every row, or a list with one per prompt (requests of different lengths).
     ``eos_token_id``: one id or several (default: the target's ``generation_config``); generation of a row stops
     after its first EOS (included in the output). ``temperature`` 0 is greedy; otherwise sampling with ``top_k``
     (0 = off) and ``top_p`` (1 = off) from ``generator`` (or a fresh one seeded with ``seed``). ``streamer``: HF
@@ -234,8 +251,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     if bad:
         raise ValueError(f"generate: prompt {bad[0][0]} holds token {bad[0][1]}, outside the target's vocabulary "
                          f"[0, {V})")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"generate: max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    budgets = _budgets(max_new_tokens, len(prompts))
     sampling = SamplingParams(temperature, top_k, top_p)
     sampling.validate()
     eos = _eos_list(eos_token_id, target)
@@ -248,17 +264,21 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     if max_nodes < 1:
         raise ValueError(f"generate: drafter.max_nodes must be >= 1, got {max_nodes}")
     P = max(len(p) for p in prompts)
-    needed = P + max_new_tokens
+    needed = max(len(p) + n for p, n in zip(prompts, budgets))
     limit = getattr(cfg, "max_position_embeddings", None)
     if limit is not None and needed > limit:
         raise ValueError(f"generate: the longest prompt ({P} tokens) plus max_new_tokens ({max_new_tokens}) = {needed} "
-                         f"exceeds the target's max_position_embeddings = {limit}")
+                         f"exceeds the target's max_position_embeddings = {limit}" if isinstance(max_new_tokens, int)
+                         else f"generate: a prompt plus its max_new_tokens needs {needed} positions, beyond the "
+                         f"target's max_position_embeddings = {limit}")
     max_len = needed + max_nodes
     if max_cache_len is not None:
         if max_cache_len < max_len:
             raise ValueError(f"generate: max_cache_len = {max_cache_len} is too small: the longest prompt ({P}) + "
                              f"max_new_tokens ({max_new_tokens}) + the drafter's tree size ({max_nodes}) needs "
-                             f"{max_len} cache positions")
+                             f"{max_len} cache positions" if isinstance(max_new_tokens, int) else
+                             f"generate: max_cache_len = {max_cache_len} is too small: a prompt + its max_new_tokens "
+                             f"+ the drafter's tree size ({max_nodes}) needs {max_len} cache positions")
         max_len = max_cache_len
     check_window("generate", target.config, needed + max_nodes - 1)
     param = next(p for p in target.parameters() if p.is_floating_point())
@@ -306,7 +326,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     while not all(state.done):
         t0 = time.perf_counter()
         Bs = len(rows)  # rows in this step's batch (B minus the retired rows)
-        budget = max(max_new_tokens - generated[b] for b in range(Bs) if not state.done[b])
+        budget = max(budgets[b] - generated[b] for b in range(Bs) if not state.done[b])
         if drafter is None:
             tree = DraftTree(state.last_tokens[:, None], torch.full((Bs, 1), -1, dtype=torch.int64, device=device))
         else:
@@ -342,7 +362,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
             if state.done[b]:
                 continue
             a = host[b][0]
-            new = host[b][1: a + 2][: max_new_tokens - generated[b]]
+            new = host[b][1: a + 2][: budgets[b] - generated[b]]
             for i, t in enumerate(new):
                 if t in eos:
                     new = new[: i + 1]
@@ -351,7 +371,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
             state.host_tokens[b].extend(new)
             appended[b] = len(new)
             generated[b] += len(new)
-            if generated[b] >= max_new_tokens:
+            if generated[b] >= budgets[b]:
                 state.done[b] = True
             stats.accept_hist[a] += 1
             stats.row_steps += 1
@@ -380,6 +400,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
             state.keep_rows(keep_dev, keep_host)
             rows = [rows[b] for b in keep_host]
             generated = [generated[b] for b in keep_host]
+            budgets = [budgets[b] for b in keep_host]
             t5 = time.perf_counter()
             if drafter is not None:
                 drafter.retire(keep)

@@ -114,6 +114,8 @@ def main(argv=None) -> int:
     p.add_argument("--draft-ms", type=float, default=0.3, help="stand-in: ms of draft work per draft token")
     p.add_argument("--depth", type=int, default=8, help="stand-in: the oracle's depth")
     p.add_argument("--cold", action="store_true", help="also time a fresh AdaptiveDrafter per run")
+    p.add_argument("--budgets", choices=["mixed", "equal"], default="mixed",
+                   help="row budgets: spread from 1/4 to all of --max-new-tokens (default), or all equal")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="default: benchmarks/results/batch_sweep_<drafter>.json (one "
@@ -150,6 +152,7 @@ def main(argv=None) -> int:
         result = run_batch_sweep(target, make_drafter, prompts, args.batch_sizes, args.max_new_tokens, fixed,
                                  drafter_name=name, models=models, prompt_len=args.prompt_len,
                                  repeats=args.repeats or None, quick=args.quick, seed=args.seed, cold=args.cold,
+                                 budgets=args.budgets,
                                  log=lambda s: print(s, flush=True))
         result["models"] = models_note
         result["command"] = "python " + " ".join([os.path.relpath(__file__, ROOT)] + list(

@@ -1,8 +1,10 @@
 """Batch sweep: tokens/s against the batch size for plain decoding, each fixed draft depth and adaptive speculation
 (:class:`~specdec_ext.adaptive.AdaptiveDrafter`), measured side by side in one run.
 
-For every batch size B (default 1, 2, 4, 8, 16, 32, 64) the first B prompts are decoded greedily (no EOS: every
-row generates ``max_new_tokens``, so all configurations do the same work) by
+For every batch size B (default 1, 2, 4, 8, 16, 32, 64) the first B prompts are decoded greedily (no EOS), each
+row to its own budget — ``budgets="mixed"`` (default): spread evenly from a quarter of ``max_new_tokens`` to all of
+it, requests of different lengths as a server sees them, so the batch drains as rows finish; ``"equal"``: every row
+``max_new_tokens`` — the same budgets for every configuration, so all of them do the same work — by
 
 * ``plain``: ``generate(target, None, ...)``;
 * ``fixed:d`` for each d in ``fixed_depths``: ``AdaptiveDrafter(make_drafter(), mode="fixed", depth=d)``;
@@ -63,7 +65,8 @@ def _tokens_of(out) -> list[list[int]]:
 def run_batch_sweep(target, make_drafter, prompts=None, batch_sizes=None, max_new_tokens: int | None = None,
                     fixed_depths=None, *, drafter_name: str | None = None, drafter_names=None, models=None,
                     prompt_len: int = 48, repeats: int | None = None, quick: bool = False, seed: int = 0,
-                    adaptive_kwargs: dict | None = None, cold: bool = False, log=print) -> dict:
+                    adaptive_kwargs: dict | None = None, cold: bool = False, budgets: str = "mixed",
+                    log=print) -> dict:
     """Tokens/s of plain decoding, each fixed depth and adaptive speculation at each batch size (module doc).
 
     ``make_drafter``: a fresh inner drafter per call — ``make_drafter()``, or ``make_drafter(name)`` with
@@ -72,8 +75,10 @@ def run_batch_sweep(target, make_drafter, prompts=None, batch_sizes=None, max_ne
     ``models`` is given, else random tokens), each cut to ``prompt_len`` tokens. ``fixed_depths``: default 1, 2,
     3, 4, 6, 8 up to the drafter's own depth. Defaults (quick): batch sizes 1..64 (1, 4, 16, 64), 64 (24) new
     tokens, 3 (1) repeats. ``adaptive_kwargs``: passed to :class:`AdaptiveDrafter`. ``cold``: also time a fresh
-    ``AdaptiveDrafter`` per run (``adaptive_cold``).
+    ``AdaptiveDrafter`` per run (``adaptive_cold``). ``budgets``: ``"mixed"`` or ``"equal"`` (module doc).
     """
+    if budgets not in ("mixed", "equal"):
+        raise ValueError(f"run_batch_sweep: budgets must be 'mixed' or 'equal', got {budgets!r}")
     batch_sizes = list(batch_sizes or (QUICK_BATCH_SIZES if quick else DEFAULT_BATCH_SIZES))
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise ValueError(f"run_batch_sweep: batch_sizes must be integers >= 1, got {batch_sizes}")
@@ -132,9 +137,15 @@ def run_batch_sweep(target, make_drafter, prompts=None, batch_sizes=None, max_ne
             return AdaptiveDrafter(fresh(), **adaptive_kwargs)
         return AdaptiveDrafter(fresh(), mode="fixed", depth=int(cfg.split(":")[1]))
 
+    def row_budgets(B: int, n: int) -> list[int]:
+        if budgets == "equal" or B == 1:
+            return [n] * B
+        return [max(1, round(n * (0.25 + 0.75 * i / (B - 1)))) for i in range(B)]
+
     def run(cfg: str, batch, budget):
         drafter = drafter_for(cfg)
-        out, stats = generate(target, drafter, batch, max_new_tokens=budget, eos_token_id=[])
+        out, stats = generate(target, drafter, batch, max_new_tokens=row_budgets(len(batch), budget),
+                              eos_token_id=[])
         return _tokens_of(out), stats, drafter
 
     rows = []
@@ -205,6 +216,7 @@ def run_batch_sweep(target, make_drafter, prompts=None, batch_sizes=None, max_ne
         "drafter": name,
         "batch_sizes": batch_sizes,
         "max_new_tokens": max_new_tokens,
+        "budgets": budgets,
         "prompt_len": prompt_len,
         "prompts": prompt_note,
         "fixed_depths": fixed_depths,
@@ -246,7 +258,8 @@ def format_row(r: dict) -> str:
 
 
 def format_table(result: dict) -> str:
-    lines = [f"batch sweep: drafter {result['drafter']}, {result['max_new_tokens']} new tokens, prompts of "
+    per_row = ("up to " if result.get("budgets", "equal") == "mixed" else "")
+    lines = [f"batch sweep: drafter {result['drafter']}, {per_row}{result['max_new_tokens']} new tokens, prompts of "
              f"{result['prompt_len']} tokens ({result['prompts']}), tokens/s (median of {result['repeats']})"]
     lines += [format_row(r) for r in result["rows"]]
     s = result["summary"]
