@@ -348,6 +348,38 @@ def test_batch_shrinking_makes_speculation_pay():
     assert ad.history[-10:] == [4] * 10, ad.history
 
 
+def test_a_drained_batch_leaves_plain_steps_despite_the_lag():
+    """A drafter that catches up on plain steps (1 ms per lagging token and row): at 64 rows plain decoding wins and
+    the lag grows; once rows retire down to 4, catching up on ~40 tokens of 4 rows costs 0.16 s, earned back over
+    the ~50 steps left, so speculation resumes. (The catch-up measured at 64 rows, unscaled, would say 2.6 s.)"""
+    clock = FakeClock()
+    inner = FakeCatchUp(clock, 1e-3, D=4, draft_time=lambda d: 1e-3 * d)
+    ad = AdaptiveDrafter(inner, explore_every=8, clock=clock)
+    cost = lambda x: 0.01 * max(1.0, x / 64)  # noqa: E731
+    acc = geometric(0.7)
+    fake_run(ad, clock, 20, B=4, target_time=cost, accept=acc)  # costs and acceptance at 4 rows: deep drafting
+    assert ad.history[-5:] == [4] * 5, ad.history
+    ad.catchup = {64: 1e-3}  # as measured at 64 rows (per lagging token and row); nothing measured at 4
+    state = fake_state(64)
+    ad.begin(None, state)
+    state = fake_run(ad, clock, 40, B=64, target_time=cost, accept=acc, state=state)
+    assert ad._lag >= 30 and ad.history[-30:].count(0) >= 28, ad.history
+    ad.retire(torch.arange(4))
+    small = fake_state(4)
+    small.host_tokens = [state.host_tokens[b] for b in range(4)]
+    n = len(ad.history)
+    for s in range(30):  # the loop's budget: 150 tokens left (for the longest row)
+        tree = ad.propose(small, 149 - 2 * s)
+        d = tree.num_nodes - 1
+        clock.t += cost(4 * tree.num_nodes)
+        lens = [min(acc(100 + s, b, d), d) for b in range(4)]
+        for b, L in enumerate(lens):
+            small.host_tokens[b].extend([0] * (L + 1))
+        ad.observe(small, tree, StepResult(torch.zeros(4, d + 1, dtype=torch.int64), torch.tensor(lens),
+                                           torch.zeros(4, dtype=torch.int64), [L + 1 for L in lens]))
+    assert ad.history[n:n + 3].count(0) <= 1 and ad.history[-10:].count(0) == 0, ad.history[n:]
+
+
 def test_exploration_backs_off_while_the_choice_holds():
     """Explorations come every ``explore_every`` steps, then twice, four times as far apart while they do not move
     the choice (up to ``explore_backoff`` times); across generations too; a new batch size restarts the base rate."""
@@ -449,7 +481,7 @@ def test_exploring_out_of_plain_steps_is_skipped_where_the_catch_up_costs_more_t
             assert g == 0 or ad.history.count(0) >= (45 if budget < 1 else 40), ad.history
         out[budget] = ad.explorations - before
         if budget < 1:
-            assert ad.catchup[8] == pytest.approx(8e-3, rel=0.25), ad.catchup
+            assert ad.catchup[8] == pytest.approx(1e-3, rel=0.25), ad.catchup  # per lagging token and row
             assert ad._draft_time(8, 1) < 2e-3  # the depth's own cost, not the catch-up
     assert out[0.05] <= 2 and out[float("inf")] >= 20, out
 
@@ -462,7 +494,7 @@ def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():
     ad = AdaptiveDrafter(FakeChain(clock, D=4, draft_time=lambda d: 1e-3 * d), explore_every=16, clock=clock)
     fake_run(ad, clock, 20, B=8, target_time=lambda x: 0.01 + 1e-4 * x, accept=lambda s, b, d: d)
     assert ad.history[-5:] == [4] * 5
-    ad.catchup[8] = 0.05
+    ad.catchup[8] = 0.05 / 8  # per token and row: 50 ms per lagging token at 8 rows
     assert ad.best_depth(8, 4) == 4  # not in a plain run: nothing to catch up on
     ad._lag = 50
     assert ad.best_depth(8, 4) == 0

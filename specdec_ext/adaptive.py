@@ -57,11 +57,11 @@ and catches up on them at the next speculative step. The wrapper also asks it to
 prompt is then caught up on at the first speculative step, so a generation that stays plain (large batches) never
 pays for the draft's pass over the prompts. The *lag* counts the context tokens per row the drafter has not read
 (the longest prompt - 1 after a deferred prefill, then one per plain step). A speculative step's draft time with a
-lag is kept apart from its depth's steady cost (as catch-up seconds per lagging token, ``catchup``), and an
+lag is kept apart from its depth's steady cost (as catch-up seconds per lagging token and row, ``catchup``), and an
 exploration out of a lag is skipped where the catch-up per token exceeds ``catchup_budget`` of a step (leaving
 plain decoding for one step would cost re-reading every skipped token: at large batches a draft model's catch-up
 is ~10-20% of the plain steps). With a lag of k tokens, the argmax charges every speculative depth d
-``catchup * k / n`` seconds per step: the catch-up spread over the n steps d would take to finish the generation
+``catchup * B * k / n`` seconds per step: the catch-up spread over the n steps d would take to finish the generation
 (the loop's budget over ``E[tokens | d]``), at least ``explore_every``.
 """
 
@@ -271,7 +271,7 @@ class AdaptiveDrafter:
         self.target_cost = CostCurve(self.cost_alpha)  # x = tokens in flight -> seconds
         self.draft_cost: dict[int, CostCurve] = {}  # batch rows -> (depth -> seconds)
         self.nodes: dict[int, float] = {0: 1.0}  # depth -> mean tree nodes
-        self.catchup: dict[int, float] = {}  # batch rows -> draft seconds per lagging token (caught up on later)
+        self.catchup: dict[int, float] = {}  # batch rows -> draft seconds per lagging token and row (caught up on)
         self._lag = 0
         self.depth_hist: dict[int, int] = {}
         self.history: list[int] = []
@@ -335,7 +335,7 @@ class AdaptiveDrafter:
         dt = (t1 - t0) + (t3 - t2)
         if d > 0 and lag > 0:  # the drafter caught up on `lag` tokens: not this depth's steady cost
             if any(c.covers(d) for c in self.draft_cost.values()):  # (the excess over it, when that is known)
-                excess = max(0.0, dt - self._draft_time(B, d)) / lag
+                excess = max(0.0, dt - self._draft_time(B, d)) / (lag * B)  # per lagging token and row
                 old = self.catchup.get(B)
                 self.catchup[B] = excess if old is None else old + self.cost_alpha * (excess - old)
         elif self._gen_step > 0:
@@ -505,9 +505,11 @@ class AdaptiveDrafter:
         return c is not None and t is not None and c > self.catchup_budget * t
 
     def _catchup_at(self, B: int) -> float | None:
-        """Catch-up seconds per lagging token at B rows (measured at B, else at the nearest batch size; None:
-        unknown)."""
+        """Catch-up seconds per lagging token at B rows (None: unknown). A catch-up is one forward over B x lag
+        tokens, so it is booked per token and row and scaled by B: measured at B, else at the nearest batch size.
+        (As rows retire, a batch that kept plain steps reaches sizes it has not measured, where the lag is cheap
+        to catch up on; the unscaled cost of 64 rows kept a drained batch plain to the end.)"""
         c = self.catchup.get(B)
         if c is None and self.catchup:
             c = self.catchup[min(self.catchup, key=lambda b: (max(b / B, B / b), b))]
-        return c
+        return None if c is None else c * B
