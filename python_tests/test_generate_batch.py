@@ -348,10 +348,23 @@ def test_tree_kv_cache_keep_rows():
     cache.layers[0].update(k, 2 * k)
     assert cache.storage[0, 0, 0, :, 5].eq(1).all() and cache.storage[0, 1, 1, :, 9].eq(2).all()
     assert cache.layers[1].lengths.tolist() == [5, 9] and cache.layers[0].lengths.tolist() == [6, 10]
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(ValueError, match=r"must be distinct and in \[0, 2\)"):
         cache.keep_rows(torch.tensor([2]))
+    with pytest.raises(ValueError, match="must be distinct"):
+        cache.keep_rows(torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="non-empty"):
         cache.keep_rows(torch.tensor([], dtype=torch.int64))
+    # any order, in place: the loop's order [0, 5, 2, 3, 4] (row 1 finished) moves row 5 alone; a reversed one moves
+    # rows across each other; the storage is never reallocated
+    big = TreeKVCache(m.config, 6, 8)
+    big.storage.copy_(torch.randn(big.storage.shape, generator=gen))
+    big.rewind(torch.arange(1, 7))
+    ptr, before = big.storage.data_ptr(), big.storage.clone()
+    for keep in ([0, 5, 2, 3, 4], [4, 3, 1, 0], [2, 0]):
+        big.keep_rows(torch.tensor(keep))
+        before = before[:, :, keep]
+        assert torch.equal(big.storage, before) and big.storage.data_ptr() == ptr
+    assert big.lengths.tolist() == [6, 5] and big.batch_size == 2  # rows 5 and 4 of the first six
 
 
 def test_decode_state_keep_rows():

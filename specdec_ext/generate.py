@@ -10,7 +10,7 @@
         cache.accept(accepted, accept_len)                # one compact_kv call for every layer
         emitted = path tokens + next_token  -> host       # the step's ONE device synchronisation
         cut at EOS / budget, append, stream; drafter.observe(...)
-        rows that finished: cache.keep_rows(live), state.keep_rows(live), drafter.retire(live)
+        rows that finished: cache.keep_rows(keep), state.keep_rows(keep), drafter.retire(keep)
 
 Every emitted token comes out of a verification: the prompt's last token is not prefilled but is the first root,
 so plain decoding (``drafter=None``) is the same loop with 1-node trees — the baseline runs through the same cache,
@@ -390,13 +390,17 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
                                                     tuple(out.hidden_states[i] for i in layers) if layers else None))
         t4 = time.perf_counter()
         if retiring and any(state.done) and not all(state.done):  # retire the rows that finished this step
-            keep_host = [b for b in range(Bs) if not state.done[b]]
+            # the live rows, each finished row's slot below B' taken by a live row from the end: rows that keep
+            # their slot cost the caches nothing (TreeKVCache.keep_rows moves only the others)
+            n_live = sum(not d for d in state.done)
+            tail = iter([b for b in range(n_live, Bs) if not state.done[b]])
+            keep_host = [next(tail) if state.done[b] else b for b in range(n_live)]
             for b in range(Bs):
                 if state.done[b]:
                     results[rows[b]] = state.host_tokens[b]
-            keep = torch.tensor(keep_host, dtype=torch.int64)  # host values: the drafter reads them without a sync
+            keep = torch.tensor(keep_host, dtype=torch.int64)  # host values: caches and drafters read them, no sync
             keep_dev = keep.to(device, non_blocking=True)
-            cache.keep_rows(keep_dev)
+            cache.keep_rows(keep)
             state.keep_rows(keep_dev, keep_host)
             rows = [rows[b] for b in keep_host]
             generated = [generated[b] for b in keep_host]

@@ -30,13 +30,16 @@ the finished rows from the batch — from the state, the target cache and the dr
 in later steps::
 
     drafter.observe(state, tree, result)                # every row of the step, the finishing ones included
-    drafter.retire(keep)                                # keep: int64 [B'], the surviving rows, ascending
+    drafter.retire(keep)                                # keep: int64 [B'], the surviving rows
     # from now on B = B' and row i is the old row keep[i]
 
 ``retire(keep)`` must select ``keep`` in every per-row piece of drafter state (caches: one ``index_select`` over the
 batch dimension; host lists: ``[lst[i] for i in keep.tolist()]``). ``keep`` is a CPU tensor (host values: reading
-it costs no device synchronisation); move it with ``keep.to(device, non_blocking=True)`` for device state. It is
-called only between steps, never with every row or with no row (a finished last row ends the generation).
+it costs no device synchronisation); move it with ``keep.to(device, non_blocking=True)`` for device state. Its
+order is the loop's choice: surviving rows keep their slots, and each finished row's slot below B' is taken by a
+live row from the end (``[0, 5, 2, 3, 4]`` when row 1 of 6 finished), so that in-place caches move as few rows as
+possible. It is called only between steps, never with every row or with no row (a finished last row ends the
+generation).
 
 ``retire`` is optional: a drafter without it (a third-party drafter written before it existed) still works, with
 the loop's older behaviour: finished rows are *frozen* — they ride along in the batch until every row has finished,
@@ -125,7 +128,7 @@ class DecodeState:
         return self.tokens.gather(1, (self.lengths - 1)[:, None])[:, 0]
 
     def keep_rows(self, keep: torch.Tensor, keep_host: list[int] | None = None) -> None:
-        """Keeps only the rows ``keep`` (int64 ``[B']``, ascending; see the module doc's retirement): the device
+        """Keeps only the rows ``keep`` (int64 ``[B']``, distinct; see the module doc's retirement): the device
         tensors by one ``index_select`` each, the host lists by ``keep_host`` (= ``keep.tolist()``, passed by the
         loop so that a device ``keep`` costs no synchronisation)."""
         rows = keep.tolist() if keep_host is None else list(keep_host)
@@ -188,8 +191,8 @@ class Drafter(Protocol):
         """After verification and the state update: roll internal caches back to the accepted prefix."""
 
     def retire(self, keep: torch.Tensor) -> None:
-        """After :meth:`observe`, when some rows finished: keep only the rows ``keep`` (CPU int64 ``[B']``,
-        ascending), which become rows ``0 .. B' - 1`` of every later call. Optional (see the module doc): without
+        """After :meth:`observe`, when some rows finished: keep only the rows ``keep`` (CPU int64 ``[B']``, distinct,
+        in the loop's order), which become rows ``0 .. B' - 1`` of every later call. Optional (see the module doc): without
         it, finished rows stay in the batch, frozen."""
 
 
