@@ -319,13 +319,12 @@ class EagleDrafter:
         hs = self._features(result.hidden_states)  # [B, N, Hf]
         B, N, Hf = hs.shape
         g = hs.gather(1, result.accepted.clamp(min=0)[:, :, None].expand(B, N, Hf))
-        dump = self.feats.shape[1] - 1
-        idx = []
-        for b, ctx in enumerate(state.host_tokens):
-            a = result.appended[b]
-            old = len(ctx) - a
-            idx.append([old - 1 + j if j < a else dump for j in range(N)])
-        write_rows(self.feats[:, None], to_device(idx, state.device), g[:, None])
+        # the accepted path's features go to positions old - 1 + j, j < appended (old: the context length before the
+        # step); the rest to the last slot, never read
+        appended = to_device(result.appended, state.device)
+        j = torch.arange(N, device=state.device)
+        idx = torch.where(j < appended[:, None], (state.lengths - appended - 1)[:, None] + j, self.feats.shape[1] - 1)
+        write_rows(self.feats[:, None], idx, g[:, None])
 
     def retire(self, keep: torch.Tensor) -> None:
         """Keeps the rows ``keep`` of the draft cache, the target features and the valid lengths (one
