@@ -130,6 +130,18 @@ def test_demo_bad_arguments_are_named(built):
         main(["demo", "--family", out, "--drafters", "medusa2"])
     with pytest.raises(SystemExit, match="missing"):
         main(["demo", "--family", os.path.join(out, "nope")])
+    with pytest.raises(SystemExit):
+        main(["demo", "--family", out, "--dtype", "float16"])  # (argparse names the choices)
+
+
+def test_demo_in_bfloat16(built, capsys):
+    from specdec_ext.cli import main
+
+    out, _ = built
+    rc = main(["demo", "--family", out, "--prompts", "1", "--prompt-tokens", "12", "--max-new-tokens", "8",
+               "--drafters", "ngram,draft-model", "--stream-with", "ngram", "--no-color", "--dtype", "bfloat16"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "bfloat16" in text and "draft" in text
 
 
 def test_corpus_split_is_by_path_hash_and_disjoint():

@@ -86,7 +86,7 @@ def demo(args: argparse.Namespace) -> int:
             raise SystemExit(f"specdec demo: {name} must be >= 1, got {val}")
     t_start = time.perf_counter()
     try:
-        fam = load_family(args.family)
+        fam = load_family(args.family, dtype=getattr(torch, args.dtype))
     except (FileNotFoundError, OSError, ValueError) as err:
         raise SystemExit(f"specdec demo: {err}") from None
     names = fam.drafter_names if not args.drafters else tuple(args.drafters.split(","))
@@ -96,7 +96,8 @@ def demo(args: argparse.Namespace) -> int:
         raise SystemExit(f"specdec demo: unknown drafter {bad!r}; choose from {', '.join(fam.drafter_names)}")
     card = fam.card
     n_params = sum(p.numel() for p in fam.target.parameters())
-    print(f"specdec_ext {specdec_ext.__version__} | torch {torch.__version__} ({torch.get_num_threads()} threads) | "
+    print(f"specdec_ext {specdec_ext.__version__} | torch {torch.__version__} ({torch.get_num_threads()} threads, "
+          f"{args.dtype}) | "
           f"family {fam.path}")
     if card.get("built"):
         print(f"target: {n_params / 1e6:.1f} M-parameter Llama trained on the Python standard library "
@@ -161,5 +162,8 @@ def add_demo_command(sub) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (the family's matrices are too small to gain from a second thread, and on "
                         "a busy machine threads wait on each other at every op; 0 = torch's choice)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="model dtype; bfloat16 pays on CPUs with bfloat16 instructions (AVX512-BF16, AMX), where "
+                        "verifying a tree costs little more than one token, and crawls on others")
     p.add_argument("--no-color", action="store_true", help="mark accepted drafts with «» instead of color")
     p.set_defaults(func=demo)
