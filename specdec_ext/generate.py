@@ -266,19 +266,16 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     P = max(len(p) for p in prompts)
     needed = max(len(p) + n for p, n in zip(prompts, budgets))
     limit = getattr(cfg, "max_position_embeddings", None)
+    demand = (f"the longest prompt ({P} tokens) plus max_new_tokens ({max_new_tokens})"
+              if isinstance(max_new_tokens, int) else "a prompt plus its max_new_tokens")
     if limit is not None and needed > limit:
-        raise ValueError(f"generate: the longest prompt ({P} tokens) plus max_new_tokens ({max_new_tokens}) = {needed} "
-                         f"exceeds the target's max_position_embeddings = {limit}" if isinstance(max_new_tokens, int)
-                         else f"generate: a prompt plus its max_new_tokens needs {needed} positions, beyond the "
-                         f"target's max_position_embeddings = {limit}")
+        raise ValueError(f"generate: {demand} needs {needed} positions, which exceeds the target's "
+                         f"max_position_embeddings = {limit}")
     max_len = needed + max_nodes
     if max_cache_len is not None:
         if max_cache_len < max_len:
-            raise ValueError(f"generate: max_cache_len = {max_cache_len} is too small: the longest prompt ({P}) + "
-                             f"max_new_tokens ({max_new_tokens}) + the drafter's tree size ({max_nodes}) needs "
-                             f"{max_len} cache positions" if isinstance(max_new_tokens, int) else
-                             f"generate: max_cache_len = {max_cache_len} is too small: a prompt + its max_new_tokens "
-                             f"+ the drafter's tree size ({max_nodes}) needs {max_len} cache positions")
+            raise ValueError(f"generate: max_cache_len = {max_cache_len} is too small: {demand} plus the drafter's "
+                             f"tree size ({max_nodes}) needs {max_len} cache positions")
         max_len = max_cache_len
     check_window("generate", target.config, needed + max_nodes - 1)
     param = next(p for p in target.parameters() if p.is_floating_point())

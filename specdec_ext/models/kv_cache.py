@@ -45,12 +45,19 @@ def flat_row_index(batch: int, heads: int, length: int, slots: torch.Tensor) -> 
     return (rows + slots[:, None, :]).reshape(-1)
 
 
-def write_rows(buf: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> None:
-    """``buf[b, h, slots[b, t]] = src[b, h, t]`` for a contiguous ``buf[B, H, S, D]``: one ``index_copy_`` of whole
-    D-rows (``scatter_`` with an index expanded over D costs ~10x more on CPU, ~100x in bfloat16). ``slots`` must lie
-    in ``[0, S)`` (a slot outside lands in another head's rows); slots written twice hold one of the writes."""
+def copy_rows(buf: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
+    """Rows ``index`` (from :func:`flat_row_index`) of a contiguous ``buf[B, H, S, D]`` viewed as ``[B * H * S, D]``
+    take ``src[B, H, T, D]``: one ``index_copy_`` of whole D-rows (``scatter_`` with an index expanded over D costs
+    ~10x more on CPU, ~100x in bfloat16). Rows indexed twice hold one of the writes."""
     B, H, S, D = buf.shape
-    buf.view(B * H * S, D).index_copy_(0, flat_row_index(B, H, S, slots), src.to(buf.dtype).reshape(-1, D))
+    buf.view(B * H * S, D).index_copy_(0, index, src.to(buf.dtype).reshape(-1, D))
+
+
+def write_rows(buf: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> None:
+    """``buf[b, h, slots[b, t]] = src[b, h, t]`` for a contiguous ``buf[B, H, S, D]`` (:func:`copy_rows`). ``slots``
+    must lie in ``[0, S)`` (a slot outside lands in another head's rows)."""
+    B, H, S, _ = buf.shape
+    copy_rows(buf, flat_row_index(B, H, S, slots), src)
 
 
 def _text_config(config):
@@ -112,8 +119,8 @@ class TreeKVLayer(CacheLayerMixin):
         q = key_states.shape[2]
         if q:
             idx = self._write_index(q)
-            self.keys.view(B * Hkv * S, D).index_copy_(0, idx, key_states.to(self.keys.dtype).reshape(-1, D))
-            self.values.view(B * Hkv * S, D).index_copy_(0, idx, value_states.to(self.values.dtype).reshape(-1, D))
+            copy_rows(self.keys, idx, key_states)
+            copy_rows(self.values, idx, value_states)
             self.lengths.add_(q)
         return self.keys, self.values
 
