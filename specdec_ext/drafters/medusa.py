@@ -27,6 +27,7 @@ from torch import nn
 
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab
 from specdec_ext.drafters.trees import MC_SIM_7B_63, StaticTree, static_tree
+from specdec_ext.models.fast_linear import Linear, module_linear
 
 __all__ = ["MedusaDrafter", "MedusaHeads", "ResBlock"]
 
@@ -41,7 +42,7 @@ class ResBlock(nn.Module):
 
     def __init__(self, hidden_size: int):
         super().__init__()
-        self.linear = nn.Linear(hidden_size, hidden_size)
+        self.linear = Linear(hidden_size, hidden_size)
         self.act = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +71,7 @@ class MedusaHeads(nn.Module):
         for _ in range(num_heads):
             mods: list[nn.Module] = [ResBlock(hidden_size) for _ in range(num_layers)]
             if vocab_size is not None:
-                mods.append(nn.Linear(hidden_size, vocab_size, bias=False))
+                mods.append(Linear(hidden_size, vocab_size, bias=False))
             heads.append(nn.Sequential(*mods))
         self.heads = nn.ModuleList(heads)
         with torch.no_grad():
@@ -100,14 +101,11 @@ class MedusaHeads(nn.Module):
             raise ValueError(f"MedusaHeads: num_heads must be in [1, {self.num_heads}], got {k}")
         if not self.has_lm_head and lm_head is None:
             raise ValueError("MedusaHeads: legacy heads (no lm_head of their own) need the target's lm_head")
-        out = []
-        for head in self.heads[:k]:
-            if self.has_lm_head:
-                out.append(head(hidden))
-            else:
-                x = head(hidden)
-                out.append(lm_head(x.to(lm_head.weight.dtype)))
-        return torch.stack(out, -2)
+        out = torch.stack([head(hidden) for head in self.heads[:k]], -2)
+        if self.has_lm_head:
+            return out
+        # legacy heads: one vocabulary projection for all heads (k rows cost about what one does)
+        return module_linear(lm_head, out.to(lm_head.weight.dtype))
 
 
 class MedusaDrafter:

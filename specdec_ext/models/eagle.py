@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec_ext.models.fast_linear import Linear, fused_linear, module_linear
 from specdec_ext.models.kv_cache import write_rows
 
 __all__ = ["Eagle1Model", "Eagle3Model", "EagleConfig", "EagleKVCache", "default_eagle3_layers"]
@@ -149,12 +150,13 @@ class RMSNorm(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, inter: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.gate_proj = Linear(hidden, inter, bias=False)
+        self.up_proj = Linear(hidden, inter, bias=False)
+        self.down_proj = Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = fused_linear(x, (self.gate_proj, self.up_proj)).chunk(2, -1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class EagleKVCache:
@@ -182,13 +184,14 @@ class Attention(nn.Module):
         super().__init__()
         nH, nKV, hd, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
         self.nH, self.nKV, self.hd = nH, nKV, hd
-        self.q_proj = nn.Linear(in_dim, nH * hd, bias=bias)
-        self.k_proj = nn.Linear(in_dim, nKV * hd, bias=bias)
-        self.v_proj = nn.Linear(in_dim, nKV * hd, bias=bias)
-        self.o_proj = nn.Linear(nH * hd, H, bias=False)
+        self.q_proj = Linear(in_dim, nH * hd, bias=bias)
+        self.k_proj = Linear(in_dim, nKV * hd, bias=bias)
+        self.v_proj = Linear(in_dim, nKV * hd, bias=bias)
+        self.o_proj = Linear(nH * hd, H, bias=False)
         self.register_buffer("inv_freq", _inv_freq(cfg), persistent=False)
 
     def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """RoPE on ``x[B, heads, T, hd]`` at ``pos[B, T]`` (computed in float32)."""
         freqs = pos.float()[..., None] * self.inv_freq.float()  # [B, T, hd/2]
         emb = torch.cat((freqs, freqs), -1)[:, None]  # [B, 1, T, hd]
         xf = x.float()
@@ -201,9 +204,11 @@ class Attention(nn.Module):
         ``mask[B, T, T]`` (default causal). With ``cache``: the inputs' K/V are written at ``write_slots[B, T]``
         and the queries attend to cache slots ``[0, kv_len)`` under ``mask[B, T, kv_len]`` (True = attend)."""
         B, T, _ = x.shape
-        q = self._rope(self.q_proj(x).view(B, T, self.nH, self.hd).transpose(1, 2), position_ids)
-        k = self._rope(self.k_proj(x).view(B, T, self.nKV, self.hd).transpose(1, 2), position_ids)
-        v = self.v_proj(x).view(B, T, self.nKV, self.hd).transpose(1, 2)
+        nH, nKV = self.nH, self.nKV
+        qkv = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj)).view(B, T, nH + 2 * nKV, self.hd)
+        qkv = qkv.transpose(1, 2)  # [B, heads, T, hd]: nH query heads, then nKV key heads, then nKV value heads
+        qk = self._rope(qkv[:, : nH + nKV], position_ids)  # queries and keys rotated together
+        q, k, v = qk[:, :nH], qk[:, nH:], qkv[:, nH + nKV:]
         if cache is not None:
             write_rows(cache.k, write_slots, k)
             write_rows(cache.v, write_slots, v)
@@ -211,12 +216,14 @@ class Attention(nn.Module):
             k, v = cache.k[:, :, :S], cache.v[:, :, :S]
         elif mask is None:
             mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()[None].expand(B, T, T)
+        # Grouped-query attention without copying K/V per query head: the rep query heads of a K/V head become
+        # rep * T query rows of one group (head h = group * rep + r, as repeat_interleave would pair them).
         rep = self.nH // self.nKV
-        if rep > 1:
-            k = k.repeat_interleave(rep, 1)
-            v = v.repeat_interleave(rep, 1)
-        o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask[:, None])
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.nH * self.hd))
+        S = k.shape[2]
+        q = q.reshape(B, self.nKV, rep * T, self.hd)
+        mask = mask[:, None] if rep == 1 else mask[:, None].expand(B, rep, T, S).reshape(B, 1, rep * T, S)
+        o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
+        return self.o_proj(o.view(B, self.nH, T, self.hd).transpose(1, 2).reshape(B, T, self.nH * self.hd))
 
 
 class Eagle1Layer(nn.Module):
@@ -245,7 +252,7 @@ class Eagle1Model(nn.Module):
         H = cfg.hidden_size
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H) if with_embeddings else None
-        self.fc = nn.Linear(2 * H, H, bias=fc_bias)
+        self.fc = Linear(2 * H, H, bias=fc_bias)
         self.layers = nn.ModuleList([Eagle1Layer(cfg, attention_bias)])
 
     @property
@@ -272,7 +279,7 @@ class Eagle1Model(nn.Module):
         """Target-vocabulary logits of predicted features through the target's ``lm_head``."""
         if lm_head is None:
             raise ValueError("Eagle1Model.logits: EAGLE-1 uses the target's lm_head; pass it")
-        return lm_head(hidden.to(lm_head.weight.dtype))
+        return module_linear(lm_head, hidden.to(lm_head.weight.dtype))
 
     def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids
@@ -307,10 +314,10 @@ class Eagle3Model(nn.Module):
         H, Ht = cfg.hidden_size, cfg.target_hidden_size
         self.config = cfg
         self.embed_tokens = None
-        self.fc = nn.Linear(3 * Ht, H, bias=False)
+        self.fc = Linear(3 * Ht, H, bias=False)
         self.midlayer = Eagle3Layer(cfg, attention_bias)
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.lm_head = Linear(H, cfg.draft_vocab_size, bias=False)
         if cfg.draft_vocab_size != cfg.vocab_size:
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
             self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))

@@ -1,0 +1,139 @@
+"""The drafters' linear layers (specdec_ext.models.fast_linear): the packed oneDNN path for bfloat16 on CPU against
+``F.linear`` in float64, its cache following in-place weight updates, training untouched, and the EAGLE draft
+networks in bfloat16 (packed, fused q/k/v and gate/up) against the same network in float32."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec_ext.models import fast_linear
+from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig
+from specdec_ext.models.fast_linear import Linear, fused_linear, linear, module_linear
+
+needs_packed = pytest.mark.skipif(not fast_linear.packed_enabled(),
+                                  reason="this CPU / torch build has no packed bfloat16 oneDNN linear")
+
+
+def _ref(x, w, b=None):
+    return F.linear(x.double(), w.double(), None if b is None else b.double())
+
+
+def _bf16_close(got, want):
+    # bfloat16 inputs, float32 accumulation, one bfloat16 rounding of the result
+    torch.testing.assert_close(got.double(), want, atol=2e-2 * want.abs().max().item(), rtol=1e-2)
+
+
+@needs_packed
+@pytest.mark.parametrize("shape", [(1, 96), (4, 96), (2, 3, 96), (65, 96)])
+@pytest.mark.parametrize("bias", [False, True])
+@torch.no_grad()
+def test_packed_matches_float64(shape, bias):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(200, 96, generator=g).bfloat16()
+    b = torch.randn(200, generator=g).bfloat16() if bias else None
+    x = torch.randn(*shape, generator=g).bfloat16()
+    out = linear(x, w, b)
+    assert out.shape == (*shape[:-1], 200) and out.dtype == torch.bfloat16
+    assert fast_linear._PACKED.get(w) is not None  # the packed path was taken
+    _bf16_close(out, _ref(x, w, b))
+    # a non-contiguous input
+    xs = torch.randn(shape[0], 192, generator=g).bfloat16()[:, ::2]
+    _bf16_close(linear(xs, w, b), _ref(xs, w, b))
+
+
+@needs_packed
+@torch.no_grad()
+def test_cache_follows_in_place_updates_and_replacement():
+    lin = Linear(32, 48).bfloat16()
+    x = torch.randn(3, 32).bfloat16()
+    first = lin(x)
+    lin.weight.mul_(-2)  # in place: version counter
+    _bf16_close(lin(x), _ref(x, lin.weight, lin.bias))
+    assert not torch.equal(lin(x), first)
+    lin.weight = torch.nn.Parameter(torch.randn(48, 32).bfloat16())  # replaced
+    _bf16_close(lin(x), _ref(x, lin.weight, lin.bias))
+
+
+def test_training_and_other_dtypes_take_aten():
+    lin = Linear(16, 8)
+    x = torch.randn(5, 16, requires_grad=True)
+    for dtype in (torch.float32, torch.float64):
+        l2 = copy.deepcopy(lin).to(dtype)
+        with torch.no_grad():
+            assert torch.equal(l2(x.detach().to(dtype)), F.linear(x.detach().to(dtype), l2.weight, l2.bias))
+    lb = copy.deepcopy(lin).bfloat16()
+    xb = x.detach().bfloat16().requires_grad_()
+    out = lb(xb)  # gradients recorded: aten
+    out.float().sum().backward()
+    assert lb.weight.grad is not None and xb.grad is not None
+    assert torch.equal(out.detach(), F.linear(xb.detach(), lb.weight.detach(), lb.bias.detach()))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_equals_separate(dtype):
+    g = torch.Generator().manual_seed(1)
+    layers = [Linear(40, 24, bias=False), Linear(40, 8, bias=True), Linear(40, 16, bias=False)]
+    for layer in layers:
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+        layer.to(dtype)
+    x = torch.randn(2, 5, 40, generator=g).to(dtype)
+    want = torch.cat([_ref(x, lay.weight, lay.bias) for lay in layers], -1)
+    got = fused_linear(x, layers)
+    assert got.shape == (2, 5, 48)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    else:
+        _bf16_close(got, want)
+    layers[1].weight.add_(1.0)  # a later layer changes: the fused weight is rebuilt
+    want = torch.cat([_ref(x, lay.weight, lay.bias) for lay in layers], -1)
+    if dtype == torch.float32:
+        torch.testing.assert_close(fused_linear(x, layers).double(), want, atol=1e-5, rtol=1e-5)
+    else:
+        _bf16_close(fused_linear(x, layers), want)
+
+
+@torch.no_grad()
+def test_module_linear_falls_back_to_other_modules():
+    class Scaled(torch.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    m = Scaled(8, 4).bfloat16()
+    x = torch.randn(3, 8).bfloat16()
+    assert torch.equal(module_linear(m, x), m(x))
+
+
+def _eagle_cfg(version):
+    return EagleConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                       vocab_size=300, draft_vocab_size=300 if version == 1 else 120)
+
+
+@needs_packed
+@pytest.mark.parametrize("version", [1, 3])
+@torch.no_grad()
+def test_eagle_bfloat16_matches_float32(version):
+    torch.manual_seed(version)
+    m32 = (Eagle1Model(_eagle_cfg(1)) if version == 1 else Eagle3Model(_eagle_cfg(3))).eval()
+    for p in m32.parameters():
+        p.copy_(torch.randn(p.shape) * 0.1 + (1.0 if p.dim() == 1 else 0.0))
+    m16 = copy.deepcopy(m32).bfloat16()
+    B, T = 2, 5
+    feats = torch.randn(B, T, m32.feature_size)
+    emb = torch.randn(B, T, 64)
+    pos = torch.arange(7, 7 + T).expand(B, T)
+    want = m32(feats, emb, pos).double()
+    got = m16(feats.bfloat16(), emb.bfloat16(), pos)
+    assert fast_linear._PACKED.get(m16.fc.weight) is not None
+    torch.testing.assert_close(got.double(), want, atol=0.05 * want.abs().max().item(), rtol=0.05)
+    lm = torch.nn.Linear(64, 300, bias=False)
+    if version == 1:
+        lw = m32.logits(want.float(), lm).double()
+        lg = m16.logits(got, copy.deepcopy(lm).bfloat16()).double()
+    else:
+        lw = m32.logits(want.float()).double()
+        lg = m16.logits(got).double()
+    torch.testing.assert_close(lg, lw, atol=0.05 * lw.abs().max().item(), rtol=0.05)
