@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,7 +30,7 @@ from hf_reference import CountForwards, hf_greedy  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext import ops  # noqa: E402
-from specdec_ext.drafters.base import DecodeState, SamplingParams  # noqa: E402
+from specdec_ext.drafters.base import DecodeState, SamplingParams, StepResult  # noqa: E402
 from specdec_ext.drafters.eagle import EagleDrafter  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig  # noqa: E402
@@ -390,14 +392,17 @@ def test_features_kept_and_catch_up_after_rollback():
         assert tree.tokens[b].tolist() == [seq[-1]] + path
 
 
-def test_sampling_runs():
+@pytest.mark.parametrize("calibrate", [False, True])
+def test_sampling_runs(calibrate):
     m = target()
-    drafter = EagleDrafter(trained_draft(3), depth=4, top_k=3, total_tokens=12, target=m)
+    drafter = EagleDrafter(trained_draft(3), depth=4, top_k=3, total_tokens=12, target=m, calibrate=calibrate)
     a, stats = generate(m, drafter, [PROMPTS[1], PROMPTS[3]], max_new_tokens=12, temperature=0.7, top_k=20, seed=3)
+    drafter.reset_calibration()  # the same seed repeats the same tokens from the same calibration state
     b, _ = generate(m, drafter, [PROMPTS[1], PROMPTS[3]], max_new_tokens=12, temperature=0.7, top_k=20, seed=3)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert all(len(x) == len(p) + 12 for x, p in zip(a, [PROMPTS[1], PROMPTS[3]]))
     assert stats.target_forwards == stats.steps
+    assert (drafter.score_scale == 1.0) != calibrate
 
 
 @pytest.mark.parametrize("T,top_k,top_p", [(1.0, 0, 1.0), (0.8, 5, 0.9)])
@@ -528,3 +533,81 @@ def test_draft_prefill_runs_in_begin(version):
     assert seen[0] == [len(PROMPTS[4]) - 2, 0, len(PROMPTS[1]) - 2]
     for p, o in zip(prompts, outs):
         assert o[len(p):].tolist() == hf_greedy(m, p, 6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Score calibration.
+
+
+def _step_result(B: int, N: int, best_child_accepted: list[bool], live: list[bool]) -> StepResult:
+    accepted = torch.full((B, N), -1, dtype=torch.int64)
+    accepted[:, 0] = 0
+    for b, ok in enumerate(best_child_accepted):
+        if ok:
+            accepted[b, 1] = 1
+    accept_len = torch.tensor([(1 if ok else 0) if lv else -1 for ok, lv in zip(best_child_accepted, live)])
+    return StepResult(accepted=accepted, accept_len=accept_len, next_token=torch.zeros(B, dtype=torch.int64),
+                      appended=[1] * B, hidden_states=(torch.zeros(B, N, H),))
+
+
+@torch.no_grad()
+def test_calibration_follows_the_best_childs_acceptance():
+    tgt = target()
+    feats = [target_features(EagleDrafter(random_draft(1), target=tgt), p) for p in PROMPTS_P]
+    P = max(len(p) for p in PROMPTS_P)
+    pre = torch.zeros(3, P - 1, H)
+    for b, f in enumerate(feats):
+        pre[b, : len(PROMPTS_P[b]) - 1] = f[:-1]
+
+    def fresh(**kw):
+        d = EagleDrafter(random_draft(1), depth=3, top_k=2, total_tokens=4, target=tgt, **kw)
+        state = make_state(PROMPTS_P)
+        d.begin(tgt, state, (pre,))
+        return d, state
+
+    d, state = fresh()
+    assert d.score_scale == 1.0
+    tree = d.propose(state, 10)
+    predicted = d._predicted.clone()
+    assert predicted.shape == (3,) and bool(((predicted > 0) & (predicted < 1)).all())
+    d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3, [True] * 3))
+    want = math.exp(0.2 * float((1 - predicted).mean()))
+    assert d.score_scale == pytest.approx(want, rel=1e-5)  # accepted more often than predicted: sharper
+    for _ in range(200):
+        tree = d.propose(state, 10)
+        d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3, [True] * 3))
+    assert d.score_scale == pytest.approx(16.0)  # clamped
+    scales = []
+    for _ in range(100):  # never accepted: the scale falls (towards flat scores, where the prediction -> 0)
+        tree = d.propose(state, 10)
+        d.observe(state, tree, _step_result(3, tree.num_nodes, [False] * 3, [True] * 3))
+        scales.append(d.score_scale)
+    assert all(b < a for a, b in zip(scales, scales[1:])) and scales[-1] < 4.0
+    d._log_scale = torch.tensor(-10.0)
+    tree = d.propose(state, 10)
+    d.observe(state, tree, _step_result(3, tree.num_nodes, [False] * 3, [True] * 3))
+    assert d.score_scale == pytest.approx(1 / 16)  # clamped
+    # frozen rows (accept_len -1) do not count; a step without a tree (depth 0) changes nothing
+    d, state = fresh(calibration_rate=0.5)
+    tree = d.propose(state, 10)
+    p = d._predicted.clone()
+    d.observe(state, tree, _step_result(3, tree.num_nodes, [True, False, False], [True, False, False]))
+    assert d.score_scale == pytest.approx(math.exp(0.5 * (1 - float(p[0]))), rel=1e-5)
+    before = d.score_scale
+    tree = d.propose(state, 0)
+    d.observe(state, tree, _step_result(3, 1, [False] * 3, [True] * 3))
+    assert d.score_scale == before
+    # the scale ranks candidates; it never changes them: a chain is the same whatever the scale
+    d, state = fresh()
+    chain = EagleDrafter(d.model, depth=3, top_k=1, total_tokens=3, target=tgt)
+    chain.begin(tgt, state, (pre,))
+    raw = chain.propose(state, 10).tokens.clone()
+    chain._log_scale = torch.tensor(math.log(8.0))
+    assert torch.equal(chain.propose(state, 10).tokens, raw)
+    # off: raw EAGLE-2 scores
+    d, state = fresh(calibrate=False)
+    tree = d.propose(state, 10)
+    d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3, [True] * 3))
+    assert d.score_scale == 1.0
+    with pytest.raises(ValueError, match="calibration_rate"):
+        EagleDrafter(random_draft(1), calibration_rate=0.0)

@@ -33,9 +33,12 @@ _PACKED = WeakIdKeyDictionary()  # weight -> (version, data_ptr, packed weight)
 _BROKEN: list[str] = []  # why the fast path is off on this machine (set at the first failure)
 
 
+_MKLDNN = torch.backends.mkldnn.is_available()
+
+
 def packed_enabled() -> bool:
     """Whether :func:`linear` may take the packed oneDNN path on this machine."""
-    return _ENABLED and not _BROKEN and torch.backends.mkldnn.is_available()
+    return _ENABLED and _MKLDNN and not _BROKEN
 
 
 def _packed(weight: torch.Tensor) -> torch.Tensor | None:
@@ -53,11 +56,15 @@ def _packed(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def _fast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    return (weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and weight.device.type == "cpu"
-            and x.device.type == "cpu" and weight.dim() == 2 and x.dim() >= 2 and x.shape[-1] == weight.shape[1]
-            and (bias is None or (bias.dtype == torch.bfloat16 and bias.device.type == "cpu"))
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                                  or (bias is not None and bias.requires_grad)))
+    # (cheapest tests first: this runs before every product of a drafting step)
+    if x.dtype is not torch.bfloat16 or weight.dtype is not torch.bfloat16 or x.is_cuda or weight.is_cuda:
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return False
+    return (weight.device.type == "cpu" and x.device.type == "cpu" and weight.dim() == 2 and x.dim() >= 2
+            and x.shape[-1] == weight.shape[1]
+            and (bias is None or (bias.dtype is torch.bfloat16 and bias.device.type == "cpu"))
             and packed_enabled())
 
 
