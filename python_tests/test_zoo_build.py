@@ -162,3 +162,38 @@ def test_tokenizer_round_trips_bytes_and_ends_documents():
     assert stream.count(0) == 2 and stream[-1] == 0
     with pytest.raises(ValueError, match="vocab_size must be >= 258"):
         train_tokenizer(texts, 100)
+
+
+def test_reevaluate_rewrites_the_card_not_the_weights(built, tmp_path, capsys):
+    import json
+    import shutil
+
+    from specdec_ext.cli import main
+    from specdec_ext.zoo.spec import DEFAULT_DRAFTERS
+
+    src, _ = built
+    out = tmp_path / "family"
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns(".build"))
+    card_file = out / "card.json"
+    card = json.loads(card_file.read_text())
+    card["spec"]["drafters"]["eagle2"] = {"depth": 2, "top_k": 1, "total_tokens": 2}  # an old shape
+    card_file.write_text(json.dumps(card))
+    weights = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent != out}
+    threads = torch.get_num_threads()
+    try:
+        assert main(["zoo", "evaluate", "--out", str(out), "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    new = json.loads(card_file.read_text())
+    assert new["spec"]["drafters"] == DEFAULT_DRAFTERS
+    assert new["training"] == card["training"] and new["evaluation"]["prompt_ids"] == card["evaluation"]["prompt_ids"]
+    ev = new["evaluation"]["drafters"]
+    assert set(ev) == {"plain", *load_family(str(out)).drafter_names}
+    assert all(r["greedy_identical"] for k, r in ev.items() if k != "plain")
+    assert new["floors"]["mean_accepted_length"] == {k: round(0.85 * r["mean_accepted_length"], 2)
+                                                     for k, r in ev.items() if k != "plain"}
+    assert "depth=5, top_k=2, total_tokens=8" in (out / "README.md").read_text()
+    assert weights == {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent != out}
+    (out / "card.json").write_text(json.dumps({k: v for k, v in new.items() if k != "evaluation"}))
+    with pytest.raises(SystemExit, match="no evaluation.prompt_ids"):
+        main(["zoo", "evaluate", "--out", str(out)])

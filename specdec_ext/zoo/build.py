@@ -34,7 +34,7 @@ from specdec_ext.bench.machine import cpu_model
 from specdec_ext.zoo.corpus import python_sources, read_sources, split_sources, stdlib_dir
 from specdec_ext.zoo.spec import ZooSpec
 
-__all__ = ["build_zoo", "target_config", "train_target", "FLOOR_RATIO"]
+__all__ = ["build_zoo", "reevaluate_family", "target_config", "train_target", "FLOOR_RATIO"]
 
 FLOOR_RATIO = 0.85  # test floor = 85% of the accepted length measured at build time
 
@@ -269,7 +269,6 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
                for m, s in (("target", "target"), ("draft", "draft"), ("medusa", "medusa"), ("eagle1", "eagle1"),
                             ("eagle3", "eagle3"))}
     training = {k: stages.records[k] for k in ("corpus", "tokenizer", "target", "draft", "medusa", "eagle1", "eagle3")}
-    acc = {k: v["mean_accepted_length"] for k, v in evaluation["drafters"].items() if k != "plain"}
     card = {
         "name": "specdec-zoo-pystdlib",
         "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -282,10 +281,49 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
         "members": members,
         "total_bytes": sum(m["bytes"] for m in members.values()),
         "evaluation": evaluation,
-        "floors": {"ratio": FLOOR_RATIO, "mean_accepted_length": {k: round(FLOOR_RATIO * v, 2) for k, v in acc.items()}},
+        "floors": _floors(evaluation),
     }
     write_card(out, card)
     _log(f"== family written to {out}: {card['total_bytes'] / 1e6:.1f} MB, built in "
          f"{card['build_seconds']['wall'] / 60:.1f} min wall ({card['build_seconds']['cpu'] / 60:.1f} min CPU)")
     return card
 
+
+
+def _floors(evaluation: dict) -> dict:
+    acc = {k: v["mean_accepted_length"] for k, v in evaluation["drafters"].items() if k != "plain"}
+    return {"ratio": FLOOR_RATIO, "mean_accepted_length": {k: round(FLOOR_RATIO * v, 2) for k, v in acc.items()}}
+
+
+def reevaluate_family(out: str, threads: int | None = None) -> dict:
+    """Re-measures a built family with the library's current drafter shapes (``DEFAULT_DRAFTERS``) and code, on the
+    card's own prompts, and rewrites ``card.json`` / ``README.md``: the evaluation, the shapes and the tests' floors.
+    The weights and the training records are untouched (``specdec zoo evaluate``: after a drafter change that needs
+    no retraining)."""
+    from specdec_ext.zoo.card import write_card
+    from specdec_ext.zoo.evaluate import evaluate_drafters
+    from specdec_ext.zoo.family import load_family
+    from specdec_ext.zoo.spec import DEFAULT_DRAFTERS
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    with open(os.path.join(out, "card.json")) as f:
+        card = json.load(f)
+    old = card.get("evaluation") or {}
+    prompts = old.get("prompt_ids")
+    if not prompts:
+        raise ValueError(f"reevaluate_family: {out}/card.json has no evaluation.prompt_ids to measure on")
+    card["spec"]["drafters"] = copy.deepcopy(DEFAULT_DRAFTERS)
+    with open(os.path.join(out, "card.json"), "w") as f:  # the family loads its drafter shapes from the card
+        json.dump(card, f, indent=1)
+    fam = load_family(out)
+    _log(f"== evaluating {len(prompts)} prompts x {old['new_tokens']} new tokens per drafter")
+    card["evaluation"] = {**old, "drafters": evaluate_drafters(fam, prompts, old["new_tokens"])}
+    card["evaluation"]["evaluated"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    card["floors"] = _floors(card["evaluation"])
+    write_card(out, card)
+    for name, r in card["evaluation"]["drafters"].items():
+        if name != "plain":
+            _log(f"  {name:12s} mean accepted length {r['mean_accepted_length']:.2f}  "
+                 f"greedy identical: {r['greedy_identical']}")
+    return card

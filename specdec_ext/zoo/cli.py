@@ -26,6 +26,16 @@ def zoo_build_cmd(args) -> int:
     return 0
 
 
+def zoo_evaluate_cmd(args) -> int:
+    from specdec_ext.zoo.build import reevaluate_family
+
+    try:
+        reevaluate_family(args.out, threads=args.threads)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"specdec zoo evaluate: {err}") from None
+    return 0
+
+
 def add_zoo_command(sub) -> None:
     p = sub.add_parser("zoo", help="the small model family: rebuild it from the Python standard library")
     zsub = p.add_subparsers(dest="zoo_command", required=True)
@@ -39,3 +49,9 @@ def add_zoo_command(sub) -> None:
     b.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=zoo_build_cmd)
+    e = zsub.add_parser("evaluate", help="re-measure a built family with the current drafter shapes and code; rewrite "
+                        "its card (evaluation, shapes, test floors); weights untouched",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    e.add_argument("--out", required=True, help="the family directory (e.g. specdec_ext/zoo/family)")
+    e.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    e.set_defaults(func=zoo_evaluate_cmd)

@@ -47,8 +47,8 @@ def evaluate_drafters(family, prompts: list[list[int]], max_new_tokens: int, nam
     results["plain"] = {"tokens_per_s": plain_tokens / plain_time}
     for name in names:
         tokens, forwards, hist, elapsed, identical = 0, 0, [], 0.0, True
+        drafter = family.make_drafter(name)  # one per drafter, kept across prompts (as a server would)
         for p, ref in zip(prompts, plain_out):
-            drafter = family.make_drafter(name)
             t0 = time.perf_counter()
             out, stats = generate(family.target, drafter, torch.tensor(p), max_new_tokens=max_new_tokens,
                                   eos_token_id=[])
