@@ -105,6 +105,11 @@ def test_module_linear_falls_back_to_other_modules():
     m = Scaled(8, 4).bfloat16()
     x = torch.randn(3, 8).bfloat16()
     assert torch.equal(module_linear(m, x), m(x))
+    plain = torch.nn.Linear(8, 4).bfloat16()
+    seen = []
+    plain.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    module_linear(plain, x)  # a hooked module is called, so its hooks run
+    assert seen == [(3, 4)]
 
 
 def _eagle_cfg(version):

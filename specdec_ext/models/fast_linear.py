@@ -104,8 +104,9 @@ def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> torch.Tensor:
 
 def module_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` for a linear layer that is not ours (a target's ``lm_head``): the fast path when it is a plain
-    ``nn.Linear``, else the module's own forward."""
-    if type(module) is nn.Linear or type(module) is Linear:
+    ``nn.Linear`` without hooks, else the module's own call (its subclass's forward, its hooks)."""
+    if (type(module) is nn.Linear or type(module) is Linear) and not (module._forward_hooks
+                                                                      or module._forward_pre_hooks):
         return linear(x, module.weight, module.bias)
     return module(x)
 
