@@ -62,6 +62,36 @@ def test_matches_reference(device, dtype, B, H, Hkv, N, D, prefixes, packed):
     check_against_reference(got, q, k, v, prefix, mask, scale, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("prefix", [5, 63, 64, 100, 250, 300])
+def test_tree_node_equals_decoding_its_path(dtype, prefix):
+    """Bit for bit: a tree node's output is what decoding its root-to-node path one token at a time gives (the path's
+    K/V at consecutive slots after the prefix, one query). Greedy speculative decoding is identical to plain greedy
+    decoding only if near-tied logits come out the same both ways. CPU kernel (the CUDA kernel is not yet checked)."""
+    gen = make_gen(11 + prefix)
+    H, Hkv, D, N = 6, 2, 64, 24
+    parents = random_parents(1, N, gen, "random")[0].tolist()
+    S = prefix + N + 1
+    q = torch.randn(1, H, N, D, generator=gen).to(dtype)
+    k = torch.randn(1, Hkv, S, D, generator=gen).to(dtype)
+    v = torch.randn(1, Hkv, S, D, generator=gen).to(dtype)
+    scale = D ** -0.5
+    tree = ops.tree_attention(q, k, v, torch.tensor([prefix]), ops.tree_ancestor_mask(torch.tensor([parents])),
+                              scale)
+    one = ops.tree_ancestor_mask(ops.chain_parents(1, 1))
+    for i in range(N):
+        path, j = [], i
+        while j != -1:
+            path.append(j)
+            j = parents[j]
+        path.reverse()
+        k2, v2 = k.clone(), v.clone()
+        k2[:, :, prefix: prefix + len(path)] = k[:, :, [prefix + n for n in path]]
+        v2[:, :, prefix: prefix + len(path)] = v[:, :, [prefix + n for n in path]]
+        seq = ops.tree_attention(q[:, :, i: i + 1], k2, v2, torch.tensor([prefix + len(path) - 1]), one, scale)
+        assert torch.equal(seq[:, :, 0], tree[:, :, i]), (i, path)
+
+
 def test_dense_and_packed_masks_agree(device, dtype):
     q, k, v, prefix, parents = make_case(2, 4, 2, 40, 64, [10, 90], seed=3, kind="deep")
     args = [t.to(dtype).to(device) for t in (q, k, v)]

@@ -183,46 +183,48 @@ struct Work {
   std::vector<float> mx, sum, alpha;
 };
 
-// The online-softmax step of one key block for the QW queries of a panel (st points at the panel's column of S^T,
-// rows `st_stride` apart; tree keys from row tree_from get the mask bias): new maxima, the rescale factors alpha
-// of the accumulators, the running sums, and P^T = exp(S^T - max) in place. Vectorised across the queries.
+// Softmax in two passes over all of a task's keys, not online: first every score and each query's maximum, then
+// P = exp(S - max) with the running sums and acc += P V accumulated key by key in slot order. Why: a tree node
+// must get exactly the bits that decoding its path one token at a time gets (greedy output identical to plain
+// decoding, also where two logits nearly tie), and there its ancestors sit at consecutive slots while in the tree
+// they are scattered among masked siblings. Masked keys add exact zeros to the sums and to acc, and with one
+// maximum per query no block boundary rescales anything, so the result depends only on the visible keys in order.
+// (An online softmax rescales at block boundaries, and which block an ancestor falls in depends on its slot.)
+
+// Pass 1 for the QW queries of a panel over one key block (st: the panel's column of S^T, rows `st_stride` apart;
+// tree keys from row tree_from get the mask bias): the bias, then the running maxima. Vectorised across queries.
 template <int QW>
-__attribute__((always_inline)) inline void softmax_panel(float* st, int64_t st_stride, int64_t keys,
-                                                         int64_t tree_from, const float* bias, Work& w, int64_t q0) {
-  float* mx = w.mx.data() + q0;
-  float* sum = w.sum.data() + q0;
-  float* alpha = w.alpha.data() + q0;
+__attribute__((always_inline)) inline void mask_max_panel(float* st, int64_t st_stride, int64_t keys,
+                                                          int64_t tree_from, const float* bias, float* mx) {
   for (int64_t j = tree_from; j < keys; ++j) {
     float* s = st + j * st_stride;
     const float* bj = bias + (j - tree_from) * st_stride;
 #pragma omp simd
     for (int c = 0; c < QW; ++c) s[c] += bj[c];
   }
-  float mu[QW];  // the new max, or 0 while a query has seen no visible key (so no inf - inf below)
-  for (int c = 0; c < QW; ++c) mu[c] = mx[c];
   for (int64_t j = 0; j < keys; ++j) {
     const float* s = st + j * st_stride;
 #pragma omp simd
-    for (int c = 0; c < QW; ++c) mu[c] = std::max(mu[c], s[c]);
+    for (int c = 0; c < QW; ++c) mx[c] = std::max(mx[c], s[c]);
   }
-#pragma omp simd
-  for (int c = 0; c < QW; ++c) {
-    const float m_new = mu[c];
-    mu[c] = m_new == neg_inf() ? 0.0f : m_new;
-    alpha[c] = exp_nonpositive(mx[c] - mu[c]);  // 0 when mx was -inf
-    mx[c] = m_new;
-  }
-  float l[QW] = {};
+}
+
+// Pass 2 for the QW queries of a panel over one key block: P = exp(S - max) in place (0 for masked keys, and for
+// every key of a query that sees none) and the sums, each query's accumulated key by key.
+template <int QW>
+__attribute__((always_inline)) inline void exp_sum_panel(float* st, int64_t st_stride, int64_t keys,
+                                                         const float* mx, float* sum) {
+  float mu[QW];
+  for (int c = 0; c < QW; ++c) mu[c] = mx[c] == neg_inf() ? 0.0f : mx[c];
   for (int64_t j = 0; j < keys; ++j) {
     float* s = st + j * st_stride;
 #pragma omp simd
     for (int c = 0; c < QW; ++c) {
       const float e = exp_nonpositive(s[c] - mu[c]);
       s[c] = e;
-      l[c] += e;
+      sum[c] += e;
     }
   }
-  for (int c = 0; c < QW; ++c) sum[c] = sum[c] * alpha[c] + l[c];
 }
 
 // One task of the float32 path (float32 and float16 inputs; bfloat16 without AVX512-BF16), tiles from Tiles.
@@ -235,12 +237,11 @@ __attribute__((always_inline)) inline void tree_attention_task(const TreeAttenti
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / Hkv, N = p.num_nodes, D = p.head_dim;
   const int64_t M = G * N, Mp = (M + kQueryPad - 1) / kQueryPad * kQueryPad;
   float* qt = w.qt.get(Mp * D);
-  float* st = w.st.get(kKeyBlock * Mp);  // S^T, then P^T, of one key block: [kKeyBlock][Mp]
   float* acc = w.acc.get(Mp * D);
   w.mx.assign(Mp, neg_inf());
   w.sum.assign(Mp, 0.0f);
-  w.alpha.resize(Mp);
-  const float *sum = w.sum.data(), *alpha = w.alpha.data();
+  w.alpha.assign(Mp, 1.0f);  // pv_tile's rescale factor: always 1 with the two-pass softmax
+  const float* alpha = w.alpha.data();
   // Queries pre-multiplied by the softmax scale, in panels of W: qt[(m / W) * D * W + d * W + m % W]. Padding
   // queries are zeros; their scores are finite and their outputs never written.
   std::fill(qt, qt + Mp * D, 0.0f);
@@ -263,24 +264,23 @@ __attribute__((always_inline)) inline void tree_attention_task(const TreeAttenti
   const T* kbase = p.k + b * p.k_stride_b + kvh * p.k_stride_h;
   const T* vbase = p.v + b * p.v_stride_b + kvh * p.v_stride_h;
   const int64_t total = prefix + N;
+  // S^T of every key, [blocks * kKeyBlock][Mp] (the two-pass softmax above).
+  float* st = w.st.get((total + kKeyBlock - 1) / kKeyBlock * kKeyBlock * Mp);
+  float* mx = w.mx.data();
+  float* sum = w.sum.data();
+  // Pass 1: scores, mask, maxima; one panel of NQ * W queries (then W at the end) at a time.
   for (int64_t t0 = 0; t0 < total; t0 += kKeyBlock) {
     const int64_t keys = std::min(kKeyBlock, total - t0);
     const int64_t key_tiles = (keys + KT - 1) / KT * KT;
-    // K and V rows: float32 caches are read where they are, unless the score tiles would run past the last key;
-    // other types are converted to float32 once per block (zero rows pad the last score tile).
-    const float *k = nullptr, *v = nullptr;
-    int64_t k_stride = D, v_stride = D;
+    // K rows: a float32 cache is read where it is, unless the score tiles would run past the last key; other
+    // types are converted to float32 once per block (zero rows pad the last score tile).
+    const float* k = nullptr;
+    int64_t k_stride = D;
     if constexpr (std::is_same_v<T, float>) {
-      v = vbase + t0 * p.v_stride_s;
-      v_stride = p.v_stride_s;
       if (key_tiles == keys) {
         k = kbase + t0 * p.k_stride_s;
         k_stride = p.k_stride_s;
       }
-    } else {
-      float* vb = w.vbuf.get(kKeyBlock * D);
-      for (int64_t j = 0; j < keys; ++j) load_row(vbase + (t0 + j) * p.v_stride_s, vb + j * D, D);
-      v = vb;
     }
     if (k == nullptr) {
       float* kb = w.kbuf.get(kKeyBlock * D);
@@ -288,25 +288,41 @@ __attribute__((always_inline)) inline void tree_attention_task(const TreeAttenti
       std::fill(kb + keys * D, kb + key_tiles * D, 0.0f);
       k = kb;
     }
-    // This block's V rows (read after the scores) and the next block's K rows into L2: 1-3% at N = 26..64.
-    prefetch_rows(vbase, p.v_stride_s, t0, t0 + keys, D);
     prefetch_rows(kbase, p.k_stride_s, t0 + kKeyBlock, std::min(t0 + 2 * kKeyBlock, total), D);
-    // Scores and softmax, one panel of NQ * W queries (then W at the end) at a time, so that the panel's S^T
-    // columns are still in L1 when the softmax reads them.
+    float* sb = st + t0 * Mp;
     const int64_t tree_from = std::max<int64_t>(prefix - t0, 0);  // first tree key of the block
+    const float* bias_b = bias + (t0 + tree_from - prefix) * Mp;
     int64_t q0 = 0;
     for (; q0 + NQ * W <= Mp; q0 += NQ * W) {
       for (int64_t j0 = 0; j0 < key_tiles; j0 += KT)
-        scores_tile<V, KT, NQ>(qt + q0 * D, D, k + j0 * k_stride, k_stride, st + j0 * Mp + q0, Mp);
-      softmax_panel<NQ * W>(st + q0, Mp, keys, tree_from, bias + (t0 + tree_from - prefix) * Mp + q0, w, q0);
+        scores_tile<V, KT, NQ>(qt + q0 * D, D, k + j0 * k_stride, k_stride, sb + j0 * Mp + q0, Mp);
+      mask_max_panel<NQ * W>(sb + q0, Mp, keys, tree_from, bias_b + q0, mx + q0);
     }
     for (; q0 < Mp; q0 += W) {
       for (int64_t j0 = 0; j0 < key_tiles; j0 += KT)
-        scores_tile<V, KT, 1>(qt + q0 * D, D, k + j0 * k_stride, k_stride, st + j0 * Mp + q0, Mp);
-      softmax_panel<W>(st + q0, Mp, keys, tree_from, bias + (t0 + tree_from - prefix) * Mp + q0, w, q0);
+        scores_tile<V, KT, 1>(qt + q0 * D, D, k + j0 * k_stride, k_stride, sb + j0 * Mp + q0, Mp);
+      mask_max_panel<W>(sb + q0, Mp, keys, tree_from, bias_b + q0, mx + q0);
     }
-    // acc = alpha * acc + P V, in tiles of RT queries x NV * W dims.
-    pv_block<V, RT, Tiles::DimVecs>(st, Mp, M, keys, v, v_stride, alpha, acc, D, 0);
+  }
+  // Pass 2: P, sums, and acc += P V (alpha = 1: nothing is rescaled), in tiles of RT queries x NV * W dims.
+  for (int64_t t0 = 0; t0 < total; t0 += kKeyBlock) {
+    const int64_t keys = std::min(kKeyBlock, total - t0);
+    const float* v = nullptr;
+    int64_t v_stride = D;
+    if constexpr (std::is_same_v<T, float>) {
+      v = vbase + t0 * p.v_stride_s;
+      v_stride = p.v_stride_s;
+    } else {
+      float* vb = w.vbuf.get(kKeyBlock * D);
+      for (int64_t j = 0; j < keys; ++j) load_row(vbase + (t0 + j) * p.v_stride_s, vb + j * D, D);
+      v = vb;
+    }
+    prefetch_rows(vbase, p.v_stride_s, t0 + kKeyBlock, std::min(t0 + 2 * kKeyBlock, total), D);
+    float* sb = st + t0 * Mp;
+    int64_t q0 = 0;
+    for (; q0 + NQ * W <= Mp; q0 += NQ * W) exp_sum_panel<NQ * W>(sb + q0, Mp, keys, mx + q0, sum + q0);
+    for (; q0 < Mp; q0 += W) exp_sum_panel<W>(sb + q0, Mp, keys, mx + q0, sum + q0);
+    pv_block<V, RT, Tiles::DimVecs>(sb, Mp, M, keys, v, v_stride, alpha, acc, D, 0);
   }
   for (int64_t m = 0; m < M; ++m) {
     T* o = p.out + ((b * p.num_heads + kvh * G + m / N) * N + m % N) * D;
@@ -365,63 +381,65 @@ bool has_avx512_bf16() {
   return has;
 }
 
-// The mask and online-softmax step of one key block [t0, t0 + keys), scores in rows of kKeyBlock per query: masks
-// padding keys and the tree keys node i may not see, updates each query's running max and sum, rescales its
-// accumulator, and leaves the weights P = exp(s - max) in `s` (zeros for padding rows m >= M).
+// Pass 1 of the two-pass softmax (see the float32 path) for one key block [t0, t0 + keys): masks the tree keys
+// node i may not see and the padding keys, and updates each query's maximum. `s` holds the block's scores of
+// query m at s[m * ld + j].
 template <typename T>
-__attribute__((always_inline)) inline void softmax_block(const TreeAttentionParams<T>& p, int64_t b, int64_t prefix,
-                                                         int64_t t0, int64_t keys, int64_t M, int64_t rows,
-                                                         float* s, float* mx, float* sum, float* acc) {
-  const int64_t N = p.num_nodes, D = p.head_dim;
+__attribute__((always_inline)) inline void mask_max_block(const TreeAttentionParams<T>& p, int64_t b, int64_t prefix,
+                                                          int64_t t0, int64_t keys, int64_t M, float* s, int64_t ld,
+                                                          float* mx) {
+  const int64_t N = p.num_nodes;
   const int64_t tree_from = std::max<int64_t>(prefix - t0, 0);  // first tree key of the block
   for (int64_t m = 0; m < M; ++m) {
-    float* sr = s + m * kKeyBlock;
+    float* sr = s + m * ld;
     const int64_t i = m % N;
     for (int64_t j = tree_from; j < keys; ++j)
       if (!tree_mask_allows(p, b, i, t0 + j - prefix)) sr[j] = neg_inf();
     for (int64_t j = keys; j < kKeyBlock; ++j) sr[j] = neg_inf();
-    float bm = neg_inf();
+    float bm = mx[m];
     for (int64_t j = 0; j < keys; ++j) bm = std::max(bm, sr[j]);
-    const float m_new = std::max(mx[m], bm);
-    if (m_new == neg_inf()) {  // nothing visible yet: P = 0, state unchanged
-      for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
-      continue;
-    }
-    const float alpha = exp_nonpositive(mx[m] - m_new);  // 0 when mx was -inf
-    float l = 0.0f;
-#pragma omp simd reduction(+ : l)
+    mx[m] = bm;
+  }
+}
+
+// Pass 2 for one key block: P = exp(s - max) in place (0 for masked keys and for queries that see no key) and the
+// sums, accumulated key by key (not a SIMD reduction, whose lanes would depend on the keys' slots).
+__attribute__((always_inline)) inline void exp_sum_block(int64_t M, int64_t rows, float* s, int64_t ld,
+                                                         const float* mx, float* sum) {
+  for (int64_t m = 0; m < M; ++m) {
+    float* sr = s + m * ld;
+    const float mu = mx[m] == neg_inf() ? 0.0f : mx[m];
+    float l = sum[m];
     for (int64_t j = 0; j < kKeyBlock; ++j) {
-      const float e = exp_nonpositive(sr[j] - m_new);
+      const float e = exp_nonpositive(sr[j] - mu);
       sr[j] = e;
       l += e;
     }
-    sum[m] = sum[m] * alpha + l;
-    mx[m] = m_new;
-    if (alpha != 1.0f) {
-      float* a = acc + m * D;
-      for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
-    }
+    sum[m] = l;
   }
   for (int64_t m = M; m < rows; ++m)
-    for (int64_t j = 0; j < kKeyBlock; ++j) s[m * kKeyBlock + j] = 0.0f;
+    for (int64_t j = 0; j < kKeyBlock; ++j) s[m * ld + j] = 0.0f;
 }
 
 struct Bf16Work {
-  std::vector<uint32_t> q, kt, v, pp;  // [rows][D/2], [D/2][KB], [KB/2][D], [rows][KB/2]
-  std::vector<float> s, acc, mx, sum;
+  std::vector<uint32_t> q, kt, v, pp;  // [rows][D/2], [D/2][KB], [KB][D], [rows][KB]
+  std::vector<float> s, acc, mx, sum;  // s: [rows][blocks * KB], the scores of every key
 };
 
-template <int NV>  // NV vectors of 16 dims
-SPECDEC_BF16_TARGET inline void pv_tile_bf16(const uint32_t* pp, const uint32_t* vp, int64_t pairs, int64_t dim,
+// acc += P V for kRowTile queries and NV vectors of 16 dims, one key per bf16 pair (its partner is zero), so each
+// product is added on its own, key by key: pairing consecutive keys would group a tree node's ancestors
+// differently from decoding them one at a time (see the float32 path).
+template <int NV>
+SPECDEC_BF16_TARGET inline void pv_tile_bf16(const uint32_t* pp, const uint32_t* vp, int64_t keys, int64_t dim,
                                              int64_t d0, float* acc) {
   __m512 a[kRowTile][NV];
   for (int r = 0; r < kRowTile; ++r)
     for (int k = 0; k < NV; ++k) a[r][k] = _mm512_loadu_ps(acc + r * dim + d0 + 16 * k);
-  for (int64_t jp = 0; jp < pairs; ++jp) {
+  for (int64_t jp = 0; jp < keys; ++jp) {
     __m512i v[NV];
     for (int k = 0; k < NV; ++k) v[k] = _mm512_loadu_si512(vp + jp * dim + d0 + 16 * k);
     for (int r = 0; r < kRowTile; ++r) {
-      const __m512i pb = _mm512_set1_epi32(static_cast<int>(pp[r * (kKeyBlock / 2) + jp]));
+      const __m512i pb = _mm512_set1_epi32(static_cast<int>(pp[r * kKeyBlock + jp]));
       for (int k = 0; k < NV; ++k) a[r][k] = _mm512_dpbf16_ps(a[r][k], (__m512bh)pb, (__m512bh)v[k]);
     }
   }
@@ -433,11 +451,13 @@ SPECDEC_BF16_TARGET void tree_attention_bf16_task(const TreeAttentionParams<bf16
                                                   int64_t prefix, Bf16Work& w) {
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / Hkv, N = p.num_nodes, D = p.head_dim, D2 = D / 2;
   const int64_t M = G * N, rows = (M + kRowTile - 1) / kRowTile * kRowTile;
+  const int64_t total = prefix + N;
+  const int64_t ld = (total + kKeyBlock - 1) / kKeyBlock * kKeyBlock;  // scores of every key, per query
   w.q.assign(rows * D2, 0u);
   w.kt.resize(D2 * kKeyBlock);
-  w.v.resize(kKeyBlock / 2 * D);
-  w.pp.resize(rows * kKeyBlock / 2);
-  w.s.resize(rows * kKeyBlock);
+  w.v.resize(kKeyBlock * D);
+  w.pp.resize(rows * kKeyBlock);
+  w.s.resize(rows * ld);
   w.acc.assign(rows * D, 0.0f);
   w.mx.assign(rows, neg_inf());
   w.sum.assign(rows, 0.0f);
@@ -447,8 +467,8 @@ SPECDEC_BF16_TARGET void tree_attention_bf16_task(const TreeAttentionParams<bf16
   }
   const bf16* kbase = p.k + b * p.k_stride_b + kvh * p.k_stride_h;
   const bf16* vbase = p.v + b * p.v_stride_b + kvh * p.v_stride_h;
-  const int64_t total = prefix + N;
   const __m512 scale = _mm512_set1_ps(p.scale);
+  // Pass 1 (the two-pass softmax of the float32 path): scores, mask, maxima.
   for (int64_t t0 = 0; t0 < total; t0 += kKeyBlock) {
     const int64_t keys = std::min(kKeyBlock, total - t0);
     for (int64_t j = 0; j < kKeyBlock; ++j) {
@@ -460,15 +480,7 @@ SPECDEC_BF16_TARGET void tree_attention_bf16_task(const TreeAttentionParams<bf16
         for (int64_t x = 0; x < D2; ++x) w.kt[x * kKeyBlock + j] = 0u;
       }
     }
-    for (int64_t jp = 0; jp < kKeyBlock / 2; ++jp) {
-      const int64_t j = 2 * jp;
-      const uint16_t* v0 = j < keys ? &vbase[(t0 + j) * p.v_stride_s].bits : nullptr;
-      const uint16_t* v1 = j + 1 < keys ? &vbase[(t0 + j + 1) * p.v_stride_s].bits : nullptr;
-      uint32_t* out = w.v.data() + jp * D;
-      for (int64_t d = 0; d < D; ++d)
-        out[d] = (v0 ? v0[d] : 0u) | (static_cast<uint32_t>(v1 ? v1[d] : 0u) << 16);
-    }
-    // Scores.
+    float* sb = w.s.data() + t0;
     for (int64_t m0 = 0; m0 < rows; m0 += kRowTile) {
       for (int64_t j0 = 0; j0 < kKeyBlock; j0 += 32) {
         __m512 a[kRowTile][2];
@@ -483,26 +495,34 @@ SPECDEC_BF16_TARGET void tree_attention_bf16_task(const TreeAttentionParams<bf16
           }
         }
         for (int r = 0; r < kRowTile; ++r) {
-          _mm512_storeu_ps(w.s.data() + (m0 + r) * kKeyBlock + j0, _mm512_mul_ps(a[r][0], scale));
-          _mm512_storeu_ps(w.s.data() + (m0 + r) * kKeyBlock + j0 + 16, _mm512_mul_ps(a[r][1], scale));
+          _mm512_storeu_ps(sb + (m0 + r) * ld + j0, _mm512_mul_ps(a[r][0], scale));
+          _mm512_storeu_ps(sb + (m0 + r) * ld + j0 + 16, _mm512_mul_ps(a[r][1], scale));
         }
       }
     }
-    softmax_block(p, b, prefix, t0, keys, M, rows, w.s.data(), w.mx.data(), w.sum.data(), w.acc.data());
-    // P to bf16 pairs of consecutive keys (round to nearest even).
-    for (int64_t m = 0; m < rows; ++m)
-      for (int64_t j0 = 0; j0 < kKeyBlock; j0 += 32) {
-        const float* sr = w.s.data() + m * kKeyBlock + j0;
-        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + 16), _mm512_loadu_ps(sr));
-        _mm512_storeu_si512(w.pp.data() + m * (kKeyBlock / 2) + j0 / 2, (__m512i)h);
+    mask_max_block(p, b, prefix, t0, keys, M, sb, ld, w.mx.data());
+  }
+  // Pass 2: P (rounded to bf16, as flash-attention does on GPUs; the sums stay float32), sums, acc += P V.
+  for (int64_t t0 = 0; t0 < total; t0 += kKeyBlock) {
+    const int64_t keys = std::min(kKeyBlock, total - t0);
+    for (int64_t j = 0; j < keys; ++j) {  // V rows as (v, 0) bf16 pairs
+      const uint16_t* vr = &vbase[(t0 + j) * p.v_stride_s].bits;
+      uint32_t* out = w.v.data() + j * D;
+      for (int64_t d = 0; d < D; ++d) out[d] = vr[d];
+    }
+    float* sb = w.s.data() + t0;
+    exp_sum_block(M, rows, sb, ld, w.mx.data(), w.sum.data());
+    for (int64_t m = 0; m < rows; ++m)  // P as (p, 0) bf16 pairs (round to nearest even)
+      for (int64_t j0 = 0; j0 < kKeyBlock; j0 += 16) {
+        const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(sb + m * ld + j0));
+        _mm512_storeu_si512(w.pp.data() + m * kKeyBlock + j0, _mm512_cvtepu16_epi32((__m256i)h));
       }
-    const int64_t pairs = (keys + 1) / 2;
     for (int64_t m0 = 0; m0 < rows; m0 += kRowTile) {
-      const uint32_t* pp = w.pp.data() + m0 * (kKeyBlock / 2);
+      const uint32_t* pp = w.pp.data() + m0 * kKeyBlock;
       float* acc = w.acc.data() + m0 * D;
       int64_t d0 = 0;
-      for (; d0 + 32 <= D; d0 += 32) pv_tile_bf16<2>(pp, w.v.data(), pairs, D, d0, acc);
-      if (d0 < D) pv_tile_bf16<1>(pp, w.v.data(), pairs, D, d0, acc);
+      for (; d0 + 32 <= D; d0 += 32) pv_tile_bf16<2>(pp, w.v.data(), keys, D, d0, acc);
+      if (d0 < D) pv_tile_bf16<1>(pp, w.v.data(), keys, D, d0, acc);
     }
   }
   for (int64_t m = 0; m < M; ++m) {
