@@ -56,6 +56,19 @@ def test_cache_follows_in_place_updates_and_replacement():
     _bf16_close(lin(x), _ref(x, lin.weight, lin.bias))
 
 
+@needs_packed
+def test_inference_mode_weights():
+    with torch.inference_mode():
+        w = torch.randn(40, 24).bfloat16()  # an inference tensor: no version counter
+    x = torch.randn(3, 24).bfloat16()
+    _bf16_close(linear(x, w), _ref(x, w))
+    with torch.inference_mode():
+        _bf16_close(linear(x, w), _ref(x, w))
+        layers = [Linear(24, 8).bfloat16(), Linear(24, 4, bias=False).bfloat16()]
+        want = torch.cat([_ref(x, lay.weight, lay.bias) for lay in layers], -1)
+        _bf16_close(fused_linear(x, layers), want)
+
+
 def test_training_and_other_dtypes_take_aten():
     lin = Linear(16, 8)
     x = torch.randn(5, 16, requires_grad=True)

@@ -41,8 +41,14 @@ def packed_enabled() -> bool:
     return _ENABLED and _MKLDNN and not _BROKEN
 
 
+def _version(t: torch.Tensor) -> int:
+    """The tensor's version counter; -1 for inference tensors, which have none (in-place updates of a weight made
+    under ``torch.inference_mode`` are then not seen: rebuild such a model rather than edit it in place)."""
+    return -1 if t.is_inference() else t._version
+
+
 def _packed(weight: torch.Tensor) -> torch.Tensor | None:
-    key = (weight._version, weight.data_ptr())
+    key = (_version(weight), weight.data_ptr())
     hit = _PACKED.get(weight)
     if hit is not None and hit[:2] == key:
         return hit[2]
@@ -89,7 +95,7 @@ def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> torch.Tensor:
     if not _fast(x, first.weight, first.bias):
         return torch.cat([layer(x) for layer in layers], -1)
     params = [t for layer in layers for t in (layer.weight, layer.bias)]
-    key = tuple((t._version, t.data_ptr()) if t is not None else None for t in params)
+    key = tuple((_version(t), t.data_ptr()) if t is not None else None for t in params)
     hit = _FUSED.get(first.weight)
     if hit is None or hit[0] != key:
         with torch.no_grad():
