@@ -36,7 +36,8 @@ matches the observed rate, whatever the model, the text or the sampling temperat
 candidates fill the tree, never which tokens are candidates, so verification stays lossless. The scale lives on
 the device (no synchronisation), is kept across generations (keep one drafter across requests, as with
 :class:`~specdec_ext.adaptive.AdaptiveDrafter`), and stays within ``[1/16, 16]``; ``calibrate=False`` keeps EAGLE-2's
-raw scores (scale 1). Sampled outputs are exact whatever the scale, but which uniforms a step consumes depends on the
+raw scores (scale 1); chains (``top_k = 1``) have nothing to rank and skip it. Sampled outputs are exact whatever
+the scale, but which uniforms a step consumes depends on the
 tree, so the same seed repeats the same tokens only from the same calibration state (:meth:`reset_calibration`).
 
 Static tree (EAGLE-1's original mode, ``choices=``): a Medusa-style choices list (e.g.
@@ -201,7 +202,7 @@ class EagleDrafter:
         self._predicted = None
 
     def _scale(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self.calibrate:
+        if not self.calibrate or self.top_k == 1:  # a chain: nothing to rank
             return logits
         if self._log_scale is None or self._log_scale.device != logits.device:
             self._log_scale = torch.zeros((), dtype=torch.float32, device=logits.device)
@@ -267,7 +268,7 @@ class EagleDrafter:
         logits = self._scale(m.logits(root_h, self._lm_head)[:, None])  # [B, 1, Vd]
         zero = torch.zeros(B, 1, dtype=torch.float32, device=dev)
         ct, cs, _ = ops.expand_tree_step(logits, zero, k, k, validate=False)
-        if self.calibrate:
+        if self.calibrate and self.top_k > 1:
             self._predicted = cs[:, 0, 0].exp()  # the best child (node 1 of the tree: it always ranks first)
         # all candidates so far (flat), their scores and parent candidate (-1 = the root)
         cand_tok = [m.to_target_ids(ct.reshape(B, k))]
