@@ -26,19 +26,19 @@ chain of ``depth`` tokens. ``propose`` does no host synchronisation.
 
 Calibrated scores (``calibrate=True``, the default). EAGLE-2 ranks nodes by the draft's cumulative probability as an
 estimate of the chance the target accepts them. A draft trained to match the target's *distribution* is
-under-confident about acceptance when verification is greedy (the target's argmax is accepted, not a sample) or
-when the target's distribution is flat; on the model family in bfloat16 the tree then spent its nodes on
-second-best siblings and reached mean accepted length 3.2 where sharper scores reach 3.6-4.7 with the same trees.
-So the scores are log-softmax of ``scale * logits``, and ``observe`` moves ``log(scale)`` by ``calibration_rate *
-(accepted - predicted)`` each step, where *predicted* is the calibrated probability of the root's best child and
-*accepted* whether the target accepted it (mean over the batch's rows): the scale settles where that prediction
-matches the observed rate, whatever the model, the text or the sampling temperature. It only decides which
-candidates fill the tree, never which tokens are candidates, so verification stays lossless. The scale lives on
-the device (no synchronisation), is kept across generations (keep one drafter across requests, as with
-:class:`~specdec_ext.adaptive.AdaptiveDrafter`), and stays within ``[1/16, 16]``; ``calibrate=False`` keeps EAGLE-2's
-raw scores (scale 1); chains (``top_k = 1``) have nothing to rank and skip it. Sampled outputs are exact whatever
-the scale, but which uniforms a step consumes depends on the
-tree, so the same seed repeats the same tokens only from the same calibration state (:meth:`reset_calibration`).
+under-confident about acceptance when verification is greedy (the target's argmax is accepted, not a sample) or when
+the target's distribution is flat; on the model family in bfloat16 the tree then spent its nodes on second-best
+siblings and reached mean accepted length 3.2 where sharper scores reach 3.6-4.7 with the same trees. So the scores
+are log-softmax of ``scale * logits``, and ``observe`` moves ``log(scale)`` by ``calibration_rate * (accepted -
+predicted)`` each step, where *predicted* is the calibrated probability of the root's best child and *accepted*
+whether the target accepted it (mean over the batch's rows): the scale settles where that prediction matches the
+observed rate, whatever the model, the text or the sampling temperature. It only decides which candidates fill the
+tree, never which tokens are candidates, so verification stays lossless. The scale lives on the device (no
+synchronisation), is kept across generations (keep one drafter across requests, as with
+:class:`~specdec_ext.adaptive.AdaptiveDrafter`), and stays within ``[1/16, 16]``; ``calibrate=False`` keeps
+EAGLE-2's raw scores (scale 1); chains (``top_k = 1``) have nothing to rank and skip it. Sampled outputs are exact
+whatever the scale, but which uniforms a step consumes depends on the tree, so the same seed repeats the same tokens
+only from the same calibration state (:meth:`reset_calibration`).
 
 Static tree (EAGLE-1's original mode, ``choices=``): a Medusa-style choices list (e.g.
 :data:`~specdec_ext.drafters.trees.MC_SIM_7B_63`, EAGLE-1's ``mc_sim_7b_63``); node ``(i, j)`` is the j-th best
