@@ -611,3 +611,49 @@ def test_calibration_follows_the_best_childs_acceptance():
     assert d.score_scale == 1.0
     with pytest.raises(ValueError, match="calibration_rate"):
         EagleDrafter(random_draft(1), calibration_rate=0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A draft vocabulary for EAGLE-1 (FR-Spec).
+
+
+def test_draft_vocab_restricts_drafts_and_stays_lossless():
+    m = target()
+    seqs = [p + c for p, c in zip(PROMPTS, reference_outputs())]
+    counts = torch.bincount(torch.tensor([t for s in seqs for t in s]), minlength=V)
+    common = counts.argsort(descending=True)[:40]  # the 40 most frequent ids of the greedy continuations
+    drafter = EagleDrafter(trained_draft(1), target=m, depth=5, top_k=4, total_tokens=24, draft_vocab=common)
+    seen, accepted = set(), 0
+    orig = drafter.propose
+
+    def spy(state, max_depth):
+        tree = orig(state, max_depth)
+        seen.update(tree.tokens[:, 1:].flatten().tolist())
+        return tree
+
+    drafter.propose = spy
+    for p, want in zip(PROMPTS, reference_outputs()):
+        out, stats = generate(m, drafter, torch.tensor(p), max_new_tokens=NEW, eos_token_id=[])
+        assert out[len(p):].tolist() == want
+        accepted += stats.new_tokens - stats.target_forwards
+    assert seen and seen <= set(common.tolist())  # only ids of the draft vocabulary are drafted
+    assert accepted > NEW  # and they are accepted
+    # the whole vocabulary as draft_vocab drafts exactly what no draft_vocab does
+    everything = EagleDrafter(trained_draft(1), target=m, depth=5, top_k=4, total_tokens=24,
+                              draft_vocab=torch.arange(V).flip(0), calibrate=False)
+    plain = EagleDrafter(trained_draft(1), target=m, depth=5, top_k=4, total_tokens=24, calibrate=False)
+    for d in (everything, plain):
+        d.begin(m, make_state(PROMPTS_P), None)
+    state = make_state(PROMPTS_P)
+    a, b = everything.propose(state, 10), plain.propose(state, 10)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+
+
+@pytest.mark.parametrize("bad,match", [(torch.tensor([[1, 2, 3, 4]]), "1-D"), (torch.tensor([1, 1, 2, 3]), "distinct"),
+                                       (torch.tensor([1, 2, V]), "distinct"), (torch.tensor([1.0, 2.0, 3.0, 4.0]), "1-D"),
+                                       (torch.tensor([1, 2]), "at least top_k")])
+def test_draft_vocab_errors(bad, match):
+    with pytest.raises(ValueError, match="draft_vocab"):
+        EagleDrafter(random_draft(1), depth=3, top_k=3, total_tokens=6, draft_vocab=bad)
+    with pytest.raises(ValueError, match="EAGLE-3 draft has its own"):
+        EagleDrafter(random_draft(3), depth=3, top_k=3, total_tokens=6, draft_vocab=torch.arange(10))

@@ -56,6 +56,7 @@ from specdec_ext import ops
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
+from specdec_ext.models.fast_linear import linear
 from specdec_ext.models.kv_cache import write_rows
 
 __all__ = ["EagleDrafter"]
@@ -77,12 +78,15 @@ class EagleDrafter:
     children (``topK_genrate`` runs ``depth`` draft steps after the first), so its trees reach ``depth + 1`` levels;
     here ``depth`` is the tree depth itself, 8 by default (EAGLE ``depth = d`` is ``depth = d + 1`` here). ``target``: for EAGLE-3 without explicit ``aux_layers``, the target whose layer count decides the
     default feature layers ``(2, L // 2, L - 3)``. ``calibrate`` / ``calibration_rate``: online calibration of the
-    tree's scores (module doc); :attr:`score_scale` is the current scale.
+    tree's scores (module doc); :attr:`score_scale` is the current scale. ``draft_vocab`` (EAGLE-1): the target
+    token ids drafts may use (``[Vs]``, e.g. the most frequent tokens of the training data): the draft's logits are
+    computed over these only (FR-Spec), which saves most of the vocabulary projection on a large vocabulary; a target
+    token outside them is simply never drafted (lossless).
     """
 
     def __init__(self, model: nn.Module, depth: int = 8, top_k: int = 10, total_tokens: int = 60,
                  target: nn.Module | None = None, aux_layers=None, choices=None, calibrate: bool = True,
-                 calibration_rate: float = 0.2):
+                 calibration_rate: float = 0.2, draft_vocab=None):
         if not isinstance(model, (Eagle1Model, Eagle3Model)):
             raise TypeError(f"EagleDrafter: model must be an Eagle1Model or Eagle3Model, got {type(model).__name__} "
                             "(load published drafts with specdec_ext.models.checkpoints.load_eagle)")
@@ -94,6 +98,19 @@ class EagleDrafter:
         if (isinstance(calibration_rate, bool) or not isinstance(calibration_rate, (int, float))
                 or not 0.0 < calibration_rate <= 1.0):
             raise ValueError(f"EagleDrafter: calibration_rate must be a number in (0, 1], got {calibration_rate!r}")
+        self.draft_vocab = None
+        if draft_vocab is not None:
+            ids = torch.as_tensor(draft_vocab)
+            if model.version != 1:
+                raise ValueError("EagleDrafter: draft_vocab restricts EAGLE-1 drafts; an EAGLE-3 draft has its own "
+                                 "draft vocabulary (d2t)")
+            V = model.config.vocab_size
+            if (ids.dim() != 1 or ids.is_floating_point() or ids.numel() < max(top_k, 1)
+                    or bool(((ids < 0) | (ids >= V)).any()) or ids.unique().numel() != ids.numel()):
+                raise ValueError(f"EagleDrafter: draft_vocab must be a 1-D tensor of distinct target token ids in "
+                                 f"[0, {V}) with at least top_k = {top_k} of them, got {ids.dtype} of shape "
+                                 f"{tuple(ids.shape)}")
+            self.draft_vocab = ids.to(torch.int64).sort().values
         self.model = model.eval()
         self.calibrate, self.calibration_rate = bool(calibrate), float(calibration_rate)
         self._log_scale: torch.Tensor | None = None  # [] float32 on the device: log of the score scale
@@ -110,6 +127,9 @@ class EagleDrafter:
             self.depth, self.top_k, self.total_tokens = tree.max_depth, tree.top_k, tree.num_nodes - 1
             self.max_nodes = tree.num_nodes
             self._static_trees: dict[int, StaticTree] = {tree.max_depth: tree}
+        if self.draft_vocab is not None and self.top_k > self.draft_vocab.numel():
+            raise ValueError(f"EagleDrafter: the tree uses {self.top_k} candidates per node but draft_vocab has "
+                             f"{self.draft_vocab.numel()} ids")
         if model.version == 1:
             self.hidden_state_layers: tuple[int, ...] = (-1,)
         else:
@@ -173,6 +193,13 @@ class EagleDrafter:
                                  f"{'is missing' if lm is None else f'takes {lm.weight.shape[-1]} features'}; the "
                                  f"draft predicts {m.hidden_size}")
             self._lm_head = lm
+        self._vocab_ids = self._lm_sub = None
+        if self.draft_vocab is not None:
+            self._vocab_ids = self.draft_vocab.to(state.device)
+            with torch.no_grad():
+                bias = getattr(self._lm_head, "bias", None)
+                self._lm_sub = (self._lm_head.weight.index_select(0, self._vocab_ids),
+                                None if bias is None else bias.index_select(0, self._vocab_ids))
         B, dev = state.batch_size, state.device
         self._tree_slots = max((self.depth - 1) * self.top_k, self.max_nodes)
         S = state.max_len + self._tree_slots + 2  # the last slot takes padding writes, never read
@@ -218,6 +245,18 @@ class EagleDrafter:
         accepted = (result.accepted[:, 1] == 1).float()
         gap = ((accepted - predicted) * live).sum() / live.sum().clamp(min=1.0)
         self._log_scale = (self._log_scale + self.calibration_rate * gap).clamp(_MIN_LOG_SCALE, _MAX_LOG_SCALE)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``[..., Vd]``: over the draft vocabulary (EAGLE-3), ``draft_vocab`` or the whole target
+        vocabulary (EAGLE-1)."""
+        if self._lm_sub is None:
+            return self.model.logits(hidden, self._lm_head)
+        w, b = self._lm_sub
+        return linear(hidden.to(w.dtype), w, b)
+
+    def _target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Indices into :meth:`_logits`' last dimension -> target token ids."""
+        return self.model.to_target_ids(ids) if self._vocab_ids is None else self._vocab_ids[ids]
 
     def _features(self, hidden_states) -> torch.Tensor:
         return torch.cat([h.to(self.feats.dtype) for h in hidden_states], -1)
@@ -265,13 +304,13 @@ class EagleDrafter:
         valid = to_device(self.valid, dev)
         if self.static is not None:
             return self._propose_static(state, self._static_for(depth), root, root_h, root_pos, valid)
-        logits = self._scale(m.logits(root_h, self._lm_head)[:, None])  # [B, 1, Vd]
+        logits = self._scale(self._logits(root_h)[:, None])  # [B, 1, Vd]
         zero = torch.zeros(B, 1, dtype=torch.float32, device=dev)
         ct, cs, _ = ops.expand_tree_step(logits, zero, k, k, validate=False)
         if self.calibrate and self.top_k > 1:
             self._predicted = cs[:, 0, 0].exp()  # the best child (node 1 of the tree: it always ranks first)
         # all candidates so far (flat), their scores and parent candidate (-1 = the root)
-        cand_tok = [m.to_target_ids(ct.reshape(B, k))]
+        cand_tok = [self._target_ids(ct.reshape(B, k))]
         cand_score = [cs.reshape(B, k)]
         cand_parent = [torch.full((B, k), -1, dtype=torch.int64, device=dev)]
         front_cand = torch.arange(k, device=dev).expand(B, k)  # frontier = all depth-1 candidates
@@ -297,9 +336,9 @@ class EagleDrafter:
             h = m(front_h, self._embed_ids(front_tok), pos, from_target=False, mask=mask, cache=self.cache,
                   write_slots=slots, kv_len=kv_len)
             self.forwards += 1
-            lg = self._scale(m.logits(h, self._lm_head))  # [B, k, Vd]
+            lg = self._scale(self._logits(h))  # [B, k, Vd]
             ct, cs, sel = ops.expand_tree_step(lg, front_score, k, k, validate=False)
-            cand_tok.append(m.to_target_ids(ct.reshape(B, k * k)))
+            cand_tok.append(self._target_ids(ct.reshape(B, k * k)))
             cand_score.append(cs.reshape(B, k * k))
             cand_parent.append(front_cand.repeat_interleave(k, 1))
             if d == depth - 1:
@@ -344,7 +383,7 @@ class EagleDrafter:
         hid = root_h.new_zeros(B, N, root_h.shape[-1])
         hid[:, 0] = root_h
         top = torch.zeros(B, N, k, dtype=torch.int64, device=dev)  # [:, i]: node i's top-k children (target ids)
-        top[:, 0] = m.to_target_ids(m.logits(root_h, self._lm_head).topk(k, dim=-1).indices)
+        top[:, 0] = self._target_ids(self._logits(root_h).topk(k, dim=-1).indices)
         anc = torch.eye(N, dtype=torch.bool)
         for i in range(1, N):
             anc[i] |= anc[tree.parents[i]]
@@ -368,7 +407,7 @@ class EagleDrafter:
                   cache=self.cache, write_slots=valid[:, None] + idx - 1, kv_len=kv_len)
             self.forwards += 1
             hid[:, idx] = h
-            top[:, idx] = m.to_target_ids(m.logits(h, self._lm_head).topk(k, dim=-1).indices)
+            top[:, idx] = self._target_ids(self._logits(h).topk(k, dim=-1).indices)
         return DraftTree(tokens, par_all, None)
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:

@@ -70,6 +70,9 @@ def make_drafter(family: Family, name: str, **overrides):
     if name == "medusa":
         return MedusaDrafter(family.medusa_heads, **kw)
     if name in ("eagle1", "eagle2"):
+        if kw.get("draft_vocab") == "eagle3":  # the EAGLE-3 draft's vocabulary: the training data's frequent ids
+            e3 = family.eagle3
+            kw["draft_vocab"] = e3.to_target_ids(torch.arange(e3.draft_vocab_size, device=e3.fc.weight.device))
         return EagleDrafter(family.eagle1, target=family.target, **kw)
     return EagleDrafter(family.eagle3, target=family.target, **kw)
 
