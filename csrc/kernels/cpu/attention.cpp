@@ -7,17 +7,18 @@
 // - Scores are computed transposed, S^T = K Q^T. The queries (pre-scaled, padded with zero queries to a multiple of
 //   16) are stored once per task in panels of W = vector-width queries, [D][W] each; a tile of 8 keys x 2 panels
 //   broadcasts K[j, d] and loads a panel row, so K is read in place from a float32 cache: no transpose, no copy.
-// - Right after a panel's scores, while they are in L1, its online (flash-style) softmax step runs across the
-//   queries (a row of S^T is a vector of queries): the tree mask as a precomputed 0 / -inf bias on the tree keys,
-//   new maxima, exp, running sums, and P^T in place.
-// - acc = alpha * acc + P V: a tile of 4 queries x 64 dims broadcasts P^T[j, m] and loads V rows in place; the
-//   softmax rescale alpha is folded into the load of the accumulator tile.
+// - Right after a panel's scores, while they are in L1, the tree mask (a precomputed 0 / -inf bias on the tree
+//   keys) and the queries' maxima (a row of S^T is a vector of queries). S^T of all keys is kept: the softmax has
+//   two passes, not online, so that a tree node gets exactly the bits one-token decoding of its path gets (see
+//   "Softmax in two passes" below).
+// - Second pass, per block: P^T = exp(S^T - max) in place and the running sums, then acc += P V: a tile of 4
+//   queries x 64 dims broadcasts P^T[j, m] and loads V rows in place.
 // The task body is written once over GCC vector types and compiled for AVX-512 (zmm, 16 accumulators per tile),
 // AVX2 + FMA (ymm, 8) and the baseline ISA (xmm, 8), chosen at run time like the vocabulary loops. Unlike those,
 // the clones may differ in the last bits (FMA contraction): attention outputs are compared with a tolerance, and
 // FMA doubles the arithmetic throughput. On Zen4 both micro-kernels run at ~95% of the FMA peak in place; the
 // softmax (~6%) is most of the rest. float16 and bfloat16 caches are converted to float32 once per block, except
-// bfloat16 on CPUs with AVX512-BF16, which has its own path at twice the float32 rate (below).
+// bfloat16 on CPUs with AVX512-BF16, which has its own path (below: scores at twice the float32 rate).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -93,18 +94,14 @@ __attribute__((always_inline)) inline void scores_tile(const float* qpanels, int
     for (int n = 0; n < NQ; ++n) store(st + r * st_stride + n * W, a[r][n]);
 }
 
-// acc[m, :] = alpha[m] * acc[m, :] + sum_{j < keys} P^T[j, m] * V[j, :] for RT queries and NV * W dims. The
-// rescale of the online softmax is folded into the load of the accumulator tile.
+// acc[m, :] += sum_{j < keys} P^T[j, m] * V[j, :] for RT queries and NV * W dims, key by key.
 template <typename V, int RT, int NV>
 __attribute__((always_inline)) inline void pv_tile(const float* pt, int64_t pt_stride, int64_t keys, const float* v,
-                                                   int64_t v_stride, const float* alpha, float* acc, int64_t dim) {
+                                                   int64_t v_stride, float* acc, int64_t dim) {
   constexpr int W = sizeof(V) / sizeof(float);
   V a[RT][NV];
   for (int r = 0; r < RT; ++r)
-    for (int n = 0; n < NV; ++n) {
-      load(a[r][n], acc + r * dim + n * W);
-      a[r][n] *= alpha[r];
-    }
+    for (int n = 0; n < NV; ++n) load(a[r][n], acc + r * dim + n * W);
   for (int64_t j = 0; j < keys; ++j) {
     V vv[NV];
     for (int n = 0; n < NV; ++n) load(vv[n], v + j * v_stride + n * W);
@@ -117,19 +114,19 @@ __attribute__((always_inline)) inline void pv_tile(const float* pt, int64_t pt_s
     for (int n = 0; n < NV; ++n) store(acc + r * dim + n * W, a[r][n]);
 }
 
-// acc = alpha * acc + P V for queries m < M (a multiple of RT, or padding rows past it) and dims d0..: tiles of
+// acc += P V for queries m < M (a multiple of RT, or padding rows past it) and dims d0..: tiles of
 // NV vectors of dims, then (D not a multiple of the tile) fewer. Queries run innermost, so the V columns of a dim
 // tile stay in L1 while every query tile uses them.
 template <typename V, int RT, int NV>
 __attribute__((always_inline)) inline void pv_block(const float* pt, int64_t pt_stride, int64_t M, int64_t keys,
-                                                    const float* v, int64_t v_stride, const float* alpha, float* acc,
-                                                    int64_t dim, int64_t d0) {
+                                                    const float* v, int64_t v_stride, float* acc, int64_t dim,
+                                                    int64_t d0) {
   constexpr int W = sizeof(V) / sizeof(float);
   for (; d0 + NV * W <= dim; d0 += NV * W)
     for (int64_t m0 = 0; m0 < M; m0 += RT)
-      pv_tile<V, RT, NV>(pt + m0, pt_stride, keys, v + d0, v_stride, alpha + m0, acc + m0 * dim + d0, dim);
+      pv_tile<V, RT, NV>(pt + m0, pt_stride, keys, v + d0, v_stride, acc + m0 * dim + d0, dim);
   if constexpr (NV > 1)
-    if (d0 < dim) pv_block<V, RT, NV - 1>(pt, pt_stride, M, keys, v, v_stride, alpha, acc, dim, d0);
+    if (d0 < dim) pv_block<V, RT, NV - 1>(pt, pt_stride, M, keys, v, v_stride, acc, dim, d0);
 }
 
 // One K or V row (D values) as float32.
@@ -180,7 +177,7 @@ struct AlignedFloats {
 
 struct Work {
   AlignedFloats qt, st, acc, bias, kbuf, vbuf;
-  std::vector<float> mx, sum, alpha;
+  std::vector<float> mx, sum;
 };
 
 // Softmax in two passes over all of a task's keys, not online: first every score and each query's maximum, then
@@ -240,8 +237,6 @@ __attribute__((always_inline)) inline void tree_attention_task(const TreeAttenti
   float* acc = w.acc.get(Mp * D);
   w.mx.assign(Mp, neg_inf());
   w.sum.assign(Mp, 0.0f);
-  w.alpha.assign(Mp, 1.0f);  // pv_tile's rescale factor: always 1 with the two-pass softmax
-  const float* alpha = w.alpha.data();
   // Queries pre-multiplied by the softmax scale, in panels of W: qt[(m / W) * D * W + d * W + m % W]. Padding
   // queries are zeros; their scores are finite and their outputs never written.
   std::fill(qt, qt + Mp * D, 0.0f);
@@ -304,7 +299,7 @@ __attribute__((always_inline)) inline void tree_attention_task(const TreeAttenti
       mask_max_panel<W>(sb + q0, Mp, keys, tree_from, bias_b + q0, mx + q0);
     }
   }
-  // Pass 2: P, sums, and acc += P V (alpha = 1: nothing is rescaled), in tiles of RT queries x NV * W dims.
+  // Pass 2: P, sums, and acc += P V in tiles of RT queries x NV * W dims (nothing is ever rescaled).
   for (int64_t t0 = 0; t0 < total; t0 += kKeyBlock) {
     const int64_t keys = std::min(kKeyBlock, total - t0);
     const float* v = nullptr;
@@ -322,7 +317,7 @@ __attribute__((always_inline)) inline void tree_attention_task(const TreeAttenti
     int64_t q0 = 0;
     for (; q0 + NQ * W <= Mp; q0 += NQ * W) exp_sum_panel<NQ * W>(sb + q0, Mp, keys, mx + q0, sum + q0);
     for (; q0 < Mp; q0 += W) exp_sum_panel<W>(sb + q0, Mp, keys, mx + q0, sum + q0);
-    pv_block<V, RT, Tiles::DimVecs>(sb, Mp, M, keys, v, v_stride, alpha, acc, D, 0);
+    pv_block<V, RT, Tiles::DimVecs>(sb, Mp, M, keys, v, v_stride, acc, D, 0);
   }
   for (int64_t m = 0; m < M; ++m) {
     T* o = p.out + ((b * p.num_heads + kvh * G + m / N) * N + m % N) * D;
@@ -369,10 +364,11 @@ void zero_group_outputs(const TreeAttentionParams<T>& p, int64_t b, int64_t kvh)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 // bfloat16 inputs on CPUs with AVX512-BF16 (vdpbf16ps: 32 bf16 products summed in pairs into 16 float32 lanes):
-// S = Q K^T from the bf16 inputs as they are (products exact, float32 sums, then * scale), and acc += P V with P
-// rounded to bf16 (as flash-attention does on GPUs; the sums of P stay float32). Twice the arithmetic rate of the
-// float32 FMA path. Layouts: Q and K as pairs of bf16 along D (their natural memory order, read as uint32), K
-// transposed to [D / 2][kKeyBlock] pairs, V interleaved to [kKeyBlock / 2][D] pairs of consecutive keys.
+// S = Q K^T from the bf16 inputs as they are (products exact, float32 sums, then * scale): twice the arithmetic
+// rate of the float32 FMA path. acc += P V with P rounded to bf16 (as flash-attention does on GPUs; the sums of P
+// stay float32), one key per bf16 pair (the two-pass softmax's exactness). Layouts: Q and K as pairs of bf16 along
+// D (their natural memory order, read as uint32), K transposed to [D / 2][kKeyBlock] pairs, V as [kKeyBlock][D]
+// (v, 0) pairs.
 #define SPECDEC_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 
 bool has_avx512_bf16() {
