@@ -56,7 +56,7 @@ from specdec_ext import ops
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
-from specdec_ext.models.fast_linear import linear
+from specdec_ext.models.fast_linear import linear, tensor_version
 from specdec_ext.models.kv_cache import write_rows
 
 __all__ = ["EagleDrafter"]
@@ -111,6 +111,7 @@ class EagleDrafter:
                                  f"[0, {V}) with at least top_k = {top_k} of them, got {ids.dtype} of shape "
                                  f"{tuple(ids.shape)}")
             self.draft_vocab = ids.to(torch.int64).sort().values
+        self._vocab_ids = self._lm_sub = self._lm_sub_weight = self._lm_sub_key = None  # built in begin
         self.model = model.eval()
         self.calibrate, self.calibration_rate = bool(calibrate), float(calibration_rate)
         self._log_scale: torch.Tensor | None = None  # [] float32 on the device: log of the score scale
@@ -193,13 +194,16 @@ class EagleDrafter:
                                  f"{'is missing' if lm is None else f'takes {lm.weight.shape[-1]} features'}; the "
                                  f"draft predicts {m.hidden_size}")
             self._lm_head = lm
-        self._vocab_ids = self._lm_sub = None
-        if self.draft_vocab is not None:
-            self._vocab_ids = self.draft_vocab.to(state.device)
-            with torch.no_grad():
-                bias = getattr(self._lm_head, "bias", None)
-                self._lm_sub = (self._lm_head.weight.index_select(0, self._vocab_ids),
-                                None if bias is None else bias.index_select(0, self._vocab_ids))
+        if self.draft_vocab is not None:  # its lm_head rows: copied once per lm_head weight (packed once with them)
+            w = self._lm_head.weight
+            key = (tensor_version(w), w.data_ptr(), state.device)
+            if self._lm_sub_weight is not w or self._lm_sub_key != key:
+                self._vocab_ids = self.draft_vocab.to(state.device)
+                with torch.no_grad():
+                    bias = getattr(self._lm_head, "bias", None)
+                    self._lm_sub = (w.index_select(0, self._vocab_ids),
+                                    None if bias is None else bias.index_select(0, self._vocab_ids))
+                self._lm_sub_weight, self._lm_sub_key = w, key
         B, dev = state.batch_size, state.device
         self._tree_slots = max((self.depth - 1) * self.top_k, self.max_nodes)
         S = state.max_len + self._tree_slots + 2  # the last slot takes padding writes, never read

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["Linear", "fused_linear", "linear", "module_linear", "packed_enabled"]
+__all__ = ["Linear", "fused_linear", "linear", "module_linear", "packed_enabled", "tensor_version"]
 
 _ENABLED = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
 _PACKED = WeakIdKeyDictionary()  # weight -> (version, data_ptr, packed weight)
@@ -41,14 +41,14 @@ def packed_enabled() -> bool:
     return _ENABLED and _MKLDNN and not _BROKEN
 
 
-def _version(t: torch.Tensor) -> int:
+def tensor_version(t: torch.Tensor) -> int:
     """The tensor's version counter; -1 for inference tensors, which have none (in-place updates of a weight made
     under ``torch.inference_mode`` are then not seen: rebuild such a model rather than edit it in place)."""
     return -1 if t.is_inference() else t._version
 
 
 def _packed(weight: torch.Tensor) -> torch.Tensor | None:
-    key = (_version(weight), weight.data_ptr())
+    key = (tensor_version(weight), weight.data_ptr())
     hit = _PACKED.get(weight)
     if hit is not None and hit[:2] == key:
         return hit[2]
@@ -95,7 +95,7 @@ def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> torch.Tensor:
     if not _fast(x, first.weight, first.bias):
         return torch.cat([layer(x) for layer in layers], -1)
     params = [t for layer in layers for t in (layer.weight, layer.bias)]
-    key = tuple((_version(t), t.data_ptr()) if t is not None else None for t in params)
+    key = tuple((tensor_version(t), t.data_ptr()) if t is not None else None for t in params)
     hit = _FUSED.get(first.weight)
     if hit is None or hit[0] != key:
         with torch.no_grad():
