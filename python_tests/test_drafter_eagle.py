@@ -568,7 +568,7 @@ def test_calibration_follows_the_best_childs_acceptance():
     d, state = fresh()
     assert d.score_scale == 1.0
     tree = d.propose(state, 10)
-    predicted = d._predicted.clone()
+    predicted = d.calibration.predicted.clone()
     assert predicted.shape == (3,) and bool(((predicted > 0) & (predicted < 1)).all())
     d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3, [True] * 3))
     want = math.exp(0.2 * float((1 - predicted).mean()))
@@ -583,14 +583,14 @@ def test_calibration_follows_the_best_childs_acceptance():
         d.observe(state, tree, _step_result(3, tree.num_nodes, [False] * 3, [True] * 3))
         scales.append(d.score_scale)
     assert all(b < a for a, b in zip(scales, scales[1:])) and scales[-1] < 4.0
-    d._log_scale = torch.tensor(-10.0)
+    d.calibration.log_scale = torch.tensor(-10.0)
     tree = d.propose(state, 10)
     d.observe(state, tree, _step_result(3, tree.num_nodes, [False] * 3, [True] * 3))
     assert d.score_scale == pytest.approx(1 / 16)  # clamped
     # frozen rows (accept_len -1) do not count; a step without a tree (depth 0) changes nothing
     d, state = fresh(calibration_rate=0.5)
     tree = d.propose(state, 10)
-    p = d._predicted.clone()
+    p = d.calibration.predicted.clone()
     d.observe(state, tree, _step_result(3, tree.num_nodes, [True, False, False], [True, False, False]))
     assert d.score_scale == pytest.approx(math.exp(0.5 * (1 - float(p[0]))), rel=1e-5)
     before = d.score_scale
@@ -602,7 +602,7 @@ def test_calibration_follows_the_best_childs_acceptance():
     chain = EagleDrafter(d.model, depth=3, top_k=1, total_tokens=3, target=tgt)
     chain.begin(tgt, state, (pre,))
     raw = chain.propose(state, 10).tokens.clone()
-    chain._log_scale = torch.tensor(math.log(8.0))
+    chain.calibration.log_scale = torch.tensor(math.log(8.0))
     assert torch.equal(chain.propose(state, 10).tokens, raw)
     # off: raw EAGLE-2 scores
     d, state = fresh(calibrate=False)

@@ -155,3 +155,47 @@ def test_eagle_bfloat16_matches_float32(version):
         lw = m32.logits(want.float()).double()
         lg = m16.logits(got).double()
     torch.testing.assert_close(lg, lw, atol=0.05 * lw.abs().max().item(), rtol=0.05)
+
+
+class _Custom(torch.nn.Linear):  # a subclass with its own forward: pack_linears leaves it alone
+    def forward(self, x):
+        return super().forward(x) + 1.0
+
+
+@needs_packed
+@torch.no_grad()
+def test_pack_linears_of_a_foreign_model_is_gated_by_the_block():
+    import pickle
+
+    from specdec_ext.models.fast_linear import PackableLinear, pack_linears, packed_linears, unpack_linears
+
+    g = torch.Generator().manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 32, bias=False),
+                                _Custom(32, 8)).bfloat16()
+    keys = list(model.state_dict())
+    x = torch.randn(3, 64, generator=g).bfloat16()
+    want = model(x)
+    assert pack_linears(model) == 2 and pack_linears(model) == 2  # idempotent
+    assert [type(m) for m in model] == [PackableLinear, torch.nn.ReLU, PackableLinear, _Custom]
+    assert all(isinstance(m, torch.nn.Linear) for m in model[::2]) and list(model.state_dict()) == keys
+    assert torch.equal(model(x), want)  # outside the block: nn.Linear exactly, nothing packed
+    assert model[0].weight not in fast_linear._PACKED
+    with packed_linears():
+        inside = model(x)
+    assert model[0].weight in fast_linear._PACKED and model[2].weight in fast_linear._PACKED
+    h = F.relu(linear(x, model[0].weight, model[0].bias))
+    assert torch.equal(inside, model[3](linear(h, model[2].weight)))  # the packed path, layer by layer (linear's
+    # own accuracy against float64: test_packed_matches_float64)
+    with packed_linears(enabled=False):
+        assert torch.equal(model(x), want)
+    clone = pickle.loads(pickle.dumps(model))  # a packed model still pickles and copies as a model
+    assert type(clone[0]) is PackableLinear and torch.equal(copy.deepcopy(model)(x), want)
+    with torch.enable_grad():  # training through a packed layer is aten's (gradients flow)
+        layer = torch.nn.Linear(64, 96)
+        pack_linears(torch.nn.Sequential(layer))
+        with packed_linears():
+            layer(x.float()).sum().backward()
+        assert layer.weight.grad is not None
+    unpack_linears(model)
+    assert [type(m) for m in model] == [torch.nn.Linear, torch.nn.ReLU, torch.nn.Linear, _Custom]
+    assert model[0].weight not in fast_linear._PACKED and torch.equal(model(x), want)

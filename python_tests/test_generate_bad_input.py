@@ -125,6 +125,14 @@ def test_cli_generate_ngram_and_draft_model(model_dir, capsys):
                      "--max-new-tokens", "12", "--eos-id", "0", "--no-stream", "--confidence-threshold", "0.5"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert [int(t) for t in out[0].split()] == want[10:].tolist()  # greedy: plain decoding's tokens
+    assert cli.main(["generate", "--model", model_dir, "--draft-model", model_dir, "--prompt-ids", ids,
+                     "--max-new-tokens", "12", "--eos-id", "0", "--no-stream", "--tree-width", "2",
+                     "--tree-total-tokens", "5"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert [int(t) for t in out[0].split()] == want[10:].tolist()  # the dynamic tree, greedy: plain's tokens
+    with pytest.raises(SystemExit, match="total_tokens makes a dynamic tree"):
+        cli.main(["generate", "--model", model_dir, "--draft-model", model_dir, "--prompt-ids", ids,
+                  "--tree-total-tokens", "5"])
     with pytest.raises(SystemExit, match="confidence_threshold must be a number in"):
         cli.main(["generate", "--model", model_dir, "--draft-model", model_dir, "--prompt-ids", ids,
                   "--confidence-threshold", "1.5"])

@@ -20,6 +20,7 @@ from helpers import record_valid_at_propose  # noqa: E402
 from hf_reference import CountForwards, hf_greedy  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
+from specdec_ext import ops  # noqa: E402
 from specdec_ext.drafters import DraftModelDrafter, NgramDrafter, ngram_lookup  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 
@@ -52,6 +53,8 @@ def make_drafter(kind: str, model, k: int = 4):
         return NgramDrafter(num_pred_tokens=k, max_ngram_size=3)
     if kind == "tree":  # top-2 tree: 1 + 2 * k nodes
         return DraftModelDrafter(perturbed_copy(model, scale=3e-3), num_draft_tokens=k, tree_width=2)
+    if kind == "dynamic":  # EAGLE-2 tree of the draft model's own probabilities: depth k, 6 drafts
+        return DraftModelDrafter(perturbed_copy(model, scale=3e-3), num_draft_tokens=k, tree_width=2, total_tokens=6)
     return DraftModelDrafter(perturbed_copy(model), num_draft_tokens=k)
 
 
@@ -80,7 +83,7 @@ def run_and_check(model, drafter, prompt, max_new_tokens, eos=None):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
-@pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "tree"])
+@pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "tree", "dynamic"])
 def test_greedy_equals_hf_generate(family, kind):
     model = target(family)
     accepted_lengths = []
@@ -96,7 +99,7 @@ def test_greedy_equals_hf_generate(family, kind):
         assert max(accepted_lengths) > 1.2, accepted_lengths  # drafts were accepted
 
 
-@pytest.mark.parametrize("kind", ["ngram", "draft", "tree"])
+@pytest.mark.parametrize("kind", ["ngram", "draft", "tree", "dynamic"])
 def test_eos_and_budget_inside_an_accepted_run(kind):
     """EOS at every position of the first accepted runs, and budgets ending anywhere: output is HF's."""
     model = target("llama")
@@ -182,7 +185,7 @@ def test_confidence_threshold_bad_arguments_name_it():
         DraftModelDrafter(model, tree_width=2, confidence_threshold=0.5)
 
 
-@pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "tree"])
+@pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "tree", "dynamic"])
 def test_batch_of_prompts_of_different_lengths(kind):
     """Rows finish at different steps (EOS, budget inside an accepted run): each row equals its own HF run."""
     model = target("llama")
@@ -251,6 +254,47 @@ def test_top_k_tree_accepts_other_branches():
     assert got == hf_greedy(model, prompt, 40)
     assert drafter.max_nodes == 13 and stats.mean_accepted_length > 2
     assert {2, 3} & set(first_nodes), first_nodes  # a second or third branch was the accepted one
+
+
+def test_dynamic_tree_of_the_draft_model():
+    """The draft model's EAGLE-2 tree: one catch-up forward and one forward per further level each step, other
+    branches than the draft's argmax accepted, the calibrated scale learned, and the output plain greedy's."""
+    model = target("llama")
+    prompt = prompt_of(11, 2)
+    drafter = DraftModelDrafter(perturbed_copy(model, scale=3e-3), num_draft_tokens=4, tree_width=3,
+                                total_tokens=9)
+    assert drafter.max_nodes == 10
+    trees, firsts = [], []
+    propose, observe = drafter.propose, drafter.observe
+
+    def spy_propose(state, max_depth):
+        before = drafter.forwards
+        tree = propose(state, max_depth)
+        depth = int(ops.build_tree(tree.parents, torch.zeros(1, dtype=torch.int64)).depth.max())
+        trees.append((tree.num_nodes, depth, drafter.forwards - before, min(4, max_depth)))
+        return tree
+
+    def spy_observe(state, tree, result):
+        if tree.num_nodes > 1 and int(result.accept_len[0]) > 0:
+            firsts.append(int(result.accepted[0, 1]))  # the accepted depth-1 node
+        observe(state, tree, result)
+
+    drafter.propose, drafter.observe = spy_propose, spy_observe
+    got, stats = run_and_check(model, drafter, prompt, 40)
+    assert got == hf_greedy(model, prompt, 40)
+    assert stats.mean_accepted_length > 2
+    for nodes, depth, forwards, levels in trees:
+        if nodes > 1:  # the catch-up + one forward per level below the first; the best 9 may not reach the last
+            assert nodes <= 10 and depth <= levels and forwards == levels
+    assert max(t[1] for t in trees) >= 2 and max(t[0] for t in trees) == 10  # (flat random models: shallow trees)
+    assert 1 in firsts and set(firsts) - {1}, firsts  # the draft's best child, and others, were accepted
+    assert drafter.score_scale != 1.0  # calibrated during the generation
+    with pytest.raises(ValueError, match="total_tokens makes a dynamic tree, which needs tree_width >= 2"):
+        DraftModelDrafter(model, tree_width=1, total_tokens=4)
+    with pytest.raises(ValueError, match="total_tokens must be an integer >= 1"):
+        DraftModelDrafter(model, tree_width=2, total_tokens=0)
+    with pytest.raises(ValueError, match="calibration_rate must be a number in \\(0, 1\\]"):
+        DraftModelDrafter(model, tree_width=2, total_tokens=4, calibration_rate=2.0)
 
 
 def test_ngram_index_equals_the_scan():

@@ -97,6 +97,7 @@ def test_speculative_sampling_matches_the_target_distribution(T, top_k, top_p):
     prompts = torch.tensor(PROMPT).expand(ROWS, -1).contiguous()
     for seed, drafter in ((1234, None), (4321, DraftModelDrafter(draft, num_draft_tokens=3)),
                           (5678, DraftModelDrafter(draft, num_draft_tokens=3, tree_width=2)),
+                          (6789, DraftModelDrafter(draft, num_draft_tokens=3, tree_width=2, total_tokens=4)),
                           (8765, NgramDrafter(num_pred_tokens=2, max_ngram_size=2)),
                           (2468, stopping_at_random(DraftModelDrafter(draft, num_draft_tokens=3,
                                                                       confidence_threshold=0.5)))):

@@ -65,6 +65,7 @@ def generate_cmd(args: argparse.Namespace) -> int:
         if args.draft_model:
             drafter = DraftModelDrafter(load_model(args.draft_model, dtype=dtype, device=args.device),
                                         num_draft_tokens=args.num_draft_tokens, tree_width=args.tree_width,
+                                        total_tokens=args.tree_total_tokens,
                                         confidence_threshold=args.confidence_threshold)
         elif args.ngram:
             drafter = NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
@@ -133,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length")
     p_gen.add_argument("--tree-width", type=int, default=1,
                        help="--draft-model: top-k tree with this many branches at the root (1 = chain)")
+    p_gen.add_argument("--tree-total-tokens", type=int, default=None,
+                       help="--draft-model with --tree-width > 1: an EAGLE-2 dynamic tree of this many drafts (depth "
+                            "--num-draft-tokens, --tree-width children per frontier node)")
     p_gen.add_argument("--confidence-threshold", type=float, default=0.0,
                        help="--draft-model chains: stop drafting after a draft below this probability (0 = off)")
     p_gen.add_argument("--max-ngram", type=int, default=3, help="longest n-gram matched by --ngram")

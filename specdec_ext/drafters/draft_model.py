@@ -21,6 +21,13 @@ earlier forward; recomputing the small tree is the simple correct choice). After
 drafts are deterministic (``draft_probs = None``), which lossless verification accepts as they are, so the tree
 also serves sampling (with the acceptance of deterministic drafts; i.i.d. sampled siblings are not implemented).
 
+Dynamic tree (``total_tokens = M`` with ``tree_width = w > 1``): EAGLE-2's tree
+(:func:`specdec_ext.drafters.dynamic_tree.grow_dynamic_tree`) from the draft model's own probabilities: depth k, the
+top-w children of the w best frontier nodes scored at each level (one forward of w tokens per level, through
+:func:`~specdec_ext.models.masked_forward`), and the M best candidates by cumulative probability verified, under
+calibrated scores (``calibrate``; :class:`~specdec_ext.drafters.dynamic_tree.ScoreCalibration`). The tree's K/V are
+scratch: the next step's catch-up feeds the accepted tokens. Deterministic drafts, as above.
+
 Forwards go through :func:`~specdec_ext.models.tree_forward` with ``validate=False`` and per-row prefix lengths
 kept on the host (the loop reads its results once per step), so the drafter adds no device synchronisation.
 """
@@ -31,7 +38,9 @@ import torch
 
 from specdec_ext import ops
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
-from specdec_ext.models import TreeKVCache, tree_forward, use_tree_attention
+from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
+from specdec_ext.models import TreeKVCache, masked_forward, tree_forward, use_tree_attention
+from specdec_ext.models.fast_linear import pack_linears, packed_linears
 from specdec_ext.models.tree_forward import EXTEND_KERNEL_MAX_TOKENS
 
 
@@ -47,7 +56,9 @@ def _param(model: torch.nn.Module) -> torch.Tensor:
 class DraftModelDrafter:
     """Chain drafts of ``num_draft_tokens`` tokens from ``model`` (see the module doc).
 
-    ``tree_width``: 1 = a chain; w > 1 = the top-k tree of the module doc (``1 + w * k`` nodes).
+    ``tree_width``: 1 = a chain; w > 1 = the top-k tree of the module doc (``1 + w * k`` nodes), or with
+    ``total_tokens`` the dynamic tree (depth ``num_draft_tokens``, ``total_tokens`` drafts; ``calibrate`` /
+    ``calibration_rate`` as for :class:`~specdec_ext.drafters.EagleDrafter`, :attr:`score_scale` the current scale).
     ``tree_attention``: switch the draft model to the ``specdec_tree`` attention implementation when it supports
     transformers' attention interface (ordinary forwards are unchanged).
     ``confidence_threshold`` (chains; 0 = off): stop drafting once every row's newest draft had a probability below
@@ -56,27 +67,38 @@ class DraftModelDrafter:
     chains then cost little where the draft is unsure (Hugging Face's ``assistant_confidence_threshold``). Stopping
     depends on the draft alone, so verification stays lossless. Each check reads one value back: a device
     synchronisation per draft token on a GPU.
+    ``packed_linears``: the draft model's ``nn.Linear`` layers draft with their weights packed once for oneDNN
+    (:func:`specdec_ext.models.fast_linear.pack_linears`; bfloat16 on CPU, elsewhere unchanged); other callers of
+    the model are unaffected.
     """
 
     hidden_state_layers: tuple[int, ...] = ()
 
     def __init__(self, model: torch.nn.Module, num_draft_tokens: int = 4, tree_width: int = 1,
-                 tree_attention: bool = True, confidence_threshold: float = 0.0):
-        if num_draft_tokens < 1 or tree_width < 1:
-            raise ValueError(f"DraftModelDrafter: num_draft_tokens and tree_width must be >= 1, got "
-                             f"{num_draft_tokens}, {tree_width}")
+                 tree_attention: bool = True, confidence_threshold: float = 0.0, total_tokens: int | None = None,
+                 calibrate: bool = True, calibration_rate: float = 0.2, packed_linears: bool = True):
+        check_tree_shape("DraftModelDrafter", num_draft_tokens, tree_width, 1 if total_tokens is None else total_tokens)
+        if total_tokens is not None and tree_width < 2:
+            raise ValueError(f"DraftModelDrafter: total_tokens makes a dynamic tree, which needs tree_width >= 2 "
+                             f"(got {tree_width}; a chain drafts num_draft_tokens tokens)")
         if (isinstance(confidence_threshold, bool) or not isinstance(confidence_threshold, (int, float))
                 or not 0.0 <= confidence_threshold < 1.0):
             raise ValueError(f"DraftModelDrafter: confidence_threshold must be a number in [0, 1) (0 = off), got "
                              f"{confidence_threshold!r}")
+        self.dynamic = total_tokens is not None
+        self.total_tokens = total_tokens
+        self.calibrate = bool(calibrate)
+        self.calibration = ScoreCalibration(calibration_rate, "DraftModelDrafter")
         if confidence_threshold and tree_width > 1:
             raise ValueError("DraftModelDrafter: confidence_threshold applies to chains (tree_width = 1)")
         self.confidence_threshold = float(confidence_threshold)
         self.model = model.eval()
         self.k = num_draft_tokens
         self.width = tree_width
-        self.max_nodes = 1 + tree_width * num_draft_tokens
+        self.max_nodes = (max_tree_nodes(num_draft_tokens, tree_width, total_tokens) if self.dynamic
+                          else 1 + tree_width * num_draft_tokens)
         self.tree_attention = tree_attention
+        self.packed_linears = bool(packed_linears)
         self.cache: TreeKVCache | None = None
         self.forwards = 0  # draft model forwards in the current generation
 
@@ -98,7 +120,10 @@ class DraftModelDrafter:
                              "put both on one device")
         if self.tree_attention:
             use_tree_attention(self.model)
-        self.cache = TreeKVCache(self.model.config, state.batch_size, state.max_len + self.k + 1, dtype=p.dtype,
+        if self.packed_linears:
+            pack_linears(self.model)
+        room = (self.k - 1) * self.width if self.dynamic else self.k  # positions written after the context
+        self.cache = TreeKVCache(self.model.config, state.batch_size, state.max_len + room + 1, dtype=p.dtype,
                                  device=state.device)
         self.valid = [0] * state.batch_size  # per row: context tokens the draft cache holds correctly
         self.fed = 0  # drafts fed in the last propose (their K/V sit after the context)
@@ -108,8 +133,9 @@ class DraftModelDrafter:
         lengths = [n - 1 for n in state.prompt_lens]
         T = max(lengths)
         if T > 0 and not defer_prefill:
-            self._forward(state.tokens[:, :T], torch.zeros(state.batch_size, dtype=torch.int64, device=state.device),
-                          to_device(lengths, state.device))
+            with packed_linears(self.packed_linears):
+                self._forward(state.tokens[:, :T], torch.zeros(state.batch_size, dtype=torch.int64,
+                                                               device=state.device), to_device(lengths, state.device))
             self.valid = lengths
 
     def _forward(self, tokens: torch.Tensor, prefix: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
@@ -130,6 +156,10 @@ class DraftModelDrafter:
                                  validate=False)
 
     def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+        with packed_linears(self.packed_linears):
+            return self._propose(state, max_depth)
+
+    def _propose(self, state: DecodeState, max_depth: int) -> DraftTree:
         B, dev = state.batch_size, state.device
         root = state.last_tokens
         k = min(self.k, max_depth)
@@ -144,6 +174,8 @@ class DraftModelDrafter:
         idx = (valid[:, None] + torch.arange(T, device=dev)).clamp(max=state.max_len - 1)
         logits = self._forward(state.tokens.gather(1, idx), valid, num)
         last = logits.gather(1, (num - 1)[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0]
+        if self.dynamic:
+            return self._propose_dynamic(state, root, last, k)
         if self.width > 1:
             return self._propose_tree(state, root, last, k)
         drafts, probs = [], []
@@ -190,7 +222,33 @@ class DraftModelDrafter:
         par = to_device(parents, dev).expand(B, -1).contiguous()
         return DraftTree(torch.cat(tokens, 1), par, None)
 
+    def _propose_dynamic(self, state: DecodeState, root: torch.Tensor, last: torch.Tensor, k: int) -> DraftTree:
+        B, w = state.batch_size, self.width
+        valid = state.lengths  # the catch-up left every context token in the cache; tree slots follow
+        root_pos = valid - 1
+
+        def level(d, tok, parent, mask, slots):
+            self.forwards += 1
+            return masked_forward(self.model, self.cache, tok, (root_pos + d)[:, None].expand(B, w), slots[:, 0],
+                                  mask)
+
+        tree = grow_dynamic_tree(root, last, level, depth=k, top_k=w, total_tokens=self.total_tokens, valid=valid,
+                                 kv_len=max(len(t) for t in state.host_tokens) + (k - 1) * w,
+                                 calibration=self.calibration if self.calibrate else None)
+        self.cache.rewind(valid)
+        return tree
+
+    @property
+    def score_scale(self) -> float:
+        """The dynamic tree's calibrated score scale (1.0 before any calibration; reading it synchronises)."""
+        return self.calibration.scale
+
+    def reset_calibration(self) -> None:
+        """Forgets the calibrated scale (back to 1.0)."""
+        self.calibration.reset()
+
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
+        self.calibration.update(result)
         if self.width > 1 and getattr(self, "tree_fed", False):
             # The last tree forward left the nodes' K/V at prefix + node index: keep the accepted path's fed nodes.
             prefix = to_device([len(ctx) - n - 1 for ctx, n in zip(state.host_tokens, result.appended)],

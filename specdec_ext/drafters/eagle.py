@@ -14,31 +14,18 @@ before the root with the root token), which also gives the root's predicted feat
 after the valid prefix and discarded at the next step (rolling back is setting ``valid``): the next catch-up
 recomputes the accepted positions from the target's real features.
 
-Dynamic tree (EAGLE-2, E ``topK_genrate``). From the root's logits, the top ``top_k`` tokens are the depth-1
-candidates (scores = log-probabilities). Each further depth runs the draft once on the ``top_k`` frontier nodes
-(attending to the valid prefix and their own ancestors in the tree, explicit mask), and
-:func:`specdec_ext.ops.expand_tree_step` scores the ``top_k`` children of every frontier node (cumulative
-log-probability) and keeps the best ``top_k`` as the next frontier. At the end the ``total_tokens`` best candidates
-by cumulative score (ties: shallower / earlier first, so a node's parent always ranks before it) form the tree, in
-candidate order (parents first). ``depth`` levels at most (fewer when the loop's budget is shorter). The drafts are
-deterministic (``draft_probs = None``), lossless under greedy and sampling verification. ``top_k = 1`` gives a
-chain of ``depth`` tokens. ``propose`` does no host synchronisation.
+Dynamic tree (EAGLE-2): :func:`specdec_ext.drafters.dynamic_tree.grow_dynamic_tree`, each level one draft
+forward on the ``top_k`` frontier nodes (their features: the predicted features of their parents) at the tree
+slots after the valid prefix; ``depth`` levels at most (fewer when the loop's budget is shorter). ``top_k = 1``
+gives a chain of ``depth`` tokens. ``propose`` does no host synchronisation.
 
-Calibrated scores (``calibrate=True``, the default). EAGLE-2 ranks nodes by the draft's cumulative probability as an
-estimate of the chance the target accepts them. A draft trained to match the target's *distribution* is
-under-confident about acceptance when verification is greedy (the target's argmax is accepted, not a sample) or when
-the target's distribution is flat; on the model family in bfloat16 the tree then spent its nodes on second-best
-siblings and reached mean accepted length 3.2 where sharper scores reach 3.6-4.7 with the same trees. So the scores
-are log-softmax of ``scale * logits``, and ``observe`` moves ``log(scale)`` by ``calibration_rate * (accepted -
-predicted)`` each step, where *predicted* is the calibrated probability of the root's best child and *accepted*
-whether the target accepted it (mean over the batch's rows): the scale settles where that prediction matches the
-observed rate, whatever the model, the text or the sampling temperature. It only decides which candidates fill the
-tree, never which tokens are candidates, so verification stays lossless. The scale lives on the device (no
-synchronisation), is kept across generations (keep one drafter across requests, as with
-:class:`~specdec_ext.adaptive.AdaptiveDrafter`), and stays within ``[1/16, 16]``; ``calibrate=False`` keeps
-EAGLE-2's raw scores (scale 1); chains (``top_k = 1``) have nothing to rank and skip it. Sampled outputs are exact
-whatever the scale, but which uniforms a step consumes depends on the tree, so the same seed repeats the same tokens
-only from the same calibration state (:meth:`reset_calibration`).
+Calibrated scores (``calibrate=True``, the default): :class:`~specdec_ext.drafters.dynamic_tree.ScoreCalibration`
+(the scale on the draft logits that ranks candidates, learned online from whether the root's best child is
+accepted). The scale is kept across generations (keep one drafter across requests, as with
+:class:`~specdec_ext.adaptive.AdaptiveDrafter`); ``calibrate=False`` keeps EAGLE-2's raw scores (scale 1); chains
+(``top_k = 1``) have nothing to rank and skip it. Sampled outputs are exact whatever the scale, but which uniforms a
+step consumes depends on the tree, so the same seed repeats the same tokens only from the same calibration state
+(:meth:`reset_calibration`).
 
 Static tree (EAGLE-1's original mode, ``choices=``): a Medusa-style choices list (e.g.
 :data:`~specdec_ext.drafters.trees.MC_SIM_7B_63`, EAGLE-1's ``mc_sim_7b_63``); node ``(i, j)`` is the j-th best
@@ -47,21 +34,18 @@ child of the i-th best child of the root, each level drafted by one forward over
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from specdec_ext import ops
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
+from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
 from specdec_ext.models.fast_linear import linear, tensor_version
 from specdec_ext.models.kv_cache import write_rows
 
 __all__ = ["EagleDrafter"]
-
-_MIN_LOG_SCALE, _MAX_LOG_SCALE = -math.log(16.0), math.log(16.0)
 
 
 def _text_config(config):
@@ -90,14 +74,10 @@ class EagleDrafter:
         if not isinstance(model, (Eagle1Model, Eagle3Model)):
             raise TypeError(f"EagleDrafter: model must be an Eagle1Model or Eagle3Model, got {type(model).__name__} "
                             "(load published drafts with specdec_ext.models.checkpoints.load_eagle)")
-        for name, val in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"EagleDrafter: {name} must be an integer >= 1, got {val!r}")
+        check_tree_shape("EagleDrafter", depth, top_k, total_tokens)
         if top_k > model.draft_vocab_size:
             raise ValueError(f"EagleDrafter: top_k = {top_k} exceeds the draft vocabulary ({model.draft_vocab_size})")
-        if (isinstance(calibration_rate, bool) or not isinstance(calibration_rate, (int, float))
-                or not 0.0 < calibration_rate <= 1.0):
-            raise ValueError(f"EagleDrafter: calibration_rate must be a number in (0, 1], got {calibration_rate!r}")
+        self.calibration = ScoreCalibration(calibration_rate, "EagleDrafter")
         self.draft_vocab = None
         if draft_vocab is not None:
             ids = torch.as_tensor(draft_vocab)
@@ -113,11 +93,9 @@ class EagleDrafter:
             self.draft_vocab = ids.to(torch.int64).sort().values
         self._vocab_ids = self._lm_sub = self._lm_sub_weight = self._lm_sub_key = None  # built in begin
         self.model = model.eval()
-        self.calibrate, self.calibration_rate = bool(calibrate), float(calibration_rate)
-        self._log_scale: torch.Tensor | None = None  # [] float32 on the device: log of the score scale
-        self._predicted: torch.Tensor | None = None  # [B]: calibrated probability of the root's best child
+        self.calibrate = bool(calibrate)
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
-        self.max_nodes = 1 + min(total_tokens, top_k + (depth - 1) * top_k * top_k)
+        self.max_nodes = max_tree_nodes(depth, top_k, total_tokens)
         self.static: StaticTree | None = None
         if choices is not None:
             tree = choices if isinstance(choices, StaticTree) else static_tree(choices)
@@ -225,30 +203,11 @@ class EagleDrafter:
     def score_scale(self) -> float:
         """The factor on the draft logits that ranks tree candidates (1.0 before any calibration; reading it
         synchronises with the device)."""
-        return 1.0 if self._log_scale is None else float(self._log_scale.exp())
+        return self.calibration.scale
 
     def reset_calibration(self) -> None:
         """Forgets the calibrated scale (back to 1.0)."""
-        self._log_scale = None
-        self._predicted = None
-
-    def _scale(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self.calibrate or self.top_k == 1:  # a chain: nothing to rank
-            return logits
-        if self._log_scale is None or self._log_scale.device != logits.device:
-            self._log_scale = torch.zeros((), dtype=torch.float32, device=logits.device)
-        return logits.float() * self._log_scale.exp()
-
-    def _calibrate(self, result: StepResult) -> None:
-        """One step of the score calibration (module doc) from whether node 1, the root's best child, was
-        accepted."""
-        predicted, self._predicted = self._predicted, None
-        if predicted is None or result.accepted.shape[1] < 2:
-            return
-        live = (result.accept_len >= 0).float()
-        accepted = (result.accepted[:, 1] == 1).float()
-        gap = ((accepted - predicted) * live).sum() / live.sum().clamp(min=1.0)
-        self._log_scale = (self._log_scale + self.calibration_rate * gap).clamp(_MIN_LOG_SCALE, _MAX_LOG_SCALE)
+        self.calibration.reset()
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits ``[..., Vd]``: over the draft vocabulary (EAGLE-3), ``draft_vocab`` or the whole target
@@ -308,67 +267,22 @@ class EagleDrafter:
         valid = to_device(self.valid, dev)
         if self.static is not None:
             return self._propose_static(state, self._static_for(depth), root, root_h, root_pos, valid)
-        logits = self._scale(self._logits(root_h)[:, None])  # [B, 1, Vd]
-        zero = torch.zeros(B, 1, dtype=torch.float32, device=dev)
-        ct, cs, _ = ops.expand_tree_step(logits, zero, k, k, validate=False)
-        if self.calibrate and self.top_k > 1:
-            self._predicted = cs[:, 0, 0].exp()  # the best child (node 1 of the tree: it always ranks first)
-        # all candidates so far (flat), their scores and parent candidate (-1 = the root)
-        cand_tok = [self._target_ids(ct.reshape(B, k))]
-        cand_score = [cs.reshape(B, k)]
-        cand_parent = [torch.full((B, k), -1, dtype=torch.int64, device=dev)]
-        front_cand = torch.arange(k, device=dev).expand(B, k)  # frontier = all depth-1 candidates
-        front_tok, front_score = cand_tok[0], cand_score[0]
-        front_h = root_h[:, None].expand(B, k, root_h.shape[-1])
-        slots_n = (depth - 1) * k
-        front_anc = torch.zeros(B, k, max(slots_n, 1), dtype=torch.bool, device=dev)
-        ar = torch.arange(k, device=dev)
-        if slots_n:
-            front_anc[:, ar, ar] = True
-        base = k
-        if depth > 1:
-            kv_len = max(self.valid) + slots_n
-            s_idx = torch.arange(kv_len, device=dev)
-            rel = s_idx[None, :] - valid[:, None]  # [B, kv_len]: tree slot index (or < 0: prefix)
-            in_tree = (rel >= 0) & (rel < slots_n)
-            rel_c = rel.clamp(0, slots_n - 1)
-        for d in range(1, depth):
-            slots = valid[:, None] + (d - 1) * k + ar  # this level's K/V slots
-            anc = front_anc.gather(2, rel_c[:, None, :].expand(B, k, kv_len)) & in_tree[:, None, :]
-            mask = (rel < 0)[:, None, :] | anc  # prefix or an ancestor (self included)
+        calibration = self.calibration if self.calibrate and k > 1 else None  # a chain has nothing to rank
+        kv_len = max(self.valid) + (depth - 1) * k
+        last_h = [root_h[:, None].expand(B, k, root_h.shape[-1])]  # the frontier's parents' predicted features
+
+        def level(d, tok, parent, mask, slots):
+            front_h = last_h[0] if d == 1 else last_h[0].gather(1, parent[:, :, None].expand(B, k, H))
             pos = (root_pos + d)[:, None].expand(B, k)
-            h = m(front_h, self._embed_ids(front_tok), pos, from_target=False, mask=mask, cache=self.cache,
-                  write_slots=slots, kv_len=kv_len)
+            last_h[0] = m(front_h, self._embed_ids(tok), pos, from_target=False, mask=mask, cache=self.cache,
+                          write_slots=slots, kv_len=kv_len)
             self.forwards += 1
-            lg = self._scale(self._logits(h))  # [B, k, Vd]
-            ct, cs, sel = ops.expand_tree_step(lg, front_score, k, k, validate=False)
-            cand_tok.append(self._target_ids(ct.reshape(B, k * k)))
-            cand_score.append(cs.reshape(B, k * k))
-            cand_parent.append(front_cand.repeat_interleave(k, 1))
-            if d == depth - 1:
-                break
-            p = sel // k  # parent frontier slot of each new frontier node
-            front_cand = base + sel
-            front_tok = cand_tok[-1].gather(1, sel)
-            front_score = cand_score[-1].gather(1, sel)
-            front_h = h.gather(1, p[:, :, None].expand(B, k, h.shape[-1]))
-            front_anc = front_anc.gather(1, p[:, :, None].expand(B, k, front_anc.shape[-1])).clone()
-            front_anc[:, ar, d * k + ar] = True
-            base += k * k
-        tok = torch.cat(cand_tok, 1)
-        score = torch.cat(cand_score, 1)
-        parent = torch.cat(cand_parent, 1)
-        C = tok.shape[1]
-        M = min(self.total_tokens, C)
-        order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :M]
-        chosen = order.sort(dim=1).values  # candidate order: parents before children
-        node_of = torch.full((B, C), -1, dtype=torch.int64, device=dev)
-        node_of.scatter_(1, chosen, torch.arange(1, M + 1, device=dev).expand(B, M))
-        par_c = parent.gather(1, chosen)
-        par_node = torch.where(par_c < 0, 0, node_of.gather(1, par_c.clamp(min=0)))
-        tokens = torch.cat([root[:, None], tok.gather(1, chosen)], 1)
-        parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64, device=dev), par_node], 1)
-        return DraftTree(tokens, parents, None)
+            return self._logits(last_h[0])
+
+        H = root_h.shape[-1]
+        return grow_dynamic_tree(root, self._logits(root_h), level, depth=depth, top_k=k,
+                                 total_tokens=self.total_tokens, valid=valid, kv_len=kv_len,
+                                 target_ids=self._target_ids, calibration=calibration)
 
     def _static_for(self, depth: int) -> StaticTree:
         tree = self._static_trees.get(depth)
@@ -418,7 +332,7 @@ class EagleDrafter:
         if result.hidden_states is None:
             raise ValueError("EagleDrafter.observe: the step's hidden states are missing (the loop must run the "
                              f"target with output_hidden_states for hidden_state_layers = {self.hidden_state_layers})")
-        self._calibrate(result)
+        self.calibration.update(result)
         hs = self._features(result.hidden_states)  # [B, N, Hf]
         B, N, Hf = hs.shape
         g = hs.gather(1, result.accepted.clamp(min=0)[:, :, None].expand(B, N, Hf))

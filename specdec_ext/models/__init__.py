@@ -11,7 +11,7 @@
 from specdec_ext.models.attention import (TREE_ATTENTION, is_tree_attention, register, tree_attention_forward,
                                           tree_metadata, use_tree_attention, uses_attention_interface)
 from specdec_ext.models.kv_cache import TreeKVCache, TreeKVLayer
-from specdec_ext.models.tree_forward import extend, tree_attention_mask, tree_forward
+from specdec_ext.models.tree_forward import extend, masked_forward, tree_attention_mask, tree_forward
 
 register()
 
@@ -21,6 +21,7 @@ __all__ = [
     "TreeKVLayer",
     "extend",
     "is_tree_attention",
+    "masked_forward",
     "register",
     "tree_attention_forward",
     "tree_attention_mask",

@@ -157,6 +157,29 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     return out if return_outputs else out.logits
 
 
+@torch.no_grad()
+def masked_forward(model, cache: TreeKVCache, tokens: torch.Tensor, position_ids: torch.Tensor,
+                   write_at: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One forward under an explicit attention mask: ``tokens[B, T]`` at ``position_ids[B, T]``, their K/V written
+    at ``write_at[b] + j``, token j of row b attending to the cache positions s with ``mask[b, j, s]`` (bool ``[B, T,
+    kv_len]``, ``kv_len <= max_len``; positions beyond ``kv_len`` are masked). For trees whose nodes are fed level
+    by level (a drafter's dynamic tree), which :func:`tree_forward`'s contiguous layout cannot express. Goes through
+    the 4-D mask (the model's SDPA); the cache's lengths are left at ``write_at``. Returns logits ``[B, T, V]``."""
+    B, T = tokens.shape
+    S = cache.max_len
+    if mask.shape[:2] != (B, T) or mask.shape[2] > S:
+        raise ValueError(f"masked_forward: mask must have shape [B={B}, T={T}, kv_len <= {S}], got "
+                         f"{tuple(mask.shape)}")
+    dtype = _model_dtype(model, cache)
+    additive = torch.full((B, 1, T, S), torch.finfo(dtype).min, dtype=dtype, device=cache.device)
+    additive[:, 0, :, : mask.shape[2]].masked_fill_(mask, 0.0)
+    cache.rewind(write_at, validate=False)
+    out = model(input_ids=tokens, attention_mask=additive, position_ids=position_ids, use_cache=True,
+                **{_cache_kwarg(model): cache})
+    cache.rewind(write_at, validate=False)
+    return out.logits
+
+
 # Chunks longer than this go through the 4-D mask (SDPA) rather than the tree kernel, which is built for trees.
 EXTEND_KERNEL_MAX_TOKENS = 64
 

@@ -1,0 +1,162 @@
+"""EAGLE-2 dynamic draft trees with calibrated scores, for any drafter that can run its network on a tree level.
+
+:func:`grow_dynamic_tree` builds the tree (EAGLE-2, E ``topK_genrate``). From the root's logits the top ``top_k``
+tokens are the depth-1 candidates (score = log-probability). Each further depth runs the drafter's network once on
+the ``top_k`` frontier nodes (the ``level`` callback: each node attends to the row's valid prefix and to its own
+ancestors in the tree) and :func:`specdec_ext.ops.expand_tree_step` scores the ``top_k`` children of every frontier
+node (cumulative log-probability) and keeps the best ``top_k`` as the next frontier. At the end the
+``total_tokens`` best candidates by cumulative score (ties: shallower / earlier first, so a node's parent always
+ranks before it) form the tree, in candidate order (parents first). The drafts are deterministic
+(``draft_probs = None``): lossless under greedy and sampling verification. Nothing here synchronises with the
+device.
+
+Tree slots. Level d's frontier (d = 1 .. depth - 1) is fed at the drafter's cache slots ``valid[b] + (d - 1) *
+top_k + j``; the mask handed to ``level`` (``[B, top_k, kv_len]`` bool) allows the prefix (slots ``< valid[b]``)
+and the node's ancestors-or-self among the fed slots. The slots are scratch: the drafter discards them after the
+step (its next catch-up recomputes the accepted tokens from the real context).
+
+:class:`ScoreCalibration`. EAGLE-2 ranks nodes by the draft's cumulative probability as an estimate of the chance
+the target accepts them. A draft trained to match the target's *distribution* is under-confident about acceptance
+when verification is greedy (the target's argmax is accepted, not a sample) or when the target's distribution is
+flat; on the model family in bfloat16 the EAGLE tree then spent its nodes on second-best siblings and reached mean
+accepted length 3.2 where sharper scores reach 3.6-4.7 with the same trees. So the scores are log-softmax of
+``scale * logits``, and after each step ``log(scale)`` moves by ``rate * (accepted - predicted)``, where
+*predicted* is the calibrated probability of the root's best child and *accepted* whether the target accepted it
+(mean over the batch's live rows): the scale settles where that prediction matches the observed rate, whatever the
+model, the text or the sampling temperature. It only decides which candidates fill the tree, never which tokens are
+candidates, so verification stays lossless. The scale lives on the device (no synchronisation) and stays within
+``[1/16, 16]``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from specdec_ext import ops
+from specdec_ext.drafters.base import DraftTree, StepResult
+
+__all__ = ["ScoreCalibration", "grow_dynamic_tree", "check_tree_shape"]
+
+_MIN_LOG_SCALE, _MAX_LOG_SCALE = -math.log(16.0), math.log(16.0)
+
+
+def check_tree_shape(owner: str, depth: int, top_k: int, total_tokens: int) -> None:
+    """ValueError naming ``owner`` unless depth, top_k and total_tokens are integers >= 1."""
+    for name, val in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ValueError(f"{owner}: {name} must be an integer >= 1, got {val!r}")
+
+
+def max_tree_nodes(depth: int, top_k: int, total_tokens: int) -> int:
+    """Nodes of the largest dynamic tree, root included."""
+    return 1 + min(total_tokens, top_k + (depth - 1) * top_k * top_k)
+
+
+class ScoreCalibration:
+    """The score scale of the module doc: :meth:`apply` to the draft logits, :meth:`update` with each step's
+    result. ``rate`` in (0, 1]."""
+
+    def __init__(self, rate: float = 0.2, owner: str = "ScoreCalibration"):
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 < rate <= 1.0:
+            raise ValueError(f"{owner}: calibration_rate must be a number in (0, 1], got {rate!r}")
+        self.rate = float(rate)
+        self.log_scale: torch.Tensor | None = None  # [] float32 on the device
+        self.predicted: torch.Tensor | None = None  # [B]: calibrated probability of the root's best child
+
+    @property
+    def scale(self) -> float:
+        """The current factor (1.0 before any update; reading it synchronises with the device)."""
+        return 1.0 if self.log_scale is None else float(self.log_scale.exp())
+
+    def reset(self) -> None:
+        self.log_scale = None
+        self.predicted = None
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """``scale * logits`` in float32."""
+        if self.log_scale is None or self.log_scale.device != logits.device:
+            self.log_scale = torch.zeros((), dtype=torch.float32, device=logits.device)
+        return logits.float() * self.log_scale.exp()
+
+    def update(self, result: StepResult) -> None:
+        """One step from whether node 1 (the root's best child, which always ranks first) was accepted."""
+        predicted, self.predicted = self.predicted, None
+        if predicted is None or result.accepted.shape[1] < 2:
+            return
+        live = (result.accept_len >= 0).float()
+        accepted = (result.accepted[:, 1] == 1).float()
+        gap = ((accepted - predicted) * live).sum() / live.sum().clamp(min=1.0)
+        self.log_scale = (self.log_scale + self.rate * gap).clamp(_MIN_LOG_SCALE, _MAX_LOG_SCALE)
+
+
+# level(d, tokens [B, k] target ids, parent [B, k] index into the previous frontier, mask [B, k, kv_len] bool,
+#       slots [B, k] int64) -> logits [B, k, Vd] of the frontier's children
+LevelFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: LevelFn, *, depth: int, top_k: int,
+                      total_tokens: int, valid: torch.Tensor, kv_len: int,
+                      target_ids: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                      calibration: ScoreCalibration | None = None) -> DraftTree:
+    """The dynamic tree of the module doc. ``root[B]`` token ids, ``root_logits[B, Vd]`` the draft's prediction
+    after the root; ``valid[B]`` the drafter's valid prefix lengths and ``kv_len >= max(valid) + (depth - 1) *
+    top_k`` the mask width; ``target_ids`` maps indices of the logits' last dimension to target token ids (default:
+    the same). Returns the tree with ``min(total_tokens, candidates) + 1`` nodes."""
+    B, dev, k = root.shape[0], root.device, top_k
+    ids = target_ids if target_ids is not None else (lambda x: x)
+    scale = calibration.apply if calibration is not None else (lambda x: x)
+    zero = torch.zeros(B, 1, dtype=torch.float32, device=dev)
+    ct, cs, _ = ops.expand_tree_step(scale(root_logits[:, None]), zero, k, k, validate=False)
+    if calibration is not None:
+        calibration.predicted = cs[:, 0, 0].exp()
+    # all candidates so far (flat), their scores and parent candidate (-1 = the root)
+    cand_tok = [ids(ct.reshape(B, k))]
+    cand_score = [cs.reshape(B, k)]
+    cand_parent = [torch.full((B, k), -1, dtype=torch.int64, device=dev)]
+    front_cand = torch.arange(k, device=dev).expand(B, k)  # frontier = all depth-1 candidates
+    front_tok, front_score = cand_tok[0], cand_score[0]
+    front_parent = torch.zeros(B, k, dtype=torch.int64, device=dev)  # depth 1: every node's parent is the root
+    slots_n = (depth - 1) * k
+    ar = torch.arange(k, device=dev)
+    front_anc = torch.zeros(B, k, max(slots_n, 1), dtype=torch.bool, device=dev)  # ancestors-or-self, by slot
+    if slots_n:
+        front_anc[:, ar, ar] = True
+        rel = torch.arange(kv_len, device=dev)[None, :] - valid[:, None]  # [B, kv_len]: tree slot (< 0: prefix)
+        in_tree = (rel >= 0) & (rel < slots_n)
+        rel_c = rel.clamp(0, slots_n - 1)
+    base = k
+    for d in range(1, depth):
+        anc = front_anc.gather(2, rel_c[:, None, :].expand(B, k, kv_len)) & in_tree[:, None, :]
+        mask = (rel < 0)[:, None, :] | anc  # prefix or an ancestor (self included)
+        slots = valid[:, None] + (d - 1) * k + ar
+        lg = scale(level(d, front_tok, front_parent, mask, slots))  # [B, k, Vd]
+        ct, cs, sel = ops.expand_tree_step(lg, front_score, k, k, validate=False)
+        cand_tok.append(ids(ct.reshape(B, k * k)))
+        cand_score.append(cs.reshape(B, k * k))
+        cand_parent.append(front_cand.repeat_interleave(k, 1))
+        if d == depth - 1:
+            break
+        front_parent = sel // k  # previous frontier slot of each new frontier node
+        front_cand = base + sel
+        front_tok = cand_tok[-1].gather(1, sel)
+        front_score = cand_score[-1].gather(1, sel)
+        front_anc = front_anc.gather(1, front_parent[:, :, None].expand(B, k, front_anc.shape[-1])).clone()
+        front_anc[:, ar, d * k + ar] = True
+        base += k * k
+    tok = torch.cat(cand_tok, 1)
+    score = torch.cat(cand_score, 1)
+    parent = torch.cat(cand_parent, 1)
+    C = tok.shape[1]
+    M = min(total_tokens, C)
+    order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :M]
+    chosen = order.sort(dim=1).values  # candidate order: parents before children
+    node_of = torch.full((B, C), -1, dtype=torch.int64, device=dev)
+    node_of.scatter_(1, chosen, torch.arange(1, M + 1, device=dev).expand(B, M))
+    par_c = parent.gather(1, chosen)
+    par_node = torch.where(par_c < 0, 0, node_of.gather(1, par_c.clamp(min=0)))
+    tokens = torch.cat([root[:, None], tok.gather(1, chosen)], 1)
+    parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64, device=dev), par_node], 1)
+    return DraftTree(tokens, parents, None)
