@@ -175,6 +175,53 @@ def test_propose_and_observe(own_lm_head):
     torch.testing.assert_close(drafter.hidden, torch.stack([hs[0, 11], hs[1, 0], torch.zeros(H)]))
 
 
+@pytest.mark.parametrize("scale", [1.0, 2.5])
+@torch.no_grad()
+def test_per_step_tree_keeps_the_best_candidates(scale):
+    """dynamic=True: each row's tree is the max_nodes - 1 choices of highest cumulative head log-probability
+    (computed here path by path in float64), each node the rank-th best token of its head, parents first."""
+    import math
+
+    m = target()
+    heads = random_heads(True)
+    drafter = MedusaDrafter(heads, dynamic=True, max_nodes=9)
+    assert drafter.max_nodes == 9 and drafter.tree.num_nodes == 62  # candidates: mc_sim_7b_63 up to depth 3
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    state = make_state(prompts)
+    prefill = 3.0 * torch.randn(2, 4, H, generator=torch.Generator().manual_seed(5))
+    drafter.begin(m, state, (prefill,))
+    if scale != 1.0:
+        drafter.calibration.log_scale = torch.tensor(math.log(scale))
+    tree = drafter.propose(state, 10)
+    assert tree.num_nodes == 9 and tree.draft_probs is None
+    ops.build_tree(tree.parents, state.prefix_lens, validate=True)
+    logits = heads(torch.stack([prefill[0, 3], prefill[1, 1]]), m.lm_head).double()
+    lp = torch.log_softmax(scale * logits, -1)
+    t = drafter.tree
+    for b in range(2):
+        order = logits[b].argsort(-1, descending=True)
+
+        def score(path):
+            return sum(float(lp[b, d, order[d, r]]) for d, r in enumerate(path))
+
+        want = sorted(t.choices, key=lambda c: (-score(c), t.choices.index(c)))[:8]
+        got = []
+        for i in range(1, 9):
+            par = int(tree.parents[b, i])
+            assert 0 <= par < i
+            path = (got[par - 1] if par else ()) + (None,)
+            d = len(path) - 1
+            rank = int((order[d] == tree.tokens[b, i]).nonzero()[0, 0])
+            got.append(path[:-1] + (rank,))
+        assert set(got) == set(want) and got[0] == (0,)  # node 1: head 0's best token
+        torch.testing.assert_close(drafter.calibration.predicted[b].double(), lp[b, 0].exp().max(), rtol=1e-4,
+                                   atol=1e-6)
+    assert drafter.propose(state, 1).num_nodes == 9  # depth 1 only: head 0's 8 best tokens
+    assert drafter.propose(state, 0).num_nodes == 1
+    with pytest.raises(ValueError, match="max_nodes must be an integer >= 1"):
+        MedusaDrafter(heads, dynamic=True, max_nodes=0)
+
+
 def test_one_token_prompts_start_with_a_plain_step():
     drafter = MedusaDrafter(random_heads())
     state = make_state([[4], [7]])
@@ -259,10 +306,11 @@ def trained_heads(own_lm_head: bool) -> MedusaHeads:
     return heads
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("own_lm_head", [True, False], ids=["own_lm_head", "legacy"])
-def test_greedy_equals_hf(own_lm_head):
+def test_greedy_equals_hf(own_lm_head, dynamic):
     m = target()
-    drafter = MedusaDrafter(trained_heads(own_lm_head))
+    drafter = MedusaDrafter(trained_heads(own_lm_head), dynamic=dynamic, max_nodes=12 if dynamic else None)
     refs = reference_outputs()
     accepted = []
     for p, want in zip(PROMPTS, refs):
@@ -276,6 +324,8 @@ def test_greedy_equals_hf(own_lm_head):
         accepted.append(stats.mean_accepted_length)
     mean = sum(accepted) / len(accepted)
     assert mean > 1.5, accepted  # drafts are really accepted (not a vacuous pass)
+    if dynamic:
+        assert drafter.score_scale != 1.0  # calibrated during the generations
 
 
 def test_batched_prompts_and_budget_inside_accepted_runs():
@@ -314,8 +364,9 @@ def test_sampling_runs():
 # Sampling: lossless with Medusa's deterministic tree drafts.
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("T,top_k,top_p", [(1.0, 0, 1.0), (0.8, 5, 0.9)])
-def test_sampling_matches_the_target_distribution(T, top_k, top_p):
+def test_sampling_matches_the_target_distribution(T, top_k, top_p, dynamic):
     """The chi-square test of test_generate_sampling (same tiny V = 8 target, rows, thresholds; p < 1e-3 per test,
     2 tests per parameter set) with a Medusa drafter: heads whose lm_heads are the target's (so they propose likely
     tokens) on a tree with 2 candidates at depth 1 and 2 below the first."""
@@ -325,6 +376,8 @@ def test_sampling_matches_the_target_distribution(T, top_k, top_p):
     joint, third = sampling.exact_distributions(tgt, T, top_k, top_p)
     heads = MedusaHeads(2, tgt.config.hidden_size, Vs).init_lm_heads_from(tgt.lm_head)
     drafter = MedusaDrafter(heads, choices=[[0], [1], [0, 0], [0, 1], [1, 0]])
+    if dynamic:  # 3 of the 5 candidates per step
+        drafter = MedusaDrafter(heads, choices=[[0], [1], [0, 0], [0, 1], [1, 0]], dynamic=True, max_nodes=4)
     prompts = torch.tensor(sampling.PROMPT).expand(sampling.ROWS, -1).contiguous()
     out, st = generate(tgt, drafter, prompts, max_new_tokens=3, eos_token_id=[], temperature=T, top_k=top_k,
                        top_p=top_p, generator=torch.Generator().manual_seed(97))
@@ -379,3 +432,10 @@ def test_cli_medusa(tmp_path, capsys):
     out = capsys.readouterr().out
     assert " ".join(map(str, reference_outputs()[1])) in out
     assert "accepted" in out
+    assert main(["generate", "--model", str(tmp_path / "target"), "--medusa", str(tmp_path / "heads"),
+                 "--prompt-ids", prompt, "--max-new-tokens", str(NEW), "--no-stream", "--medusa-dynamic",
+                 "--medusa-nodes", "10"]) == 0
+    assert " ".join(map(str, reference_outputs()[1])) in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="max_nodes must be an integer >= 1"):
+        main(["generate", "--model", str(tmp_path / "target"), "--medusa", str(tmp_path / "heads"),
+              "--prompt-ids", prompt, "--medusa-dynamic", "--medusa-nodes", "0"])

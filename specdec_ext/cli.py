@@ -70,7 +70,8 @@ def generate_cmd(args: argparse.Namespace) -> int:
         elif args.ngram:
             drafter = NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
         elif args.medusa:
-            drafter = MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device)
+            drafter = MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device,
+                                                    max_nodes=args.medusa_nodes, dynamic=args.medusa_dynamic)
         elif args.eagle:
             drafter = EagleDrafter.from_pretrained(args.eagle, target=target, depth=args.eagle_depth,
                                                    top_k=args.eagle_top_k, total_tokens=args.eagle_total_tokens)
@@ -129,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--eagle-depth", type=int, default=8, help="--eagle: tree depth (EAGLE's depth + 1)")
     p_gen.add_argument("--eagle-top-k", type=int, default=10, help="--eagle: children per frontier node")
     p_gen.add_argument("--eagle-total-tokens", type=int, default=60, help="--eagle: draft tokens per tree")
+    p_gen.add_argument("--medusa-nodes", type=int, default=None,
+                       help="--medusa: tree nodes, root included (default: all 63 choices of mc_sim_7b_63; 16 with "
+                            "--medusa-dynamic)")
+    p_gen.add_argument("--medusa-dynamic", action="store_true",
+                       help="--medusa: each step keeps the --medusa-nodes choices of highest calibrated head "
+                            "probability (a per-step tree) instead of a fixed tree")
     p_gen.add_argument("--typical", action="store_true",
                        help="Medusa typical acceptance when sampling (LOSSY: faster, not the exact distribution)")
     p_gen.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length")
