@@ -39,18 +39,29 @@ class ForwardClock:
         self.active = False
         self.handles = []
 
+    def _enter(self, category: str) -> None:
+        if self.depth == 0:
+            self.start, self.category = time.perf_counter(), category
+        self.depth += 1
+
+    def _exit(self) -> None:
+        self.depth -= 1
+        if self.depth == 0 and self.active:
+            self.seconds[self.category] += time.perf_counter() - self.start
+
     def hook(self, module, category: str):
-        def pre(mod, args, kwargs=None):
-            if self.depth == 0:
-                self.start, self.category = time.perf_counter(), category
-            self.depth += 1
+        self.handles += [module.register_forward_pre_hook(lambda *a: self._enter(category)),
+                         module.register_forward_hook(lambda *a: self._exit())]
 
-        def post(mod, args, out, kwargs=None):
-            self.depth -= 1
-            if self.depth == 0 and self.active:
-                self.seconds[self.category] += time.perf_counter() - self.start
-
-        self.handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    def wrap(self, fn, category: str):
+        """``fn`` timed as ``category`` (a network product a drafter computes without calling a module)."""
+        def timed(*args, **kwargs):
+            self._enter(category)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._exit()
+        return timed
 
     def remove(self):
         for h in self.handles:
@@ -70,6 +81,8 @@ def measure(fam, name: str, prompts, max_new_tokens: int) -> dict:
                 clock.hook(mod, "draft")
         for mod in (fam.target.get_output_embeddings(), fam.target.get_input_embeddings()):
             clock.hook(mod, "draft")  # when a drafter calls them itself; inside the target's forward: target time
+        if hasattr(drafter, "_logits"):  # EAGLE's vocabulary projection (over a draft vocabulary: no module call)
+            drafter._logits = clock.wrap(drafter._logits, "draft")
         loop_start = [None]
 
         def arm():
