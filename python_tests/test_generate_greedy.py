@@ -293,6 +293,9 @@ def test_dynamic_tree_of_the_draft_model():
         DraftModelDrafter(model, tree_width=1, total_tokens=4)
     with pytest.raises(ValueError, match="total_tokens must be an integer >= 1"):
         DraftModelDrafter(model, tree_width=2, total_tokens=0)
+    for kw, name in (({"num_draft_tokens": 0}, "num_draft_tokens"), ({"tree_width": 0}, "tree_width")):
+        with pytest.raises(ValueError, match=f"DraftModelDrafter: {name} must be an integer >= 1"):
+            DraftModelDrafter(model, **kw)
     with pytest.raises(ValueError, match="calibration_rate must be a number in \\(0, 1\\]"):
         DraftModelDrafter(model, tree_width=2, total_tokens=4, calibration_rate=2.0)
 

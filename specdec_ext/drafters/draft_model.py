@@ -77,7 +77,8 @@ class DraftModelDrafter:
     def __init__(self, model: torch.nn.Module, num_draft_tokens: int = 4, tree_width: int = 1,
                  tree_attention: bool = True, confidence_threshold: float = 0.0, total_tokens: int | None = None,
                  calibrate: bool = True, calibration_rate: float = 0.2, packed_linears: bool = True):
-        check_tree_shape("DraftModelDrafter", num_draft_tokens, tree_width, 1 if total_tokens is None else total_tokens)
+        check_tree_shape("DraftModelDrafter", num_draft_tokens, tree_width, 1 if total_tokens is None else total_tokens,
+                         names=("num_draft_tokens", "tree_width", "total_tokens"))
         if total_tokens is not None and tree_width < 2:
             raise ValueError(f"DraftModelDrafter: total_tokens makes a dynamic tree, which needs tree_width >= 2 "
                              f"(got {tree_width}; a chain drafts num_draft_tokens tokens)")

@@ -43,9 +43,11 @@ __all__ = ["ScoreCalibration", "grow_dynamic_tree", "check_tree_shape"]
 _MIN_LOG_SCALE, _MAX_LOG_SCALE = -math.log(16.0), math.log(16.0)
 
 
-def check_tree_shape(owner: str, depth: int, top_k: int, total_tokens: int) -> None:
-    """ValueError naming ``owner`` unless depth, top_k and total_tokens are integers >= 1."""
-    for name, val in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
+def check_tree_shape(owner: str, depth: int, top_k: int, total_tokens: int,
+                     names: tuple[str, str, str] = ("depth", "top_k", "total_tokens")) -> None:
+    """ValueError naming ``owner`` and the argument (as the owner calls it: ``names``) unless depth, top_k and
+    total_tokens are integers >= 1."""
+    for name, val in zip(names, (depth, top_k, total_tokens)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise ValueError(f"{owner}: {name} must be an integer >= 1, got {val!r}")
 

@@ -269,7 +269,8 @@ class EagleDrafter:
             return self._propose_static(state, self._static_for(depth), root, root_h, root_pos, valid)
         calibration = self.calibration if self.calibrate and k > 1 else None  # a chain has nothing to rank
         kv_len = max(self.valid) + (depth - 1) * k
-        last_h = [root_h[:, None].expand(B, k, root_h.shape[-1])]  # the frontier's parents' predicted features
+        H = root_h.shape[-1]
+        last_h = [root_h[:, None].expand(B, k, H)]  # the previous level's predicted features (the root's at first)
 
         def level(d, tok, parent, mask, slots):
             front_h = last_h[0] if d == 1 else last_h[0].gather(1, parent[:, :, None].expand(B, k, H))
@@ -279,7 +280,6 @@ class EagleDrafter:
             self.forwards += 1
             return self._logits(last_h[0])
 
-        H = root_h.shape[-1]
         return grow_dynamic_tree(root, self._logits(root_h), level, depth=depth, top_k=k,
                                  total_tokens=self.total_tokens, valid=valid, kv_len=kv_len,
                                  target_ids=self._target_ids, calibration=calibration)
