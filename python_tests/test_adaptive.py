@@ -61,10 +61,17 @@ def make_inner(kind: str):
         return target(), DraftModelDrafter(perturbed_copy(target()), num_draft_tokens=4)
     if kind == "draft-tree":
         return target(), DraftModelDrafter(perturbed_copy(target(), 3e-3), num_draft_tokens=3, tree_width=2)
+    if kind == "draft-dynamic":
+        return target(), DraftModelDrafter(perturbed_copy(target(), 3e-3), num_draft_tokens=3, tree_width=2,
+                                           total_tokens=5)
     if kind == "medusa":
         from test_drafter_medusa import random_heads
 
         return target(), MedusaDrafter(random_heads())
+    if kind == "medusa-dynamic":
+        from test_drafter_medusa import random_heads
+
+        return target(), MedusaDrafter(random_heads(), dynamic=True, max_nodes=10)
     from test_drafter_eagle import L_TARGET, random_draft
 
     if kind == "eagle1":
@@ -87,7 +94,7 @@ def random_prompt() -> torch.Tensor:
     return torch.randint(3, V, (7,), generator=torch.Generator().manual_seed(0))
 
 
-KINDS = ["ngram", "draft", "draft-tree", "medusa", "eagle1", "eagle3"]
+KINDS = ["ngram", "draft", "draft-tree", "draft-dynamic", "medusa", "medusa-dynamic", "eagle1", "eagle3"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
