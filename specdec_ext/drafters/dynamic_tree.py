@@ -38,7 +38,7 @@ import torch
 from specdec_ext import ops
 from specdec_ext.drafters.base import DraftTree, StepResult
 
-__all__ = ["ScoreCalibration", "grow_dynamic_tree", "check_tree_shape"]
+__all__ = ["ScoreCalibration", "check_tree_shape", "grow_dynamic_tree", "max_tree_nodes"]
 
 _MIN_LOG_SCALE, _MAX_LOG_SCALE = -math.log(16.0), math.log(16.0)
 

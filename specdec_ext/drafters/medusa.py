@@ -146,7 +146,7 @@ class MedusaDrafter:
                 raise ValueError(f"MedusaDrafter: max_nodes must be an integer >= 1 (root included), got "
                                  f"{max_nodes!r}")
             tree = choices if isinstance(choices, StaticTree) else static_tree(choices)
-            budget = 16 if max_nodes is None else max_nodes
+            nodes = min(16 if max_nodes is None else max_nodes, tree.num_nodes)
         elif isinstance(choices, StaticTree):
             tree = static_tree(choices.choices, max_nodes) if max_nodes is not None else choices
         else:
@@ -157,7 +157,7 @@ class MedusaDrafter:
                              f"than {heads.num_heads}")
         self.heads = heads.eval()
         self.tree = tree
-        self.max_nodes = min(budget, tree.num_nodes) if self.dynamic else tree.num_nodes
+        self.max_nodes = nodes if self.dynamic else tree.num_nodes
         self._paths: dict = {}  # (tree, device) -> [S - 1, depth * top_k] ancestor-or-self rank indicator
         self._trees: dict[int, StaticTree] = {tree.max_depth: tree}
         self._lm_head = None

@@ -289,7 +289,6 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     return card
 
 
-
 def _floors(evaluation: dict) -> dict:
     acc = {k: v["mean_accepted_length"] for k, v in evaluation["drafters"].items() if k != "plain"}
     return {"ratio": FLOOR_RATIO, "mean_accepted_length": {k: round(FLOOR_RATIO * v, 2) for k, v in acc.items()}}
