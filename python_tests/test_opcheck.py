@@ -48,6 +48,13 @@ def _cases(device, dtype):
             ("tree_attention", (a["q"], a["k"], a["v"], a["prefix"], a["packed"], 0.125, validate)),
             ("compact_kv", ([a["k"].clone(), a["v"].clone()], a["src"], a["dst"], a["len"], 2, validate)),
         ]
+    gen = make_gen(2)
+    w = torch.randn(37, 21, generator=gen).to(device=device, dtype=dtype)
+    xs = torch.randn(3, 21, generator=gen).to(device=device, dtype=dtype)
+    bias = torch.randn(37, generator=gen).to(device=device, dtype=dtype)
+    packed = OPS.pack_linear_weight(w)
+    cases += [("pack_linear_weight", (w,)), ("packed_linear", (xs, packed, bias, 37)),
+              ("packed_linear", (xs[None], packed, None, 37))]
     return cases
 
 
@@ -62,7 +69,7 @@ def _attention_inputs(device, dtype):
     return {k: v.to(device) for k, v in d.items()}
 
 
-@pytest.mark.parametrize("index", range(24))
+@pytest.mark.parametrize("index", range(27))
 def test_opcheck(device, dtype, index):
     name, args = _cases(device, dtype)[index]
     if dtype != torch.float32 and name in ("build_tree", "tree_ancestor_mask"):

@@ -11,6 +11,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "../kernels/common/dtype.h"
 #include "../kernels/common/params.h"
@@ -335,6 +336,80 @@ std::tuple<Tensor, Tensor, Tensor> expand_tree_step_impl(const Tensor& logits, c
   return {cand_tokens, cand_scores, selected};
 }
 
+// Linear layers over a packed weight --------------------------------------------------------------------------------
+
+// The packed layout's shape for weight[N, K] of `dtype` (common/params.h): [ceil(N / 32), ceil(K / P), 32, P].
+inline std::vector<int64_t> packed_linear_shape(at::ScalarType dtype, int64_t N, int64_t K) {
+  const int64_t P = dtype == at::kFloat ? 1 : 2;
+  return {(N + kLinearPanel - 1) / kLinearPanel, (K + P - 1) / P, kLinearPanel, P};
+}
+
+template <class Backend>
+Tensor pack_linear_weight_impl(const Tensor& weight_in) {
+  constexpr const char* op = "pack_linear_weight";
+  check_dim(op, "weight", weight_in, 2, "[out_features, in_features]");
+  check_float(op, "weight", weight_in);
+  const int64_t N = weight_in.size(0), K = weight_in.size(1);
+  TORCH_CHECK(N >= 1 && K >= 1, op, ": weight must be non-empty [out_features, in_features], got ",
+              shape_str(weight_in));
+  const Tensor weight = weight_in.contiguous();
+  c10::OptionalDeviceGuard guard(weight.device());
+  Tensor packed = at::empty(packed_linear_shape(weight.scalar_type(), N, K), weight.options());
+  SPECDEC_DISPATCH_FLOAT(weight.scalar_type(), op, [&] {
+    PackLinearWeightParams<scalar_t> p{float_ptr<scalar_t>(weight), N, K,
+                                       reinterpret_cast<scalar_t*>(packed.data_ptr())};
+    Backend::pack_linear_weight(p);
+  });
+  return packed;
+}
+
+template <class Backend>
+Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const std::optional<Tensor>& bias_in,
+                          int64_t out_features) {
+  constexpr const char* op = "packed_linear";
+  TORCH_CHECK(x_in.dim() >= 1, op, ": x must have shape [..., in_features], got a scalar");
+  check_float(op, "x", x_in);
+  const int64_t K = x_in.size(-1), N = out_features;
+  TORCH_CHECK(K >= 1, op, ": x must have in_features >= 1 in its last dimension, got shape ", shape_str(x_in));
+  TORCH_CHECK(N >= 1, op, ": out_features must be >= 1, got ", N);
+  TORCH_CHECK(packed_weight.scalar_type() == x_in.scalar_type(), op, ": packed_weight must have x's dtype ",
+              x_in.scalar_type(), ", got ", packed_weight.scalar_type());
+  check_same_device(op, "packed_weight", packed_weight, x_in, "x");
+  const std::vector<int64_t> want = packed_linear_shape(x_in.scalar_type(), N, K);
+  TORCH_CHECK(packed_weight.sizes().equals(want), op, ": packed_weight must have shape [ceil(out_features / 32), "
+              "ceil(in_features / P), 32, P] = ", at::IntArrayRef(want), " for out_features = ", N,
+              ", in_features = ", K, " (x's last dimension) and ", x_in.scalar_type(),
+              " (pack_linear_weight's output), got ", shape_str(packed_weight));
+  TORCH_CHECK(packed_weight.is_contiguous(), op, ": packed_weight must be contiguous (pack_linear_weight's output)");
+  Tensor bias;
+  if (bias_in.has_value()) {
+    bias = *bias_in;
+    check_dtype(op, "bias", bias, x_in.scalar_type());
+    check_same_device(op, "bias", bias, x_in, "x");
+    check_shape(op, "bias", bias, {N}, "[out_features]");
+    bias = bias.contiguous();
+  }
+  const int64_t M = x_in.numel() / K;
+  const Tensor x = x_in.reshape({M, K}).contiguous();
+  c10::OptionalDeviceGuard guard(x.device());
+  std::vector<int64_t> out_sizes(x_in.sizes().begin(), x_in.sizes().end());
+  out_sizes.back() = N;
+  Tensor y = at::empty({M, N}, x.options());
+  if (M > 0) {
+    SPECDEC_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+      PackedLinearParams<scalar_t> p{float_ptr<scalar_t>(x),
+                                     M,
+                                     K,
+                                     N,
+                                     float_ptr<scalar_t>(packed_weight),
+                                     bias.defined() ? float_ptr<scalar_t>(bias) : nullptr,
+                                     reinterpret_cast<scalar_t*>(y.data_ptr())};
+      Backend::packed_linear(p);
+    });
+  }
+  return y.view(out_sizes);
+}
+
 // Registers every op's implementation for one dispatch key: `SPECDEC_REGISTER_BACKEND(CPU, CpuBackend)`.
 #define SPECDEC_REGISTER_BACKEND(KEY, BACKEND)                                                        \
   TORCH_LIBRARY_IMPL(specdec_ext, KEY, m) {                                                           \
@@ -347,6 +422,8 @@ std::tuple<Tensor, Tensor, Tensor> expand_tree_step_impl(const Tensor& logits, c
     m.impl("expand_tree_step", &::specdec::glue::expand_tree_step_impl<BACKEND>);                     \
     m.impl("tree_attention", &::specdec::glue::tree_attention_impl<BACKEND>);                         \
     m.impl("compact_kv", &::specdec::glue::compact_kv_impl<BACKEND>);                                 \
+    m.impl("pack_linear_weight", &::specdec::glue::pack_linear_weight_impl<BACKEND>);                 \
+    m.impl("packed_linear", &::specdec::glue::packed_linear_impl<BACKEND>);                           \
   }
 
 }  // namespace specdec::glue

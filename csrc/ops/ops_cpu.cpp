@@ -65,6 +65,17 @@ struct CpuBackend {
     for_rows(p, p.num_caches * p.batch, std::max<int64_t>(1, p.outer * p.max_len * p.inner_bytes / 4),
              cpu::CompactKv);
   }
+  // Panels of 32 output features are independent; threads only for products of >= ~256k multiply-adds each.
+  template <typename T>
+  static void pack_linear_weight(const PackLinearWeightParams<T>& p) {
+    for_rows(p, (p.out_features + kLinearPanel - 1) / kLinearPanel, kLinearPanel * p.in_features,
+             cpu::PackLinearWeight<T>);
+  }
+  template <typename T>
+  static void packed_linear(const PackedLinearParams<T>& p) {
+    for_rows(p, (p.out_features + kLinearPanel - 1) / kLinearPanel, kLinearPanel * p.in_features * p.rows,
+             cpu::PackedLinear<T>, /*min_work_per_thread=*/int64_t{1} << 18);
+  }
 };
 
 }  // namespace

@@ -46,6 +46,14 @@ struct CudaBackend {
     cuda::LaunchTreeAttention<T>(p, current_stream());
   }
   static void compact_kv(const CompactKvParams& p) { cuda::LaunchCompactKv(p, current_stream()); }
+  template <typename T>
+  static void pack_linear_weight(const PackLinearWeightParams<T>& p) {
+    cuda::LaunchPackLinearWeight<T>(p, current_stream());
+  }
+  template <typename T>
+  static void packed_linear(const PackedLinearParams<T>& p) {
+    cuda::LaunchPackedLinear<T>(p, current_stream());
+  }
 };
 
 }  // namespace

@@ -6,6 +6,10 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <string>
+
+#include "../kernels/cpu/kernels.h"
+
 TORCH_LIBRARY(specdec_ext, m) {
   // Tree topology from parents[B, N].
   m.def(
@@ -41,6 +45,10 @@ TORCH_LIBRARY(specdec_ext, m) {
   m.def(
       "compact_kv(Tensor(a!)[] caches, Tensor src_positions, Tensor dst_start, Tensor lengths, int seq_dim, "
       "bool validate=True) -> ()");
+
+  // Linear layers over a weight packed once (the few-row products of decoding and verification): y = x @ W^T + b.
+  m.def("pack_linear_weight(Tensor weight) -> Tensor");
+  m.def("packed_linear(Tensor x, Tensor packed_weight, Tensor? bias, int out_features) -> Tensor");
 }
 
 // A plain Python module so that `import specdec_ext._C` loads the library (and runs the registrations above).
@@ -54,8 +62,27 @@ PyObject* built_with_cuda(PyObject*, PyObject*) {
 #endif
 }
 
+// packed_linear_path("float32" | "bfloat16" | "float16"): the CPU code path of packed_linear on this machine.
+PyObject* packed_linear_path(PyObject*, PyObject* arg) {
+  const char* name = PyUnicode_AsUTF8(arg);
+  if (name == nullptr) return nullptr;
+  const std::string dtype(name);
+  const char* path = nullptr;
+  if (dtype == "float32") path = specdec::cpu::PackedLinearPath<float>();
+  if (dtype == "bfloat16") path = specdec::cpu::PackedLinearPath<specdec::bf16>();
+  if (dtype == "float16") path = specdec::cpu::PackedLinearPath<specdec::f16>();
+  if (path == nullptr) {
+    PyErr_Format(PyExc_ValueError, "packed_linear_path: dtype must be 'float32', 'bfloat16' or 'float16', got %R",
+                 arg);
+    return nullptr;
+  }
+  return PyUnicode_FromString(path);
+}
+
 PyMethodDef module_methods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when this build contains the CUDA kernels."},
+    {"packed_linear_path", packed_linear_path, METH_O,
+     "The CPU code path of packed_linear for a dtype name: 'avx512', 'avx512_bf16' or 'generic'."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -33,6 +33,9 @@ __all__ = [
     "tree_attention",
     "compact_kv",
     "chain_parents",
+    "pack_linear_weight",
+    "packed_linear",
+    "packed_linear_path",
 ]
 
 _ops = torch.ops.specdec_ext
@@ -200,3 +203,35 @@ def compact_kv(caches, src_positions: torch.Tensor, dst_start: torch.Tensor | in
     dev = src_positions.device
     _ops.compact_kv(caches, src_positions, _per_row(dst_start, B, torch.int64, dev, "dst_start"),
                     _per_row(lengths, B, torch.int64, dev, "lengths"), int(seq_dim), validate)
+
+
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight[N, K]`` (an ``nn.Linear`` weight: out_features N, in_features K; float32, float16 or bfloat16) laid
+    out once for :func:`packed_linear`: ``[ceil(N / 32), ceil(K / P), 32, P]`` with P = 1 for float32 and 2 for
+    16-bit types, ``packed[n // 32, k // P, n % 32, k % P] = weight[n, k]``, zero padded. Same dtype and device."""
+    return _ops.pack_linear_weight(weight)
+
+
+def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None,
+                  out_features: int) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` over ``packed_weight = pack_linear_weight(weight)``: ``x[..., K]`` ->
+    ``[..., out_features]``, in x's dtype (the weight's and bias's too).
+
+    Every output element is one float32 accumulation over k in order, plus the bias, rounded once to the dtype, so
+    a row's result does not depend on the other rows of the call: one token and a tree of tokens through the same
+    layer give the same bits for the same row (aten's products change summation order with the row count). Made
+    for the 1-16-row products of decoding and verification on CPUs (see :func:`packed_linear_path`); no autograd.
+    """
+    return _ops.packed_linear(x, packed_weight, bias, int(out_features))
+
+
+def packed_linear_path(dtype: torch.dtype) -> str:
+    """The CPU code path :func:`packed_linear` takes for ``dtype`` on this machine: ``"avx512"`` (float32 on a CPU
+    with AVX-512), ``"avx512_bf16"`` (bfloat16 with AVX512-BF16) or ``"generic"`` (a portable loop: correct, but no
+    faster than aten's products)."""
+    from specdec_ext import _C
+
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    if dtype not in names:
+        raise ValueError(f"packed_linear_path: dtype must be float32, bfloat16 or float16, got {dtype}")
+    return _C.packed_linear_path(names[dtype])

@@ -66,3 +66,19 @@ def _tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, scale, validate
 @torch.library.register_fake("specdec_ext::compact_kv")
 def _compact_kv(caches, src_positions, dst_start, lengths, seq_dim, validate=True):
     return None
+
+
+def _packed_linear_shape(dtype, N: int, K: int) -> tuple[int, int, int, int]:
+    P = 1 if dtype == torch.float32 else 2
+    return (N + 31) // 32, (K + P - 1) // P, 32, P
+
+
+@torch.library.register_fake("specdec_ext::pack_linear_weight")
+def _pack_linear_weight(weight):
+    N, K = weight.shape
+    return weight.new_empty(_packed_linear_shape(weight.dtype, N, K))
+
+
+@torch.library.register_fake("specdec_ext::packed_linear")
+def _packed_linear(x, packed_weight, bias, out_features):
+    return x.new_empty((*x.shape[:-1], out_features))

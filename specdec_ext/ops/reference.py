@@ -570,3 +570,27 @@ def compact_kv(caches: list[torch.Tensor], src_positions: torch.Tensor, dst_star
             cache[b].index_copy_(seq_dim - 1, pos, old.index_select(seq_dim - 1, idx))
     if validate and errors:
         _raise("compact_kv", *errors[0])
+
+
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``packed[n // 32, k // P, n % 32, k % P] = weight[n, k]`` (P = 1 for float32, 2 for 16-bit types), shape
+    ``[ceil(N / 32), ceil(K / P), 32, P]``, zero padded."""
+    N, K = weight.shape
+    P = 1 if weight.dtype == torch.float32 else 2
+    NP, KP = -(-N // 32), -(-K // P)
+    padded = weight.new_zeros(NP * 32, KP * P)
+    padded[:N, :K] = weight
+    return padded.view(NP, 32, KP, P).permute(0, 2, 1, 3).contiguous()
+
+
+def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None,
+                  out_features: int) -> torch.Tensor:
+    """``x @ weight.T + bias`` with weight unpacked from ``packed_weight``, accumulated in float64 and rounded once
+    to x's dtype (the kernels accumulate in float32, k in order: tests compare within float32 accumulation error)."""
+    K = x.shape[-1]
+    NP, KP, _, P = packed_weight.shape
+    weight = packed_weight.permute(0, 2, 1, 3).reshape(NP * 32, KP * P)[:out_features, :K]
+    y = x.double() @ weight.double().T
+    if bias is not None:
+        y = y + bias.double()
+    return y.to(x.dtype)

@@ -234,6 +234,42 @@ SPECDEC_HD bool tree_mask_allows(const TreeAttentionParams<T>& p, int64_t b, int
   return (word >> (j & 31)) & 1u;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Linear layers over a packed weight (the few-row products of decoding, drafting and verification).
+//
+// weight[N, K] (out_features N, in_features K) is packed once into panels of kLinearPanel output features:
+//   packed[ceil(N / 32), ceil(K / P), 32, P], packed[n / 32][k / P][n % 32][k % P] = weight[n][k], zero padding,
+// with P = linear_pack_pair<T>() = 1 for float32 and 2 for 16-bit types (pairs along K: the operand order of
+// AVX512-BF16's dot product). A panel is one contiguous stream of K * 32 weights, read once per block of rows.
+// y[M, N] = x[M, K] @ weight^T + bias: every output element is one float32 accumulation over k = 0, 1, .., K - 1
+// in order (plus bias, then one rounding to T), whatever M and however rows are blocked, so a row's result does
+// not depend on the other rows in the call (decoding one token and verifying many give the same bits).
+constexpr int64_t kLinearPanel = 32;
+
+template <typename T>
+constexpr int64_t linear_pack_pair() {
+  return sizeof(T) == 2 ? 2 : 1;
+}
+
+template <typename T>
+struct PackLinearWeightParams {
+  const T* weight;  // [N, K] contiguous
+  int64_t out_features;  // N
+  int64_t in_features;   // K
+  T* packed;             // [ceil(N / 32), ceil(K / P), 32, P]
+};
+
+template <typename T>
+struct PackedLinearParams {
+  const T* x;  // [M, K] contiguous
+  int64_t rows;          // M
+  int64_t in_features;   // K
+  int64_t out_features;  // N
+  const T* packed;       // PackLinearWeightParams layout
+  const T* bias;         // [N] or nullptr
+  T* y;                  // [M, N] contiguous
+};
+
 // compact_kv: for every cache c, row b and i < lengths[b]:
 //   cache_c[b, ..., dst_start[b] + i, ...] = OLD cache_c[b, ..., src_positions[b, i], ...]
 // (all reads of a row happen before its writes, so overlapping source and destination ranges are fine). Each

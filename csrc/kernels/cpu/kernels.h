@@ -38,4 +38,14 @@ template <typename T>
 void TreeAttention(const TreeAttentionParams<T>& p, int64_t task_begin, int64_t task_end);
 void CompactKv(const CompactKvParams& p, int64_t task_begin, int64_t task_end);
 
+// Linear layers over a packed weight (PackedLinearParams): output panels [panel_begin, panel_end) of 32 features,
+// so callers may split panels over threads. T is float, f16 or bf16.
+template <typename T>
+void PackLinearWeight(const PackLinearWeightParams<T>& p, int64_t panel_begin, int64_t panel_end);
+template <typename T>
+void PackedLinear(const PackedLinearParams<T>& p, int64_t panel_begin, int64_t panel_end);
+// The code path PackedLinear<T> takes on this CPU: "avx512" (float), "avx512_bf16" (bf16) or "generic".
+template <typename T>
+const char* PackedLinearPath();
+
 }  // namespace specdec::cpu

@@ -21,17 +21,12 @@
 
 #include "block_utils.cuh"
 #include "kernels.cuh"
+#include "launch_check.cuh"
 
 namespace specdec::cuda {
 namespace {
 
 using namespace detail;
-
-void check_launch(const char* name) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw std::runtime_error(std::string("specdec_ext CUDA: launching ") + name +
-                                                 " failed: " + cudaGetErrorString(e));
-}
 
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string("specdec_ext CUDA: ") + what + ": " +

@@ -36,4 +36,10 @@ void LaunchTreeAttention(const TreeAttentionParams<T>& p, cudaStream_t stream);
 // All p.num_caches caches in one launch.
 void LaunchCompactKv(const CompactKvParams& p, cudaStream_t stream);
 
+// Linear layers over a packed weight (PackLinearWeightParams / PackedLinearParams layout).
+template <typename T>
+void LaunchPackLinearWeight(const PackLinearWeightParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchPackedLinear(const PackedLinearParams<T>& p, cudaStream_t stream);
+
 }  // namespace specdec::cuda

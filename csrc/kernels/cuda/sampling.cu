@@ -7,6 +7,7 @@
 
 #include "filter.cuh"
 #include "kernels.cuh"
+#include "launch_check.cuh"
 #include "row_checks.cuh"
 
 namespace specdec::cuda {
@@ -17,12 +18,6 @@ using namespace detail;
 constexpr int kBlock = 512;
 constexpr int kUnroll = 4;
 constexpr int64_t kSortSmem = 2048;  // top-k lists up to this size are sorted in shared memory
-
-void check_launch(const char* name) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw std::runtime_error(std::string("specdec_ext CUDA: launching ") + name +
-                                                 " failed: " + cudaGetErrorString(e));
-}
 
 // sample_tokens ---------------------------------------------------------------------------------------------------
 // One block per row: validation + max (1 pass), filter thresholds (0-6 passes), sum (1 pass), then one pass that

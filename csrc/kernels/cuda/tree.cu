@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels.cuh"
+#include "launch_check.cuh"
 #include "row_checks.cuh"
 
 namespace specdec::cuda {
@@ -15,12 +16,6 @@ namespace {
 using namespace detail;
 
 constexpr int kBlock = 256;
-
-void check_launch(const char* name) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw std::runtime_error(std::string("specdec_ext CUDA: launching ") + name +
-                                                 " failed: " + cudaGetErrorString(e));
-}
 
 // Phase 1 (per node): depth by walking to the root, first child / next sibling by scanning later nodes; the
 // path matrix is pre-filled with -1. Phase 2 (chunked block scan over nodes): each leaf gets its rank among

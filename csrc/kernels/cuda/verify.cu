@@ -10,6 +10,7 @@
 
 #include "filter.cuh"
 #include "kernels.cuh"
+#include "launch_check.cuh"
 #include "row_checks.cuh"
 
 namespace specdec::cuda {
@@ -21,12 +22,6 @@ constexpr int kGreedyBlock = 1024;  // greedy is one pass per node: maximise loa
 constexpr int kBlock = 512;
 constexpr int kUnroll = 4;
 constexpr int kMaxRemovedCached = 256;  // deterministic drafts: removed tokens kept in shared memory
-
-void check_launch(const char* name) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw std::runtime_error(std::string("specdec_ext CUDA: launching ") + name +
-                                                 " failed: " + cudaGetErrorString(e));
-}
 
 // Greedy ---------------------------------------------------------------------------------------------------------
 
