@@ -1,6 +1,7 @@
-"""The drafters' linear layers (specdec_ext.models.fast_linear): the packed oneDNN path for bfloat16 on CPU against
-``F.linear`` in float64, its cache following in-place weight updates, training untouched, and the EAGLE draft
-networks in bfloat16 (packed, fused q/k/v and gate/up) against the same network in float32."""
+"""Linear layers with packed weights (specdec_ext.models.fast_linear): the packed paths (the packed_linear kernel,
+or oneDNN for bfloat16 where the kernel has no vector path) against ``F.linear`` in float64, the caches following
+in-place weight updates, training untouched, and the EAGLE draft networks in bfloat16 (packed, fused q/k/v and
+gate/up) against the same network in float32."""
 
 import copy
 
@@ -72,16 +73,34 @@ def test_inference_mode_weights():
 def test_training_and_other_dtypes_take_aten():
     lin = Linear(16, 8)
     x = torch.randn(5, 16, requires_grad=True)
-    for dtype in (torch.float32, torch.float64):
+    for dtype in (torch.float64, torch.float16):  # no packed path for these dtypes
         l2 = copy.deepcopy(lin).to(dtype)
         with torch.no_grad():
             assert torch.equal(l2(x.detach().to(dtype)), F.linear(x.detach().to(dtype), l2.weight, l2.bias))
-    lb = copy.deepcopy(lin).bfloat16()
-    xb = x.detach().bfloat16().requires_grad_()
-    out = lb(xb)  # gradients recorded: aten
-    out.float().sum().backward()
-    assert lb.weight.grad is not None and xb.grad is not None
-    assert torch.equal(out.detach(), F.linear(xb.detach(), lb.weight.detach(), lb.bias.detach()))
+    for dtype in (torch.float32, torch.bfloat16):
+        lb = copy.deepcopy(lin).to(dtype)
+        xb = x.detach().to(dtype).requires_grad_()
+        out = lb(xb)  # gradients recorded: aten, exactly
+        out.float().sum().backward()
+        assert lb.weight.grad is not None and xb.grad is not None
+        assert torch.equal(out.detach(), F.linear(xb.detach(), lb.weight.detach(), lb.bias.detach()))
+        assert fast_linear._PACKED.get(lb.weight) is None
+
+
+@pytest.mark.skipif(not fast_linear.packed_enabled(torch.float32),
+                    reason="no packed float32 path on this CPU (the packed_linear kernel needs AVX-512)")
+@torch.no_grad()
+def test_float32_takes_the_packed_kernel():
+    g = torch.Generator().manual_seed(4)
+    lin = Linear(96, 70)
+    for p in lin.parameters():
+        p.copy_(torch.randn(p.shape, generator=g))
+    x = torch.randn(2, 3, 96, generator=g)
+    out = lin(x)
+    assert lin._specdec_packed is not None and lin._specdec_packed[3] == "ours"
+    torch.testing.assert_close(out.double(), _ref(x, lin.weight, lin.bias), atol=1e-4, rtol=1e-5)
+    lin.weight.mul_(-1)  # the layer's remembered packed weight follows in-place updates
+    torch.testing.assert_close(lin(x).double(), _ref(x, lin.weight, lin.bias), atol=1e-4, rtol=1e-5)
 
 
 @torch.no_grad()

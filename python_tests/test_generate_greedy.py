@@ -23,6 +23,7 @@ from test_hf_tree_attention import V, make_model  # noqa: E402
 from specdec_ext import ops  # noqa: E402
 from specdec_ext.drafters import DraftModelDrafter, NgramDrafter, ngram_lookup  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
+from specdec_ext.models.fast_linear import pack_linears, packed_enabled  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -97,6 +98,20 @@ def test_greedy_equals_hf_generate(family, kind):
             assert stats.steps == max_new and stats.accept_hist[0] == max_new
     if kind != "plain":
         assert max(accepted_lengths) > 1.2, accepted_lengths  # drafts were accepted
+
+
+@pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "dynamic"])
+def test_packed_target_greedy_equals_hf_generate(kind):
+    """A target prepared with pack_linears multiplies through the packed_linear kernel inside generate (plain and
+    speculative decoding alike) and still gives HF's greedy output (HF's generate, outside the block: aten)."""
+    model = copy.deepcopy(target("llama"))
+    assert pack_linears(model) > 0
+    for plen, max_new, seed in [(1, 9, 0), (11, 24, 2)]:
+        prompt = prompt_of(plen, seed)
+        got, _ = run_and_check(model, make_drafter(kind, target("llama")), prompt, max_new)
+        assert got == hf_greedy(model, prompt, max_new), (plen, max_new, seed)
+    if packed_enabled(torch.float32):
+        assert model.lm_head._specdec_packed is not None  # the kernel ran
 
 
 @pytest.mark.parametrize("kind", ["ngram", "draft", "tree", "dynamic"])

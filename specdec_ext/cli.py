@@ -53,6 +53,7 @@ def _load_tokenizer(path: str, required: bool):
 def generate_cmd(args: argparse.Namespace) -> int:
     from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter
     from specdec_ext.generate import generate, load_model
+    from specdec_ext.models.fast_linear import pack_linears
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise SystemExit("specdec generate: pass exactly one of --prompt and --prompt-ids")
@@ -61,12 +62,15 @@ def generate_cmd(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
         target = load_model(args.model, dtype=dtype, device=args.device)
+        if not args.no_packed_linears:
+            pack_linears(target)
         drafter = None
         if args.draft_model:
             drafter = DraftModelDrafter(load_model(args.draft_model, dtype=dtype, device=args.device),
                                         num_draft_tokens=args.num_draft_tokens, tree_width=args.tree_width,
                                         total_tokens=args.tree_total_tokens,
-                                        confidence_threshold=args.confidence_threshold)
+                                        confidence_threshold=args.confidence_threshold,
+                                        packed_linears=not args.no_packed_linears)
         elif args.ngram:
             drafter = NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
         elif args.medusa:
@@ -159,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--device", default="cpu")
     p_gen.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None)
     p_gen.add_argument("--no-stream", action="store_true", help="print the output at the end instead of streaming")
+    p_gen.add_argument("--no-packed-linears", action="store_true",
+                       help="multiply with aten's products (default: the target and draft model multiply with "
+                            "weights packed once for few-row products, which costs a copy of their weights)")
     p_gen.set_defaults(func=generate_cmd)
     from specdec_ext.train.cli import add_train_commands
 

@@ -56,6 +56,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--random-model", choices=["125m", "1b"],
                    help="a random-weight Llama of this size with random drafters: TIMING ONLY (step costs)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--no-packed-linears", action="store_true",
+                   help="multiply with aten's products (default: the target and draft LM are prepared with "
+                        "pack_linears, for ours and Hugging Face's methods alike)")
     g.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                    help="model dtype (default: float32 on CPU, bfloat16 on CUDA)")
     s = p.add_argument_group("what to run")
@@ -153,13 +156,15 @@ def load_models(args, device: str, dtype):
         return M.tiny_random(seed=args.seed, device=device, num_draft_tokens=args.num_draft_tokens)
     if args.random_model:
         return M.random_llama(args.random_model, device=device, dtype=dtype, seed=args.seed,
-                              num_draft_tokens=args.num_draft_tokens)
+                              num_draft_tokens=args.num_draft_tokens, packed_linears=not args.no_packed_linears)
     if args.model:
         return M.from_dirs(args.model, draft_model=args.draft_model, medusa=args.medusa, eagle=args.eagle,
                            eagle3=args.eagle3, tokenizer=args.tokenizer, device=device, dtype=dtype,
-                           num_draft_tokens=args.num_draft_tokens, prompts_file=args.prompts_file)
+                           num_draft_tokens=args.num_draft_tokens, prompts_file=args.prompts_file,
+                           packed_linears=not args.no_packed_linears)
     try:
-        return M.from_zoo(args.zoo, device=device, dtype=dtype or "float32", prompts_file=args.prompts_file)
+        return M.from_zoo(args.zoo, device=device, dtype=dtype or "float32", prompts_file=args.prompts_file,
+                          packed_linears=not args.no_packed_linears)
     except RuntimeError as err:
         raise BenchError(f"{err}. Point --model (and --draft-model, --medusa, --eagle) at local models, or "
                          "use --tiny to try the suite on tiny random models") from None

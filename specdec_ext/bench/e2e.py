@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specdec_ext.bench.models import BenchModels
+from specdec_ext.models.fast_linear import PackableLinear, packed_linears
 
 __all__ = ["E2EConfig", "compare_outputs", "run_e2e", "measure", "MemoryMeter", "HF_METHODS"]
 
@@ -216,7 +217,8 @@ def hf_settings(models: BenchModels, drafters: dict, cfg: E2EConfig) -> dict:
     return {"assisted": {"num_assistant_tokens": k_dm, "num_assistant_tokens_schedule": "constant",
                          "assistant_confidence_threshold": threshold},
             "prompt_lookup": {"prompt_lookup_num_tokens": k_ng, "max_matching_ngram_size": n_ng},
-            "attention": "sdpa", "top_k": 0, "top_p": 1.0}
+            "attention": "sdpa", "top_k": 0, "top_p": 1.0,
+            "packed_linears": any(isinstance(m, PackableLinear) for m in models.target.modules())}
 
 
 def _run_ours(models: BenchModels, drafter, prompt, temperature, max_new_tokens, seed):
@@ -253,7 +255,9 @@ def _run_hf(models: BenchModels, method, prompt, temperature, max_new_tokens, se
         kw.update(settings["prompt_lookup"])
     counter = _CountForwards(target)
     try:
-        with _hf_mode(target, assistant), torch.no_grad():
+        # inside the packed-linears block, as our generate(): a target / draft LM prepared with pack_linears
+        # multiplies with the same kernels in both libraries, so the comparison is of the decoding algorithms
+        with _hf_mode(target, assistant), torch.no_grad(), packed_linears():
             _sync(dev)
             t0 = time.perf_counter()
             out = target.generate(ids, **kw)

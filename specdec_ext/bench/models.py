@@ -185,10 +185,18 @@ def _texts_for(prompts_file: str | None) -> tuple[list[str] | None, str]:
 
 
 # ---- constructors ---------------------------------------------------------------------------------------------
+def _pack(*models) -> None:
+    from specdec_ext.models.fast_linear import pack_linears
+
+    for m in models:
+        if m is not None:
+            pack_linears(m)
+
+
 def from_zoo(path: str | None = None, device: str = "cpu", dtype: str | torch.dtype = torch.float32,
-             prompts_file: str | None = None) -> BenchModels:
+             prompts_file: str | None = None, packed_linears: bool = True) -> BenchModels:
     """The project's family (``specdec_ext.zoo.load_family``); raises ``RuntimeError`` with a clear message when the
-    zoo or its files are not there."""
+    zoo or its files are not there. ``packed_linears``: as :func:`load_family`'s (target and draft LM)."""
     try:
         from specdec_ext.zoo import load_family
     except ImportError:
@@ -197,7 +205,7 @@ def from_zoo(path: str | None = None, device: str = "cpu", dtype: str | torch.dt
         except ImportError as err:
             raise RuntimeError(f"the model zoo (specdec_ext.zoo) is not available ({err}); pass --model DIR "
                                "(and --draft-model / --medusa / --eagle DIRs) or --tiny") from None
-    kwargs = {"device": device, "dtype": dtype}
+    kwargs = {"device": device, "dtype": dtype, "packed_linears": packed_linears}
     try:
         fam = load_family(path, **kwargs) if path else load_family(**kwargs)
     except (FileNotFoundError, OSError) as err:
@@ -221,10 +229,12 @@ def _settings(fam, name):
 def from_dirs(model: str, draft_model: str | None = None, medusa: str | None = None, eagle: str | None = None,
               eagle3: str | None = None, tokenizer: str | None = None, device: str = "cpu",
               dtype: str | torch.dtype | None = None, num_draft_tokens: int = DEFAULT_DRAFT_TOKENS,
-              prompts_file: str | None = None, ngram: bool = True) -> BenchModels:
+              prompts_file: str | None = None, ngram: bool = True, packed_linears: bool = True) -> BenchModels:
     """User models from local directories. Drafters: n-gram (always, unless ``ngram=False``), ``draft-model``
     (chain of ``num_draft_tokens``), ``medusa`` (``mc_sim_7b_63`` tree), ``eagle`` / ``eagle3`` (EAGLE-2
-    dynamic trees with the library defaults)."""
+    dynamic trees with the library defaults). ``packed_linears``: prepare the target and the draft LM with
+    :func:`~specdec_ext.models.fast_linear.pack_linears` (every method, ours and Hugging Face's, then multiplies
+    with packed weights)."""
     from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter
     from specdec_ext.generate import load_model
 
@@ -236,6 +246,8 @@ def from_dirs(model: str, draft_model: str | None = None, medusa: str | None = N
         dtype = getattr(torch, dtype)
     target = load_model(model, dtype=dtype, device=device)
     draft_lm = load_model(draft_model, dtype=dtype, device=device) if draft_model else None
+    if packed_linears:
+        _pack(target, draft_lm)
     tok = None
     try:
         from transformers import AutoTokenizer
@@ -336,7 +348,8 @@ RANDOM_SIZES = {
 
 
 def random_llama(size: str = "1b", device: str = "cpu", dtype: str | torch.dtype | None = None, seed: int = 0,
-                 max_positions: int = 4096, num_draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> BenchModels:
+                 max_positions: int = 4096, num_draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+                 packed_linears: bool = True) -> BenchModels:
     """A random-weight Llama target of ``size`` (``RANDOM_SIZES``: "125m", "1b" ~ 1.1B parameters) with a small
     random draft LM, random Medusa heads (sharing the target's lm_head) and a random EAGLE-1 draft, built directly
     on ``device`` in ``dtype``. **Timing only**: random drafts are (almost) never accepted, so these runs measure
@@ -376,6 +389,8 @@ def random_llama(size: str = "1b", device: str = "cpu", dtype: str | torch.dtype
     finally:
         torch.set_default_dtype(saved)
     heads, eagle = heads.eval(), eagle.eval()
+    if packed_linears:
+        _pack(target, draft_lm)
     makers = {
         "ngram": lambda: NgramDrafter(num_pred_tokens=num_draft_tokens),
         "draft-model": lambda: DraftModelDrafter(draft_lm, num_draft_tokens=num_draft_tokens),

@@ -67,9 +67,9 @@ class DraftModelDrafter:
     chains then cost little where the draft is unsure (Hugging Face's ``assistant_confidence_threshold``). Stopping
     depends on the draft alone, so verification stays lossless. Each check reads one value back: a device
     synchronisation per draft token on a GPU.
-    ``packed_linears``: the draft model's ``nn.Linear`` layers draft with their weights packed once for oneDNN
-    (:func:`specdec_ext.models.fast_linear.pack_linears`; bfloat16 on CPU, elsewhere unchanged); other callers of
-    the model are unaffected.
+    ``packed_linears``: the draft model's ``nn.Linear`` layers draft with their weights packed once for few-row
+    products (:func:`specdec_ext.models.fast_linear.pack_linears`; float32 / bfloat16 on CPU, elsewhere
+    unchanged); other callers of the model are unaffected.
     """
 
     hidden_state_layers: tuple[int, ...] = ()

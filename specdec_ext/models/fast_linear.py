@@ -1,25 +1,32 @@
-"""Linear layers of the drafters' own networks, with the weight laid out once for oneDNN on CPU.
+"""Linear layers with the weight packed once, for the few-row products of decoding on CPUs.
 
-A drafter runs a few rows through small matrices several times per decoding step, so its linear layers are a large
-part of the drafting time. On CPU, aten's bfloat16 ``linear`` lays the weight out for oneDNN again on every call;
-packing it once (``torch.ops.mkldnn._reorder_linear_weight``, what ``torch.compile``'s freezing pass does) and
-calling ``torch.ops.mkldnn._linear_pointwise`` made a ``[1, 384] x [384, 1024]`` product 1.5x faster and a
-``[384, 4096]`` vocabulary projection 2x faster at 1-4 rows on the development CPU, and no slower at 64-200 rows;
-the results are bit-identical to aten's in our checks. float32 gains nothing at one row, and float16 needs CPU
-features (AVX-NE-CONVERT / AVX512-FP16) many machines lack, so both keep aten's path, as do CUDA tensors and any
-call that records gradients (training).
+Decoding multiplies one row (plain decoding), or the 2-16 rows of a draft tree (verification, drafting), by every
+weight of a model. On CPUs aten's products are poor at that size: float32 products of 5-16 rows cost 1.6-2x a
+one-row product (MKL lays the weight out again on every call), and bfloat16 one-row products stream the weight at a
+third of memory bandwidth. :func:`linear` instead calls the ``specdec_ext::packed_linear`` kernel on a copy of the
+weight laid out once (:func:`specdec_ext.ops.pack_linear_weight`), where a few rows cost about what reading the
+weight costs, as on a GPU. Measured on the development CPU (AVX-512 with AVX512-BF16, 1 thread, the family
+target's 57 weight matrices streamed from memory, ``benchmarks/python/bench_packed_linear.py``): float32 1 row
+5.7 -> 3.2 ms, 9 rows 10.1 -> 4.0 ms; bfloat16 1 row 4.5 -> 1.9 ms, 9 rows 5.6 -> 2.1 ms. Every output element is
+one float32 accumulation in a fixed order, so a row's result does not depend on how many rows the call has.
+
+The kernel's vector paths need AVX-512 (float32) or AVX512-BF16 (bfloat16)
+(:func:`specdec_ext.ops.packed_linear_path`); elsewhere bfloat16 falls back to weights packed once for oneDNN
+(``torch.ops.mkldnn._reorder_linear_weight``, 1.5-2x aten at 1-4 rows where the CPU has a bfloat16 oneDNN path),
+and everything else (float16, CUDA tensors, calls that record gradients) takes ``F.linear``.
+``SPECDEC_PACKED_LINEAR=0`` turns every fast path off.
 
 :func:`linear` is ``F.linear`` with that fast path; :class:`Linear` is an ``nn.Linear`` whose forward uses it (same
 parameters, same state-dict keys); :func:`fused_linear` runs several projections of one input (q/k/v, gate/up) as
 one product. The packed copy (as large as the weight) is cached per weight tensor and rebuilt when the weight
-changes in place (its version counter) or is replaced. ``SPECDEC_PACKED_LINEAR=0`` turns the fast path off.
+changes in place (its version counter) or is replaced.
 
-A model that is not ours (a Hugging Face draft model) opts in with :func:`pack_linears`: its plain ``nn.Linear``
-layers become :class:`PackableLinear` (same parameters, keys and ``isinstance``), which take the fast path only
-inside a :func:`packed_linears` block and are ``nn.Linear`` everywhere else. The draft-model drafter does this for
-its draft model and drafts inside the block, so the model is unchanged for any other caller (Hugging Face's own
-assisted generation, training). On the model family in bfloat16 it made draft-model decoding 0-4% faster (the
-draft LM's 256-wide products cost ~20 us each whichever path they take).
+A model that is not ours (a Hugging Face target or draft model) opts in with :func:`pack_linears`: its plain
+``nn.Linear`` layers become :class:`PackableLinear` (same parameters, keys and ``isinstance``), which take the fast
+path only inside a :func:`packed_linears` block and are ``nn.Linear`` everywhere else. :func:`specdec_ext.generate`
+runs inside such a block, so after ``pack_linears(target)`` plain and speculative decoding both use the packed
+weights while the model is unchanged for any other caller (training, Hugging Face's ``generate``). The cost is
+memory: a packed copy of every weight, built at its first product inside the block.
 """
 
 from __future__ import annotations
@@ -38,16 +45,34 @@ __all__ = ["Linear", "PackableLinear", "fused_linear", "linear", "module_linear"
            "packed_linears", "tensor_version", "unpack_linears"]
 
 _ENABLED = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
-_PACKED = WeakIdKeyDictionary()  # weight -> (version, data_ptr, packed weight)
-_BROKEN: list[str] = []  # why the fast path is off on this machine (set at the first failure)
-
-
+_PACKED = WeakIdKeyDictionary()  # weight -> (version, data_ptr, kernel, packed weight)
+_BROKEN: list[str] = []  # why the oneDNN fallback is off on this machine (set at its first failure)
 _MKLDNN = torch.backends.mkldnn.is_available()
+_OURS = "ours"  # the specdec_ext::packed_linear kernel
+_ONEDNN = "onednn"  # the bfloat16 fallback
+_KERNEL_FOR: dict[torch.dtype, str | None] = {}  # dtype -> which fast path (None: F.linear), decided once
 
 
-def packed_enabled() -> bool:
-    """Whether :func:`linear` may take the packed oneDNN path on this machine."""
-    return _ENABLED and _MKLDNN and not _BROKEN
+def _kernel_for(dtype: torch.dtype) -> str | None:
+    kernel = _KERNEL_FOR.get(dtype, "?")
+    if kernel == "?":
+        kernel = None
+        if dtype in (torch.float32, torch.bfloat16):
+            from specdec_ext.ops import packed_linear_path
+
+            if packed_linear_path(dtype) != "generic":
+                kernel = _OURS
+            elif dtype is torch.bfloat16 and _MKLDNN:
+                kernel = _ONEDNN
+        _KERNEL_FOR[dtype] = kernel
+    if kernel == _ONEDNN and _BROKEN:
+        return None
+    return kernel
+
+
+def packed_enabled(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether :func:`linear` may take a packed path for ``dtype`` on this machine."""
+    return _ENABLED and _kernel_for(dtype) is not None
 
 
 def tensor_version(t: torch.Tensor) -> int:
@@ -56,41 +81,82 @@ def tensor_version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
-def _packed(weight: torch.Tensor) -> torch.Tensor | None:
-    key = (tensor_version(weight), weight.data_ptr())
+def _packed(weight: torch.Tensor, kernel: str) -> torch.Tensor | None:
+    key = (tensor_version(weight), weight.data_ptr(), kernel)
     hit = _PACKED.get(weight)
-    if hit is not None and hit[:2] == key:
-        return hit[2]
-    try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
-    except (RuntimeError, AttributeError) as e:  # a build or CPU without the bf16 oneDNN path
-        _BROKEN.append(f"{type(e).__name__}: {e}")
-        return None
+    if hit is not None and hit[:3] == key:
+        return hit[3]
+    if kernel == _OURS:
+        from specdec_ext.ops import pack_linear_weight
+
+        packed = pack_linear_weight(weight.detach())
+    else:
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+        except (RuntimeError, AttributeError) as e:  # a build or CPU without the bf16 oneDNN path
+            _BROKEN.append(f"{type(e).__name__}: {e}")
+            return None
     _PACKED[weight] = (*key, packed)
     return packed
 
 
-def _fast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    # (cheapest tests first: this runs before every product of a drafting step)
-    if x.dtype is not torch.bfloat16 or weight.dtype is not torch.bfloat16 or x.is_cuda or weight.is_cuda:
-        return False
+def _fast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:
+    """The fast path for this call, or None. (Cheapest tests first: this runs before every product.)"""
+    if x.dtype is not weight.dtype or x.is_cuda or weight.is_cuda or not _ENABLED:
+        return None
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
-        return False
-    return (weight.device.type == "cpu" and x.device.type == "cpu" and weight.dim() == 2 and x.dim() >= 2
-            and x.shape[-1] == weight.shape[1]
-            and (bias is None or (bias.dtype is torch.bfloat16 and bias.device.type == "cpu"))
-            and packed_enabled())
+        return None
+    if not (weight.device.type == "cpu" and x.device.type == "cpu" and weight.dim() == 2 and x.dim() >= 1
+            and x.shape[-1] == weight.shape[1] and weight.numel() > 0
+            and (bias is None or (bias.dtype is weight.dtype and bias.device.type == "cpu"))):
+        return None
+    return _kernel_for(weight.dtype)
+
+
+def _apply(kernel: str, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+           out_features: int) -> torch.Tensor | None:
+    if kernel == _OURS:
+        return torch.ops.specdec_ext.packed_linear(x, packed, bias, out_features)
+    if x.dim() >= 2:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return None
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """(result, (kernel, packed) or None when F.linear ran)."""
+    kernel = _fast(x, weight, bias)
+    if kernel is not None:
+        packed = _packed(weight, kernel)
+        if packed is not None:
+            y = _apply(kernel, x, packed, bias, weight.shape[0])
+            if y is not None:
+                return y, (kernel, packed)
+    return F.linear(x, weight, bias), None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``: ``x[..., K]``, ``weight[N, K]``, ``bias[N]`` -> ``[..., N]``; bfloat16 on CPU
-    without gradients goes through the weight packed once (see the module doc)."""
-    if _fast(x, weight, bias):
-        packed = _packed(weight)
-        if packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+    """``F.linear(x, weight, bias)``: ``x[..., K]``, ``weight[N, K]``, ``bias[N]`` -> ``[..., N]``; on CPU without
+    gradients, float32 and bfloat16 go through the weight packed once (see the module doc)."""
+    return _linear(x, weight, bias)[0]
+
+
+def _module_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """:func:`linear` for a layer, with its packed weight remembered on the layer: a decoding step makes hundreds of
+    these calls, and the checks of :func:`linear` cost a few microseconds each (the product of a 256-wide layer
+    takes about as long). The remembered weight is used only while it is the same tensor at the same version, for
+    a CPU input of its dtype without gradients; anything else takes :func:`linear`."""
+    w = module.weight
+    hit = module._specdec_packed
+    if (hit is not None and hit[0] is w and hit[1] == tensor_version(w) and hit[2] == w.data_ptr()
+            and x.dtype is w.dtype and not x.is_cuda and not torch.is_grad_enabled()):
+        y = _apply(hit[3], x, hit[4], module.bias, w.shape[0])
+        if y is not None:
+            return y
+    y, used = _linear(x, w, module.bias)
+    if used is not None:
+        module._specdec_packed = (w, tensor_version(w), w.data_ptr(), *used)
+    return y
 
 
 _FUSED = WeakIdKeyDictionary()  # first layer's weight -> (versions, fused weight, fused bias)
@@ -120,17 +186,29 @@ def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> torch.Tensor:
 def module_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` for a linear layer that is not ours (a target's ``lm_head``): the fast path when it is a plain
     ``nn.Linear`` without hooks, else the module's own call (its subclass's forward, its hooks)."""
-    if type(module) in (nn.Linear, Linear, PackableLinear) and not (module._forward_hooks
-                                                                      or module._forward_pre_hooks):
-        return linear(x, module.weight, module.bias)
+    kind = type(module)
+    if kind in (nn.Linear, Linear, PackableLinear) and not (module._forward_hooks or module._forward_pre_hooks):
+        return linear(x, module.weight, module.bias) if kind is nn.Linear else _module_forward(module, x)
     return module(x)
 
 
-class Linear(nn.Linear):
+class _RemembersPacked:
+    """The packed weight a layer remembers (:func:`_module_forward`); never pickled or deep-copied (a copy packs
+    its own weight at its first product)."""
+
+    _specdec_packed = None  # (weight, its version, its data_ptr, kernel, packed weight) of the last fast product
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_specdec_packed", None)
+        return state
+
+
+class Linear(_RemembersPacked, nn.Linear):
     """``nn.Linear`` whose forward is :func:`linear` (same parameters and state-dict keys)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return _module_forward(self, x)
 
 
 _IN_BLOCK = contextvars.ContextVar("specdec_packed_linears", default=False)
@@ -147,20 +225,21 @@ def packed_linears(enabled: bool = True):
         _IN_BLOCK.reset(token)
 
 
-class PackableLinear(nn.Linear):
+class PackableLinear(_RemembersPacked, nn.Linear):
     """An ``nn.Linear`` of someone else's model after :func:`pack_linears`: :func:`linear` inside a
     :func:`packed_linears` block, ``F.linear`` outside (exactly ``nn.Linear``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _IN_BLOCK.get():
-            return linear(x, self.weight, self.bias)
+            return _module_forward(self, x)
         return F.linear(x, self.weight, self.bias)
 
 
 def pack_linears(model: nn.Module) -> int:
     """Makes every plain ``nn.Linear`` of ``model`` (not subclasses: quantised or custom layers keep their own
     forward) a :class:`PackableLinear`, in place; returns how many are packable. Idempotent. The packed weights
-    are built at the first product inside :func:`packed_linears` (memory: a copy of each bfloat16 weight)."""
+    are built at the first product inside :func:`packed_linears` (memory: a copy of each float32 or
+    bfloat16 weight)."""
     n = 0
     for module in model.modules():
         if type(module) is nn.Linear:
@@ -174,4 +253,5 @@ def unpack_linears(model: nn.Module) -> None:
     for module in model.modules():
         if type(module) is PackableLinear:
             module.__class__ = nn.Linear
+            module.__dict__.pop("_specdec_packed", None)
             _PACKED.pop(module.weight, None)

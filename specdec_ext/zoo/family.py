@@ -84,12 +84,15 @@ def _require(path: str, what: str) -> None:
 
 
 def load_family(path: str | os.PathLike | None = None, device: torch.device | str = "cpu",
-                dtype: torch.dtype | str = torch.float32) -> Family:
+                dtype: torch.dtype | str = torch.float32, packed_linears: bool = True) -> Family:
     """The family in ``path`` (default: :func:`family_dir`) on ``device`` in ``dtype`` (the files are bf16;
-    float32 is the fast choice on CPUs without bf16 matrix units)."""
+    float32 is the fast choice on CPUs without bf16 matrix units). ``packed_linears``: prepare the target and the
+    draft LM with :func:`~specdec_ext.models.fast_linear.pack_linears`, so that :func:`specdec_ext.generate`
+    multiplies with packed weights (plain and speculative decoding alike; memory: a copy of their weights)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specdec_ext.models.checkpoints import load_eagle, load_medusa
+    from specdec_ext.models.fast_linear import pack_linears
 
     root = family_dir(path)
     _require(root, "the family directory")
@@ -102,6 +105,9 @@ def load_family(path: str | os.PathLike | None = None, device: torch.device | st
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(root, "target"), local_files_only=True)
     draft = AutoModelForCausalLM.from_pretrained(os.path.join(root, "draft"), dtype=dtype, local_files_only=True)
     draft = draft.to(device).eval()
+    if packed_linears:
+        pack_linears(target)
+        pack_linears(draft)
     medusa = load_medusa(os.path.join(root, "medusa"), target=target)
     eagle1 = load_eagle(os.path.join(root, "eagle1"), target=target)
     eagle3 = load_eagle(os.path.join(root, "eagle3"), target=target)
