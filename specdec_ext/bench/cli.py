@@ -67,6 +67,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--methods", help="comma-separated methods for e2e/context (default: all available), e.g. "
                                      "ngram,draft-model,eagle2,hf-assisted")
     s.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
+    s.add_argument("--hf-packed-linears", action="store_true",
+                   help="run the Hugging Face baselines on our packed products too (a comparison of decoding "
+                        "algorithms; default: Hugging Face as its users run it, on aten's products)")
     s.add_argument("--temperatures", default="0,1", help="e2e temperatures (default 0,1)")
     s.add_argument("--num-prompts", type=int, help="e2e prompts (default 8, quick 2)")
     s.add_argument("--prompt-len", type=int, help="e2e prompt length in tokens (default 128, quick 64)")
@@ -233,7 +236,7 @@ def run(args: argparse.Namespace, log=print) -> tuple[dict, list[str]]:
         cfg = E2EConfig(num_prompts=st["num_prompts"], prompt_len=st["prompt_len"],
                         max_new_tokens=st["max_new_tokens"], temperatures=tuple(st["temperatures"]),
                         methods=st["methods"], hf=not args.no_hf, warmup_tokens=st["warmup_tokens"], seed=args.seed,
-                        num_draft_tokens=args.num_draft_tokens)
+                        num_draft_tokens=args.num_draft_tokens, hf_packed_linears=args.hf_packed_linears)
         try:
             results["e2e"] = run_e2e(models, cfg, log=log)
         except ValueError as err:

@@ -71,6 +71,9 @@ class E2EConfig:
     warmup_tokens: int = 16
     seed: int = 0
     num_draft_tokens: int = 4  # HF assisted / prompt lookup when our drafter does not say
+    # Hugging Face's methods multiply with the packed weights too (inside fast_linear.packed_linears): a comparison
+    # of decoding algorithms on the same products. False (default): Hugging Face as its users run it (aten).
+    hf_packed_linears: bool = False
 
 
 # ---- memory ------------------------------------------------------------------------------------------------------
@@ -218,7 +221,8 @@ def hf_settings(models: BenchModels, drafters: dict, cfg: E2EConfig) -> dict:
                          "assistant_confidence_threshold": threshold},
             "prompt_lookup": {"prompt_lookup_num_tokens": k_ng, "max_matching_ngram_size": n_ng},
             "attention": "sdpa", "top_k": 0, "top_p": 1.0,
-            "packed_linears": any(isinstance(m, PackableLinear) for m in models.target.modules())}
+            "packed_linears": bool(cfg.hf_packed_linears)
+            and any(isinstance(m, PackableLinear) for m in models.target.modules())}
 
 
 def _run_ours(models: BenchModels, drafter, prompt, temperature, max_new_tokens, seed):
@@ -255,9 +259,9 @@ def _run_hf(models: BenchModels, method, prompt, temperature, max_new_tokens, se
         kw.update(settings["prompt_lookup"])
     counter = _CountForwards(target)
     try:
-        # inside the packed-linears block, as our generate(): a target / draft LM prepared with pack_linears
-        # multiplies with the same kernels in both libraries, so the comparison is of the decoding algorithms
-        with _hf_mode(target, assistant), torch.no_grad(), packed_linears():
+        # hf_packed_linears: inside the packed-linears block, as our generate() (the same products in both
+        # libraries); else outside it, where a model prepared with pack_linears is exactly nn.Linear (aten)
+        with _hf_mode(target, assistant), torch.no_grad(), packed_linears(settings["packed_linears"]):
             _sync(dev)
             t0 = time.perf_counter()
             out = target.generate(ids, **kw)
