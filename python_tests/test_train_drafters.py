@@ -91,6 +91,45 @@ def test_medusa_trains_saves_and_decodes(tmp_path, share):
     assert acc == pytest.approx(res.evals[-1][1]) and acc > 2.0
 
 
+def test_medusa_soft_labels_are_the_targets_future_distributions():
+    """medusa_loss(soft_labels=True) = sum_h decay^h * mean over positions t of KL(target's distribution of token
+    t + 2 + h || head h at t), computed here position by position; and training on it decodes losslessly."""
+    import torch.nn.functional as F
+
+    from specdec_ext.drafters import MedusaHeads
+    from specdec_ext.train.medusa import medusa_loss
+
+    torch.manual_seed(0)
+    model = target()
+    heads = MedusaHeads(2, model.config.hidden_size, model.config.vocab_size, 1)
+    with torch.no_grad():
+        for prm in heads.parameters():  # not the identity / zero initialisation: heads that disagree with the target
+            prm.normal_(0, 0.1)
+    toks = torch.randint(3, V, (2, 9))
+    mask = torch.ones_like(toks, dtype=torch.bool)
+    mask[1, 7:] = False  # padding: positions whose token t + 2 + h is padding do not count
+    with torch.no_grad():
+        loss, _ = medusa_loss(heads, model, toks, mask, decay=0.5, soft_labels=True)
+        out = model(input_ids=toks, attention_mask=mask.long(), output_hidden_states=True)
+        hid, logits = out.hidden_states[-1].float(), out.logits.float()
+        want = 0.0
+        for h in range(2):
+            kls = []
+            for b in range(2):
+                for t in range(9 - (h + 2)):
+                    if not mask[b, t + h + 2]:
+                        continue
+                    p = F.log_softmax(logits[b, t + h + 1], -1)
+                    q = F.log_softmax(heads.heads[h](hid[b, t]), -1)
+                    kls.append(float((p.exp() * (p - q)).sum()))
+            want += 0.5 ** h * sum(kls) / len(kls)
+    assert float(loss) == pytest.approx(want, rel=1e-4)
+    seqs, prompts = data()
+    trained, res = train_medusa(target(), seqs, cfg(steps=40), num_heads=3, share_lm_head=True, soft_labels=True)
+    falls(res.losses, 0.9)
+    assert check_lossless(MedusaDrafter(trained), prompts) > 1.0
+
+
 @pytest.mark.parametrize("version", [1, 3])
 def test_eagle_trains_saves_and_beats_untrained(tmp_path, version):
     seqs, prompts = data()

@@ -6,10 +6,13 @@
   ``compact`` / ``accept`` (one ``ops.compact_kv`` call for all layers).
 * :mod:`~specdec_ext.models.tree_forward`: :func:`tree_forward` (the verification forward, logits ``[B, N, V]``),
   :func:`extend` (append tokens per row: prefill, decoding), :func:`tree_attention_mask` (the 4-D fallback mask).
+* :mod:`~specdec_ext.models.fast_linear`: :func:`pack_linears` (a model's ``nn.Linear`` layers multiply with
+  packed weights inside :func:`packed_linears` blocks, e.g. ``specdec_ext.generate``), :func:`unpack_linears`.
 """
 
 from specdec_ext.models.attention import (TREE_ATTENTION, is_tree_attention, register, tree_attention_forward,
                                           tree_metadata, use_tree_attention, uses_attention_interface)
+from specdec_ext.models.fast_linear import pack_linears, packed_linears, unpack_linears
 from specdec_ext.models.kv_cache import TreeKVCache, TreeKVLayer
 from specdec_ext.models.tree_forward import extend, masked_forward, tree_attention_mask, tree_forward
 
@@ -22,11 +25,14 @@ __all__ = [
     "extend",
     "is_tree_attention",
     "masked_forward",
+    "pack_linears",
+    "packed_linears",
     "register",
     "tree_attention_forward",
     "tree_attention_mask",
     "tree_forward",
     "tree_metadata",
     "use_tree_attention",
+    "unpack_linears",
     "uses_attention_interface",
 ]

@@ -93,11 +93,12 @@ def train_medusa_cmd(args) -> int:
     target, _, train, prompts, cfg = _prepare(args, "train-medusa")
     try:
         heads, result = train_medusa(target, train, cfg, num_heads=args.heads, num_layers=args.layers,
-                                     decay=args.decay, heldout_prompts=prompts, share_lm_head=args.share_lm_head)
+                                     decay=args.decay, heldout_prompts=prompts, share_lm_head=args.share_lm_head,
+                                     soft_labels=args.soft_labels)
     except ValueError as err:
         raise SystemExit(f"specdec train-medusa: {err}") from None
     save_medusa(heads, args.out, base_model_name_or_path=args.model, safetensors=True)
-    _report(args, "train-medusa", result, {"heads": args.heads, "layers": args.layers})
+    _report(args, "train-medusa", result, {"heads": args.heads, "layers": args.layers, "soft_labels": args.soft_labels})
     return 0
 
 
@@ -145,6 +146,9 @@ def add_train_commands(sub) -> None:
     p.add_argument("--decay", type=float, default=0.8, help="head h's loss weight is decay ** h")
     p.add_argument("--share-lm-head", action="store_true",
                    help="compact heads (ResBlocks only) that reuse the target's lm_head (legacy Medusa layout)")
+    p.add_argument("--soft-labels", action="store_true",
+                   help="learn the target's own distribution of each future token (KL to it) instead of the text's "
+                        "token (cross-entropy); --self-distill instead replaces the text by the target's output")
     p.set_defaults(func=train_medusa_cmd)
     p = sub.add_parser("train-eagle", help="train an EAGLE-1 or EAGLE-3 draft for a local target (official layout)")
     _common(p, steps=1000, lr=1e-3)

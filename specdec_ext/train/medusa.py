@@ -1,5 +1,6 @@
 """Medusa-1 training: a frozen target, K heads on its last hidden state (after the final norm); head h at position
-t predicts token t + 2 + h; loss = sum_h w^h * CE (w = 0.8 by default); lr 1e-3 (anchors 1a). Heads start as
+t predicts token t + 2 + h; loss = sum_h w^h * CE (w = 0.8 by default), or with ``soft_labels`` the KL to the target's own
+distribution of that token; lr 1e-3 (anchors 1a). Heads start as
 identity ResBlocks with the target's ``lm_head`` copied into their own ``lm_head`` (Medusa's initialisation), or
 (``share_lm_head``) reuse the target's frozen ``lm_head`` (legacy layout: ResBlocks only);
 saved with :func:`specdec_ext.models.checkpoints.save_medusa` (official layout, safetensors)."""
@@ -18,8 +19,10 @@ from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
 __all__ = ["medusa_loss", "train_medusa"]
 
 
-def medusa_loss(heads: MedusaHeads, target, toks: torch.Tensor, mask: torch.Tensor, decay: float = 0.8):
-    hid, _ = target_hidden(target, toks, mask)
+def medusa_loss(heads: MedusaHeads, target, toks: torch.Tensor, mask: torch.Tensor, decay: float = 0.8,
+                soft_labels: bool = False):
+    hid, target_logits = target_hidden(target, toks, mask)
+    teacher = F.log_softmax(target_logits, -1) if soft_labels else None
     hid = hid.to(first_param(heads).dtype)
     lm = None if heads.has_lm_head else target.get_output_embeddings()
     total, n = 0.0, 0
@@ -29,18 +32,26 @@ def medusa_loss(heads: MedusaHeads, target, toks: torch.Tensor, mask: torch.Tens
             break
         x = heads.heads[h](hid[:, :-off])  # one head at a time: [B, T - off, V] logits, not [B, T, K, V]
         lg = (x if lm is None else lm(x.to(lm.weight.dtype))).float()
-        y = toks[:, off:].masked_fill(~mask[:, off:], -100)
-        total = total + decay ** h * F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1), ignore_index=-100)
+        if teacher is not None:  # KL(target || head) against the target's own distribution of token t + off
+            t, m = teacher[:, off - 1: -1], mask[:, off:].float()
+            kl = (t.exp() * (t - F.log_softmax(lg, -1))).sum(-1)
+            loss = (kl * m).sum() / m.sum().clamp(min=1.0)
+        else:
+            y = toks[:, off:].masked_fill(~mask[:, off:], -100)
+            loss = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1), ignore_index=-100)
+        total = total + decay ** h * loss
         n += int(mask[:, off:].sum()) if h == 0 else 0
     return total, n
 
 
 def train_medusa(target, seqs: list[list[int]], cfg: TrainConfig, num_heads: int = 4, num_layers: int = 1,
                  decay: float = 0.8, heldout_prompts: list[list[int]] | None = None, heads: MedusaHeads | None = None,
-                 share_lm_head: bool = False):
+                 share_lm_head: bool = False, soft_labels: bool = False):
     """``(heads, result)``: Medusa-1 heads trained on ``seqs`` (token lists) for the frozen ``target``.
     ``share_lm_head``: legacy heads (ResBlocks only) that reuse the target's frozen ``lm_head`` (compact: no
-    ``[V, H]`` matrix per head)."""
+    ``[V, H]`` matrix per head). ``soft_labels``: head h learns the target's own distribution of token t + 2 + h
+    given the text up to t + 1 + h (KL to it) instead of the corpus token (cross-entropy): what verification
+    accepts, as in Medusa's self-distillation, without generating a new corpus."""
     freeze(target)
     device = first_param(target).device
     cfg.device = str(device)
@@ -55,7 +66,7 @@ def train_medusa(target, seqs: list[list[int]], cfg: TrainConfig, num_heads: int
     heads = heads.to(device=device, dtype=torch.float32)
 
     def loss_fn(toks, mask):
-        return medusa_loss(heads, target, toks, mask, decay)
+        return medusa_loss(heads, target, toks, mask, decay, soft_labels)
 
     eval_fn = None
     if heldout_prompts:

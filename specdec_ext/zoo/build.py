@@ -232,7 +232,8 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
 
     def medusa():
         heads, result = train_medusa(target_model, seqs, drafter_cfg("medusa", spec.medusa_steps),
-                                     num_heads=spec.medusa_heads, share_lm_head=True)
+                                     num_heads=spec.medusa_heads, share_lm_head=True,
+                                     soft_labels=spec.medusa_soft_labels)
         save_medusa(_bf16_copy(heads), os.path.join(out, "medusa"), base_model_name_or_path="../target",
                     safetensors=True)
         return {**_summary(result), "params": _params(heads)}

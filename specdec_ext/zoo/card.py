@@ -63,7 +63,8 @@ def render_card(card: dict) -> str:
         "",
         f"Total: {card['total_bytes'] / 1e6:.1f} MB. Target held-out loss: "
         f"{'n/a' if held is None else f'{held:.3f} nats/token'}. Losses: the target's is next-token "
-        "cross-entropy; the draft LM's is KL to the target; Medusa's the weighted CE of its heads; EAGLE's "
+        "cross-entropy; the draft LM's is KL to the target; Medusa's the weighted "
+        f"{'KL of its heads to the target' if spec.get('medusa_soft_labels') else 'CE of its heads'}; EAGLE's "
         "feature regression + KL (EAGLE-1) or the KL summed over training-time-test steps (EAGLE-3).",
         "",
         "## Training",

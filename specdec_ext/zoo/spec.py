@@ -52,7 +52,8 @@ class ZooSpec:
     draft_hidden: int = 256
     draft_steps: int = 400
     medusa_heads: int = 4
-    medusa_steps: int = 250
+    medusa_steps: int = 600
+    medusa_soft_labels: bool = True  # KL to the target's distributions (mean accepted length 2.21 -> 2.38 vs CE)
     eagle1_steps: int = 400
     eagle3_steps: int = 300
     eagle3_vocab: int = 2048
