@@ -14,7 +14,9 @@ DRAFTER_NAMES = ("ngram", "draft-model", "medusa", "eagle1", "eagle2", "eagle3")
 # (1.43x vs 1.36x), static Medusa trees of 8 tie 4 and beat 16. EAGLE-2/3 trees with calibrated scores (EagleDrafter's
 # default) reach further than with raw ones: depth 5 / top-k 2 / 8 nodes was the best or within 3% of the best of
 # five shapes from 6 to 16 nodes in both dtypes (EAGLE-2 2.03x in bfloat16, 1.41x in float32; 8 prompts x 128
-# tokens), where raw scores had made 6 nodes the best.
+# tokens), where raw scores had made 6 nodes the best. Re-checked after the packed products made verification
+# cheaper (2026-11-29, float32, 4 prompts x 2 rounds): EAGLE-2 5/2/8 still the best of seven shapes of 6-16 nodes
+# (4/2/6 and 6/2/10 within 2%), Medusa per-step trees of 12 nodes still beat 16 (1.55x vs 1.42x in bfloat16).
 DEFAULT_DRAFTERS = {
     "ngram": {"num_pred_tokens": 6, "max_ngram_size": 3},
     "draft-model": {"num_draft_tokens": 4},
