@@ -7,7 +7,7 @@ third of memory bandwidth. :func:`linear` instead calls the ``specdec_ext::packe
 weight laid out once (:func:`specdec_ext.ops.pack_linear_weight`), where a few rows cost about what reading the
 weight costs, as on a GPU. Measured on the development CPU (AVX-512 with AVX512-BF16, 1 thread, the family
 target's 57 weight matrices streamed from memory, ``benchmarks/python/bench_packed_linear.py``): float32 1 row
-5.7 -> 3.2 ms, 9 rows 10.1 -> 4.0 ms; bfloat16 1 row 4.5 -> 1.9 ms, 9 rows 5.6 -> 2.1 ms. Every output element is
+5.4 -> 2.6 ms, 9 rows 9.7 -> 3.5 ms; bfloat16 1 row 4.5 -> 1.6 ms, 9 rows 5.6 -> 1.8 ms. Every output element is
 one float32 accumulation in a fixed order, so a row's result does not depend on how many rows the call has.
 
 The kernel's vector paths need AVX-512 (float32) or AVX512-BF16 (bfloat16)
