@@ -88,6 +88,33 @@ def test_quick_suite_writes_json_and_pngs(tmp_path, capsys):
     assert sorted(f for f in os.listdir(out) if f.endswith(".png")) == sorted(pngs)
 
 
+def test_hf_baselines_run_on_aten_products_unless_asked(monkeypatch):
+    """With a packed target, Hugging Face's methods multiply with aten's products by default (as its users run
+    them) and with the packed weights under hf_packed_linears; hf_settings records which."""
+    import copy
+
+    from specdec_ext.bench import e2e as E
+    from specdec_ext.models.fast_linear import PackableLinear, in_packed_linears_block, pack_linears
+
+    m = copy.copy(models())
+    m.target = copy.deepcopy(m.target)
+    pack_linears(m.target)
+    seen = []
+    original = PackableLinear.forward
+
+    def spy(self, x):
+        seen.append(in_packed_linears_block())
+        return original(self, x)
+
+    monkeypatch.setattr(PackableLinear, "forward", spy)
+    for packed in (False, True):
+        settings = E.hf_settings(m, {}, E.E2EConfig(hf_packed_linears=packed))
+        assert settings["packed_linears"] is packed
+        seen.clear()
+        tokens, _, forwards = E._run_hf(m, "hf-plain", [5, 6, 7], 0.0, 3, 0, settings)
+        assert len(tokens) == 3 and forwards >= 1 and seen and set(seen) == {packed}
+
+
 def test_compare_outputs_flags_a_wrong_output():
     a = [[1, 2, 3, 4], [5, 6, 7]]
     assert compare_outputs(a, [list(r) for r in a])["equal"]

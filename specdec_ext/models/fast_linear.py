@@ -41,8 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["Linear", "PackableLinear", "fused_linear", "linear", "module_linear", "pack_linears", "packed_enabled",
-           "packed_linears", "tensor_version", "unpack_linears"]
+__all__ = ["Linear", "PackableLinear", "fused_linear", "in_packed_linears_block", "linear", "module_linear",
+           "pack_linears", "packed_enabled", "packed_linears", "tensor_version", "unpack_linears"]
 
 _ENABLED = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
 _PACKED = WeakIdKeyDictionary()  # weight -> (version, data_ptr, kernel, packed weight)
@@ -212,6 +212,11 @@ class Linear(_RemembersPacked, nn.Linear):
 
 
 _IN_BLOCK = contextvars.ContextVar("specdec_packed_linears", default=False)
+
+
+def in_packed_linears_block() -> bool:
+    """Whether :class:`PackableLinear` layers take the fast path here (inside an enabled :func:`packed_linears`)."""
+    return _IN_BLOCK.get()
 
 
 @contextlib.contextmanager
