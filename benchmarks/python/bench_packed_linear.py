@@ -50,10 +50,10 @@ def main(argv=None):
                 continue
             key = (name, dtype)
             if key not in built:
-                g = torch.Generator().manual_seed(0)
+                g = torch.Generator(device=dev).manual_seed(0)  # drawn on the device: a 1.1B model in seconds
                 copies = []
                 for _ in range(2):
-                    ws = [(torch.randn(N, K, generator=g) * K ** -0.5).to(dtype).to(dev)
+                    ws = [(torch.randn(N, K, generator=g, device=dev) * K ** -0.5).to(dtype)
                           for N, K in model_shapes(name)]
                     copies.append([(w, ops.pack_linear_weight(w)) for w in ws])
                 built = {key: copies}
