@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
+from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, keep_batch_rows, to_device
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
@@ -344,13 +344,10 @@ class EagleDrafter:
         write_rows(self.feats[:, None], idx, g[:, None])
 
     def retire(self, keep: torch.Tensor) -> None:
-        """Keeps the rows ``keep`` of the draft cache, the target features and the valid lengths (one
-        ``index_select`` per tensor)."""
+        """Keeps the rows ``keep`` of the draft cache, the target features and the valid lengths (in place: only the
+        rows that change slot move, :func:`~specdec_ext.drafters.base.keep_batch_rows`)."""
         if self.cache is None:
             return
-        k = keep.to(self.feats.device, non_blocking=True)
-        self.cache.k = self.cache.k.index_select(0, k)
-        self.cache.v = self.cache.v.index_select(0, k)
-        self.feats = self.feats.index_select(0, k)
         rows = keep.tolist()
+        self.cache.k, self.cache.v, self.feats = keep_batch_rows([self.cache.k, self.cache.v, self.feats], rows)
         self.valid = [self.valid[i] for i in rows]
