@@ -339,8 +339,8 @@ std::tuple<Tensor, Tensor, Tensor> expand_tree_step_impl(const Tensor& logits, c
 // Linear layers over a packed weight --------------------------------------------------------------------------------
 
 // The packed layout's shape for weight[N, K] of `dtype` (common/params.h): [ceil(N / 32), ceil(K / P), 32, P].
-inline std::vector<int64_t> packed_linear_shape(at::ScalarType dtype, int64_t N, int64_t K) {
-  const int64_t P = dtype == at::kFloat ? 1 : 2;
+inline std::vector<int64_t> packed_linear_shape(const char* op, at::ScalarType dtype, int64_t N, int64_t K) {
+  const int64_t P = SPECDEC_DISPATCH_FLOAT(dtype, op, [&] { return linear_pack_pair<scalar_t>(); });
   return {(N + kLinearPanel - 1) / kLinearPanel, (K + P - 1) / P, kLinearPanel, P};
 }
 
@@ -354,7 +354,7 @@ Tensor pack_linear_weight_impl(const Tensor& weight_in) {
               shape_str(weight_in));
   const Tensor weight = weight_in.contiguous();
   c10::OptionalDeviceGuard guard(weight.device());
-  Tensor packed = at::empty(packed_linear_shape(weight.scalar_type(), N, K), weight.options());
+  Tensor packed = at::empty(packed_linear_shape(op, weight.scalar_type(), N, K), weight.options());
   SPECDEC_DISPATCH_FLOAT(weight.scalar_type(), op, [&] {
     PackLinearWeightParams<scalar_t> p{float_ptr<scalar_t>(weight), N, K,
                                        reinterpret_cast<scalar_t*>(packed.data_ptr())};
@@ -375,7 +375,7 @@ Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const
   TORCH_CHECK(packed_weight.scalar_type() == x_in.scalar_type(), op, ": packed_weight must have x's dtype ",
               x_in.scalar_type(), ", got ", packed_weight.scalar_type());
   check_same_device(op, "packed_weight", packed_weight, x_in, "x");
-  const std::vector<int64_t> want = packed_linear_shape(x_in.scalar_type(), N, K);
+  const std::vector<int64_t> want = packed_linear_shape(op, x_in.scalar_type(), N, K);
   TORCH_CHECK(packed_weight.sizes().equals(want), op, ": packed_weight must have shape [ceil(out_features / 32), "
               "ceil(in_features / P), 32, P] = ", at::IntArrayRef(want), " for out_features = ", N,
               ", in_features = ", K, " (x's last dimension) and ", x_in.scalar_type(),

@@ -204,22 +204,6 @@ def to_device(values, device: torch.device, dtype: torch.dtype = torch.int64) ->
     return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
 
 
-def keep_batch_rows(tensors: list[torch.Tensor], rows: list[int]) -> list[torch.Tensor]:
-    """Each tensor's batch rows ``rows`` (distinct host ints) as rows ``0 .. len(rows) - 1``, in place: only rows that
-    change slot are moved (gathered, then written, so overlaps are safe), and the result is a view of the first
-    slots (contiguous when the tensor is). The loop retires finished rows by filling their slots with live rows from
-    the end, so this moves a few rows where ``index_select`` would copy (and reallocate) every cache."""
-    moves = [(i, r) for i, r in enumerate(rows) if i != r]
-    out = []
-    for t in tensors:
-        if moves:
-            dst = torch.tensor([i for i, _ in moves], device=t.device)
-            src = torch.tensor([r for _, r in moves], device=t.device)
-            t[dst] = t[src]
-        out.append(t[: len(rows)])
-    return out
-
-
 def check_vocab(name: str, drafter_vocab: int, target_vocab: int) -> None:
     if drafter_vocab != target_vocab:
         raise ValueError(f"{name}: the drafter's vocabulary size ({drafter_vocab}) differs from the target's "

@@ -38,12 +38,12 @@ import torch
 from torch import nn
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, keep_batch_rows, to_device
+from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
 from specdec_ext.models.fast_linear import linear, tensor_version
-from specdec_ext.models.kv_cache import write_rows
+from specdec_ext.models.kv_cache import keep_batch_rows, write_rows
 
 __all__ = ["EagleDrafter"]
 
@@ -345,9 +345,10 @@ class EagleDrafter:
 
     def retire(self, keep: torch.Tensor) -> None:
         """Keeps the rows ``keep`` of the draft cache, the target features and the valid lengths (in place: only the
-        rows that change slot move, :func:`~specdec_ext.drafters.base.keep_batch_rows`)."""
+        rows that change slot move, :func:`~specdec_ext.models.kv_cache.keep_batch_rows`)."""
         if self.cache is None:
             return
         rows = keep.tolist()
-        self.cache.k, self.cache.v, self.feats = keep_batch_rows([self.cache.k, self.cache.v, self.feats], rows)
+        self.cache.k, self.cache.v, self.feats = (keep_batch_rows(t, rows) for t in (self.cache.k, self.cache.v,
+                                                                                    self.feats))
         self.valid = [self.valid[i] for i in rows]

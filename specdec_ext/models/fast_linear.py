@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 from collections.abc import Sequence
 
@@ -50,24 +51,23 @@ _BROKEN: list[str] = []  # why the oneDNN fallback is off on this machine (set a
 _MKLDNN = torch.backends.mkldnn.is_available()
 _OURS = "ours"  # the specdec_ext::packed_linear kernel
 _ONEDNN = "onednn"  # the bfloat16 fallback
-_KERNEL_FOR: dict[torch.dtype, str | None] = {}  # dtype -> which fast path (None: F.linear), decided once
+
+
+@functools.cache
+def _kernel_choice(dtype: torch.dtype) -> str | None:
+    """Which fast path ``dtype`` takes on this CPU (None: F.linear), decided once per dtype."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return None
+    from specdec_ext.ops import packed_linear_path
+
+    if packed_linear_path(dtype) != "generic":
+        return _OURS
+    return _ONEDNN if dtype is torch.bfloat16 and _MKLDNN else None
 
 
 def _kernel_for(dtype: torch.dtype) -> str | None:
-    kernel = _KERNEL_FOR.get(dtype, "?")
-    if kernel == "?":
-        kernel = None
-        if dtype in (torch.float32, torch.bfloat16):
-            from specdec_ext.ops import packed_linear_path
-
-            if packed_linear_path(dtype) != "generic":
-                kernel = _OURS
-            elif dtype is torch.bfloat16 and _MKLDNN:
-                kernel = _ONEDNN
-        _KERNEL_FOR[dtype] = kernel
-    if kernel == _ONEDNN and _BROKEN:
-        return None
-    return kernel
+    kernel = _kernel_choice(dtype)
+    return None if kernel == _ONEDNN and _BROKEN else kernel
 
 
 def packed_enabled(dtype: torch.dtype = torch.bfloat16) -> bool:

@@ -53,6 +53,19 @@ def copy_rows(buf: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None
     buf.view(B * H * S, D).index_copy_(0, index, src.to(buf.dtype).reshape(-1, D))
 
 
+def keep_batch_rows(t: torch.Tensor, rows: list[int], dim: int = 0) -> torch.Tensor:
+    """``t``'s batch rows ``rows`` (distinct host ints; ``dim`` is the batch dimension) as rows ``0 .. len(rows) -
+    1``, in place: only rows that change slot move (gathered, then written, so overlaps are safe), and the result is
+    a view of the first slots. Retiring finished rows fills their slots with live rows from the end, so this moves a
+    few rows where ``index_select`` would copy (and reallocate) the whole cache."""
+    moves = [(i, r) for i, r in enumerate(rows) if i != r]
+    if moves:
+        dst = torch.tensor([i for i, _ in moves], device=t.device)
+        src = torch.tensor([r for _, r in moves], device=t.device)
+        t.index_copy_(dim, dst, t.index_select(dim, src))
+    return t.narrow(dim, 0, len(rows))
+
+
 def write_rows(buf: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> None:
     """``buf[b, h, slots[b, t]] = src[b, h, t]`` for a contiguous ``buf[B, H, S, D]`` (:func:`copy_rows`). ``slots``
     must lie in ``[0, S)`` (a slot outside lands in another head's rows)."""
@@ -262,15 +275,9 @@ class TreeKVCache(Cache):
         B = self.batch_size
         if any(not 0 <= r < B for r in rows) or len(set(rows)) != len(rows):
             raise ValueError(f"TreeKVCache.keep_rows: rows {rows} must be distinct and in [0, {B})")
-        moves = [(i, r) for i, r in enumerate(rows) if i != r]
-        if moves:
-            dst = torch.tensor([i for i, _ in moves], device=self.device)
-            src = torch.tensor([r for _, r in moves], device=self.device)
-            self.storage[:, :, dst] = self.storage[:, :, src]  # (the right side is gathered first: overlaps are safe)
-            self._lengths[:, dst] = self._lengths[:, src]
         n = len(rows)
-        self.storage = self.storage[:, :, :n]
-        self._lengths = self._lengths[:, :n]
+        self.storage = keep_batch_rows(self.storage, rows, dim=2)
+        self._lengths = keep_batch_rows(self._lengths, rows, dim=1)
         for l, layer in enumerate(self.layers):
             layer.keys, layer.values, layer.lengths = self.storage[l, 0], self.storage[l, 1], self._lengths[l]
             layer.batch_size = n
