@@ -158,6 +158,58 @@ def test_eagle_trains_saves_and_beats_untrained(tmp_path, version):
     assert acc == pytest.approx(res.evals[-1][1])
 
 
+def test_eagle1_training_time_test_feeds_its_own_features():
+    """EAGLE-1 with ttt_steps = 2: step 0 is the published loss (features from the target); step 1 feeds each
+    position the draft's own prediction of its feature (step 0's output one position earlier), as the second level
+    of a tree does, against the same targets, without position 0, weighted by decay. Computed here position by
+    position from the two draft passes."""
+    import torch.nn.functional as F
+
+    from specdec_ext.train.common import target_hidden
+    from specdec_ext.train.eagle import _eagle1_loss, eagle_config_for
+
+    torch.manual_seed(0)
+    model = target()
+    draft = Eagle1Model(eagle_config_for(model))
+    with torch.no_grad():
+        for prm in draft.parameters():
+            prm.normal_(0, 0.05)
+    toks = torch.randint(3, V, (2, 9))
+    mask = torch.ones_like(toks, dtype=torch.bool)
+    mask[1, 7:] = False
+    w, decay = 0.3, 0.5
+    with torch.no_grad():
+        one, n = _eagle1_loss(draft, model, toks, mask, w, 1, decay)
+        two, n2 = _eagle1_loss(draft, model, toks, mask, w, 2, decay)
+        feats, logits = target_hidden(model, toks, mask)
+        T = toks.shape[1]
+        e = model.get_input_embeddings()(toks[:, 1: T - 1])
+        pos = torch.arange(T - 2)[None].expand(2, -1)
+        out0 = draft(feats[:, : T - 2], e, pos)
+        fed = out0.clone()
+        fed[:, 1:] = out0[:, :-1]  # position t reads the draft's own f'_t, predicted at t - 1
+        out1 = draft(fed, e, pos)
+        lm = model.get_output_embeddings()
+
+        def step_loss(out, first):
+            terms = []
+            for b in range(2):
+                for t in range(first, T - 2):
+                    if not (mask[b, t] and mask[b, t + 2]):
+                        continue
+                    reg = F.smooth_l1_loss(out[b, t], feats[b, t + 1])
+                    p = F.log_softmax(logits[b, t + 1], -1)
+                    q = F.log_softmax(lm(out[b, t]), -1)
+                    terms.append(float(reg) + w * float((p.exp() * (p - q)).sum()))
+            return sum(terms) / len(terms)
+
+    assert n == n2 == int((mask[:, 2:] & mask[:, :-2]).sum())
+    assert float(one) == pytest.approx(step_loss(out0, 0), rel=1e-4)
+    assert float(two) == pytest.approx(step_loss(out0, 0) + decay * step_loss(out1, 1), rel=1e-4)
+    with pytest.raises(ValueError, match="ttt_steps"):
+        train_eagle(model, data()[0], cfg(steps=1), version=1, ttt_steps=0)
+
+
 def test_draft_lm_distils(tmp_path):
     seqs, prompts = data()
     _, r0 = train_draft_lm(target(), seqs, cfg(steps=1), num_layers=1, heldout_prompts=prompts)

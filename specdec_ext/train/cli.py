@@ -154,7 +154,9 @@ def add_train_commands(sub) -> None:
     _common(p, steps=1000, lr=1e-3)
     p.add_argument("--version", type=int, choices=[1, 3], default=1)
     p.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3: keep the N most frequent tokens")
-    p.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3: training-time-test steps")
+    p.add_argument("--ttt-steps", type=int, default=None,
+                   help="training-time-test steps: the draft continues from its own predictions (default: 1 for "
+                        "EAGLE-1, 3 for EAGLE-3, as published)")
     p.add_argument("--aux-layers", type=int, nargs=3, default=None, metavar="I",
                    help="EAGLE-3: the three target layers whose inputs are fused (default 2, L//2, L-3)")
     p.add_argument("--token-weight", type=float, default=0.1, help="EAGLE-1: weight of the token loss")

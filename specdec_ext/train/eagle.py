@@ -3,7 +3,9 @@
 EAGLE-1: at position t the draft reads the target's feature f_t (last hidden state after the final norm) and the
 embedding of token t + 1, predicts f_{t+1}; loss = smooth-L1(f'_{t+1}, f_{t+1}) + w_tok * soft CE of
 ``lm_head(f'_{t+1})`` (the target's frozen ``lm_head``) against the target's distribution at t + 1 (reported as
-KL, i.e. less the target's entropy).
+KL, i.e. less the target's entropy). With ``ttt_steps > 1`` (training-time test, as below; EAGLE-1's published
+recipe is 1 step) step k feeds the draft's own predicted features back in, as the deeper levels of a tree do at
+drafting time, so their errors stop compounding.
 
 EAGLE-3: the features are the inputs of three target layers (default ``(2, L // 2, L - 3)``) concatenated and fused
 by ``fc``; the draft predicts the next token directly (its own ``norm`` + ``lm_head`` over a draft vocabulary).
@@ -54,21 +56,31 @@ def draft_vocab_ids(seqs: list[list[int]], vocab_size: int, n: int) -> torch.Ten
     return counts.topk(n).indices.sort().values
 
 
-def _eagle1_loss(m, target, toks, mask, w_tok):
+def _eagle1_loss(m, target, toks, mask, w_tok, ttt_steps, decay):
     emb, lm = target.get_input_embeddings(), target.get_output_embeddings()
     feats, logits = target_hidden(target, toks, mask)
     T = toks.shape[1]
-    valid = (mask[:, 2:] & mask[:, :-2]).float()  # input (f_t, tok_{t+1}), targets f_{t+1} / p_{t+1}
+    valid = mask[:, 2:] & mask[:, :-2]  # input (f_t, tok_{t+1}), targets f_{t+1} / p_{t+1}
     pos = torch.arange(T - 2, device=toks.device)[None].expand(toks.shape[0], -1)
     with torch.no_grad():
         e = emb(toks[:, 1: T - 1])
-    out = m(feats[:, : T - 2], e, pos)
-    n = valid.sum().clamp_min(1)
-    reg = (F.smooth_l1_loss(out.float(), feats[:, 1: T - 1], reduction="none").mean(-1) * valid).sum() / n
+    goal = feats[:, 1: T - 1]
     logp = F.log_softmax(logits[:, 1: T - 1], -1)
-    logq = F.log_softmax(lm(out.to(lm.weight.dtype)).float(), -1)
-    ce = ((logp.exp() * (logp - logq)).sum(-1) * valid).sum() / n  # KL(target || draft): CE less its floor
-    return reg + w_tok * ce, int(valid.sum())
+    total, hidden = 0.0, feats[:, : T - 2]
+    for k in range(ttt_steps):
+        if k > 0 and T - 2 <= k:
+            break
+        out = m(hidden, e, pos)
+        v = valid.clone()
+        v[:, :k] = False
+        vf = v.float()
+        n = vf.sum().clamp_min(1)
+        reg = (F.smooth_l1_loss(out.float(), goal, reduction="none").mean(-1) * vf).sum() / n
+        logq = F.log_softmax(lm(out.to(lm.weight.dtype)).float(), -1)
+        ce = ((logp.exp() * (logp - logq)).sum(-1) * vf).sum() / n  # KL(target || draft): CE less its floor
+        total = total + decay ** k * (reg + w_tok * ce)
+        hidden = torch.cat([out[:, :1], out[:, :-1]], 1)  # own prediction of f_t fed at t (as deeper tree levels do)
+    return total, int(valid.sum())
 
 
 def _eagle3_loss(m, target, toks, mask, ttt_steps, decay):
@@ -102,12 +114,18 @@ def _eagle3_loss(m, target, toks, mask, ttt_steps, decay):
 
 
 def train_eagle(target, seqs: list[list[int]], cfg: TrainConfig, version: int = 1, draft_vocab: int | None = None,
-                aux_layers=None, token_weight: float = 0.1, ttt_steps: int = 3, decay: float = 0.8,
+                aux_layers=None, token_weight: float = 0.1, ttt_steps: int | None = None, decay: float = 0.8,
                 heldout_prompts: list[list[int]] | None = None, fc_bias: bool = True, model=None,
                 eval_tree: dict | None = None):
-    """``(draft, result)``: an EAGLE-1 (``version=1``) or EAGLE-3 draft trained on ``seqs`` for ``target``."""
+    """``(draft, result)``: an EAGLE-1 (``version=1``) or EAGLE-3 draft trained on ``seqs`` for ``target``.
+    ``ttt_steps``: training-time-test steps (None: 1 for EAGLE-1, 3 for EAGLE-3, as published), loss weights
+    ``decay ** k``."""
     if version not in (1, 3):
         raise ValueError(f"train_eagle: version must be 1 or 3, got {version!r}")
+    if ttt_steps is None:
+        ttt_steps = 1 if version == 1 else 3  # the published recipes
+    if isinstance(ttt_steps, bool) or not isinstance(ttt_steps, int) or ttt_steps < 1:
+        raise ValueError(f"train_eagle: ttt_steps must be an integer >= 1, got {ttt_steps!r}")
     freeze(target)
     device = first_param(target).device
     cfg.device = str(device)
@@ -134,7 +152,7 @@ def train_eagle(target, seqs: list[list[int]], cfg: TrainConfig, version: int = 
 
     def loss_fn(toks, mask):
         if version == 1:
-            return _eagle1_loss(model, target, toks, mask, token_weight)
+            return _eagle1_loss(model, target, toks, mask, token_weight, ttt_steps, decay)
         return _eagle3_loss(model, target, toks, mask, ttt_steps, decay)
 
     eval_fn = None
