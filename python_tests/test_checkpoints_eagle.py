@@ -166,6 +166,30 @@ def test_dtype_device_from_target_and_round_trip(tmp_path):
                 assert k == k2 and torch.equal(a, b)
 
 
+def test_resolve_eagle_dtype():
+    from specdec_ext.models.checkpoints import resolve_eagle_dtype
+    from specdec_ext.models.fast_linear import bfloat16_is_fast
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert resolve_eagle_dtype(None, f32) is f32 and resolve_eagle_dtype(None, bf16) is bf16
+    assert resolve_eagle_dtype("bfloat16", f32) is bf16 and resolve_eagle_dtype(torch.float16, f32) is torch.float16
+    # auto: bfloat16 only for a float32 target, and only where bfloat16 products are fast
+    assert resolve_eagle_dtype("auto", f32) is (bf16 if bfloat16_is_fast("cpu") else f32)
+    assert resolve_eagle_dtype("auto", bf16) is bf16 and resolve_eagle_dtype("auto", torch.float16) is torch.float16
+    for bad in ("int8", torch.int64, 3, "fp32"):
+        with pytest.raises(ValueError, match="eagle_dtype"):
+            resolve_eagle_dtype(bad, f32)
+
+
+def test_bfloat16_is_fast_follows_the_kernel_path():
+    from specdec_ext import ops
+    from specdec_ext.models.fast_linear import bfloat16_is_fast, packed_enabled
+
+    want = packed_enabled(torch.bfloat16) and ops.packed_linear_path(torch.bfloat16) == "avx512_bf16"
+    assert bfloat16_is_fast("cpu") == want
+    assert bfloat16_is_fast("cuda") and bfloat16_is_fast(torch.device("cuda", 0))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Errors.
 

@@ -649,6 +649,21 @@ def test_draft_vocab_restricts_drafts_and_stays_lossless():
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
 
 
+def test_draft_vocab_in_a_bfloat16_draft_for_a_float32_target():
+    """The draft vocabulary's lm_head rows are kept in the draft's dtype (the projection runs with the draft);
+    outputs stay the target's greedy ones."""
+    m = target()
+    common = torch.arange(0, V, 2)
+    drafter = EagleDrafter(trained_draft(1).to(torch.bfloat16), target=m, depth=4, top_k=3, total_tokens=10,
+                           draft_vocab=common)
+    for p, want in zip(PROMPTS, reference_outputs()):
+        out, stats = generate(m, drafter, torch.tensor(p), max_new_tokens=NEW, eos_token_id=[])
+        assert out[len(p):].tolist() == want
+    w, _ = drafter._lm_sub
+    assert w.dtype == torch.bfloat16
+    assert torch.equal(w, m.get_output_embeddings().weight[common].to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("bad,match", [(torch.tensor([[1, 2, 3, 4]]), "1-D"), (torch.tensor([1, 1, 2, 3]), "distinct"),
                                        (torch.tensor([1, 2, V]), "distinct"), (torch.tensor([1.0, 2.0, 3.0, 4.0]), "1-D"),
                                        (torch.tensor([1, 2]), "at least top_k")])

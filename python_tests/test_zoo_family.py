@@ -49,3 +49,19 @@ def test_batched_family_generation_equals_each_prompt_alone(family):
         alone, _ = generate(family.target, None, p, max_new_tokens=24, eos_token_id=[])
         assert row.tolist() == alone.tolist()
     assert stats.mean_accepted_length > 1.5
+
+
+def test_bfloat16_eagle_drafts_for_the_float32_target():
+    """load_family(eagle_dtype=bfloat16): the EAGLE drafts run in bfloat16 (their files' exact weights) for the
+    float32 target; outputs stay the target's greedy ones and acceptance stays at the card's level."""
+    fam = load_family(SHIPPED_DIR, eagle_dtype=torch.bfloat16)
+    assert fam.target.lm_head.weight.dtype == torch.float32
+    assert fam.eagle1.fc.weight.dtype == fam.eagle3.fc.weight.dtype == torch.bfloat16
+    ev = fam.card["evaluation"]
+    got = evaluate_drafters(fam, ev["prompt_ids"], ev["new_tokens"], names=("eagle2", "eagle3"))
+    floors = fam.card["floors"]["mean_accepted_length"]
+    for name in ("eagle2", "eagle3"):
+        assert got[name]["greedy_identical"], name
+        assert got[name]["mean_accepted_length"] >= floors[name], (name, got[name], floors[name])
+    with pytest.raises(ValueError, match="eagle_dtype"):
+        load_family(SHIPPED_DIR, eagle_dtype="int8")

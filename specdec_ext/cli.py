@@ -53,6 +53,7 @@ def _load_tokenizer(path: str, required: bool):
 def generate_cmd(args: argparse.Namespace) -> int:
     from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter
     from specdec_ext.generate import generate, load_model
+    from specdec_ext.models.checkpoints import resolve_eagle_dtype
     from specdec_ext.models.fast_linear import pack_linears
 
     if (args.prompt is None) == (args.prompt_ids is None):
@@ -77,8 +78,10 @@ def generate_cmd(args: argparse.Namespace) -> int:
             drafter = MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device,
                                                     max_nodes=args.medusa_nodes, dynamic=args.medusa_dynamic)
         elif args.eagle:
+            tdtype = next(p.dtype for p in target.parameters() if p.is_floating_point())
             drafter = EagleDrafter.from_pretrained(args.eagle, target=target, depth=args.eagle_depth,
-                                                   top_k=args.eagle_top_k, total_tokens=args.eagle_total_tokens)
+                                                   top_k=args.eagle_top_k, total_tokens=args.eagle_total_tokens,
+                                                   dtype=resolve_eagle_dtype(args.eagle_dtype, tdtype, args.device))
     except (FileNotFoundError, OSError, ValueError) as err:
         raise SystemExit(f"specdec generate: {err}") from None
     tokenizer = _load_tokenizer(args.model, required=args.prompt is not None)
@@ -162,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--seed", type=int, default=0)
     p_gen.add_argument("--device", default="cpu")
     p_gen.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None)
+    p_gen.add_argument("--eagle-dtype", choices=["auto", "float32", "float16", "bfloat16"], default=None,
+                       help="dtype of the EAGLE draft (default: the target's; auto: bfloat16 for a float32 target "
+                            "where bfloat16 products are fast, e.g. CPUs with AVX512-BF16)")
     p_gen.add_argument("--no-stream", action="store_true", help="print the output at the end instead of streaming")
     p_gen.add_argument("--no-packed-linears", action="store_true",
                        help="multiply with aten's products (default: the target and draft model multiply with "

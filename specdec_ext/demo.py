@@ -86,7 +86,7 @@ def demo(args: argparse.Namespace) -> int:
             raise SystemExit(f"specdec demo: {name} must be >= 1, got {val}")
     t_start = time.perf_counter()
     try:
-        fam = load_family(args.family, dtype=getattr(torch, args.dtype))
+        fam = load_family(args.family, dtype=getattr(torch, args.dtype), eagle_dtype=args.eagle_dtype)
     except (FileNotFoundError, OSError, ValueError) as err:
         raise SystemExit(f"specdec demo: {err}") from None
     names = fam.drafter_names if not args.drafters else tuple(args.drafters.split(","))
@@ -97,7 +97,7 @@ def demo(args: argparse.Namespace) -> int:
     card = fam.card
     n_params = sum(p.numel() for p in fam.target.parameters())
     print(f"specdec_ext {specdec_ext.__version__} | torch {torch.__version__} ({torch.get_num_threads()} threads, "
-          f"{args.dtype}) | "
+          f"{args.dtype}; EAGLE drafts {str(fam.eagle1.fc.weight.dtype).replace('torch.', '')}) | "
           f"family {fam.path}")
     if card.get("built"):
         print(f"target: {n_params / 1e6:.1f} M-parameter Llama trained on the Python standard library "
@@ -165,5 +165,8 @@ def add_demo_command(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="model dtype; bfloat16 pays on CPUs with bfloat16 instructions (AVX512-BF16, AMX), where "
                         "verifying a tree costs little more than one token, and crawls on others")
+    p.add_argument("--eagle-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="dtype of the EAGLE drafts (auto: bfloat16 for a float32 target on CPUs with AVX512-BF16, "
+                        "where a draft level then reads half the bytes; else the target's)")
     p.add_argument("--no-color", action="store_true", help="mark accepted drafts with «» instead of color")
     p.set_defaults(func=demo)

@@ -61,6 +61,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "pack_linears, for ours and Hugging Face's methods alike)")
     g.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                    help="model dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    g.add_argument("--eagle-dtype", choices=["auto", "float32", "float16", "bfloat16"], default="auto",
+                   help="dtype of the EAGLE drafts (default auto: bfloat16 for a float32 target where bfloat16 "
+                        "products are fast, e.g. CPUs with AVX512-BF16; else the target's)")
     s = p.add_argument_group("what to run")
     s.add_argument("--suite", default=",".join(SUITES), help="comma-separated: e2e, batch, context (default: all)")
     s.add_argument("--quick", action="store_true", help="small, fast settings (CI)")
@@ -164,10 +167,10 @@ def load_models(args, device: str, dtype):
         return M.from_dirs(args.model, draft_model=args.draft_model, medusa=args.medusa, eagle=args.eagle,
                            eagle3=args.eagle3, tokenizer=args.tokenizer, device=device, dtype=dtype,
                            num_draft_tokens=args.num_draft_tokens, prompts_file=args.prompts_file,
-                           packed_linears=not args.no_packed_linears)
+                           packed_linears=not args.no_packed_linears, eagle_dtype=args.eagle_dtype)
     try:
         return M.from_zoo(args.zoo, device=device, dtype=dtype or "float32", prompts_file=args.prompts_file,
-                          packed_linears=not args.no_packed_linears)
+                          packed_linears=not args.no_packed_linears, eagle_dtype=args.eagle_dtype)
     except RuntimeError as err:
         raise BenchError(f"{err}. Point --model (and --draft-model, --medusa, --eagle) at local models, or "
                          "use --tiny to try the suite on tiny random models") from None

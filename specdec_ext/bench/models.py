@@ -194,9 +194,10 @@ def _pack(*models) -> None:
 
 
 def from_zoo(path: str | None = None, device: str = "cpu", dtype: str | torch.dtype = torch.float32,
-             prompts_file: str | None = None, packed_linears: bool = True) -> BenchModels:
+             prompts_file: str | None = None, packed_linears: bool = True,
+             eagle_dtype: str | torch.dtype | None = None) -> BenchModels:
     """The project's family (``specdec_ext.zoo.load_family``); raises ``RuntimeError`` with a clear message when the
-    zoo or its files are not there. ``packed_linears``: as :func:`load_family`'s (target and draft LM)."""
+    zoo or its files are not there. ``packed_linears`` / ``eagle_dtype``: as :func:`load_family`'s."""
     try:
         from specdec_ext.zoo import load_family
     except ImportError:
@@ -205,7 +206,7 @@ def from_zoo(path: str | None = None, device: str = "cpu", dtype: str | torch.dt
         except ImportError as err:
             raise RuntimeError(f"the model zoo (specdec_ext.zoo) is not available ({err}); pass --model DIR "
                                "(and --draft-model / --medusa / --eagle DIRs) or --tiny") from None
-    kwargs = {"device": device, "dtype": dtype, "packed_linears": packed_linears}
+    kwargs = {"device": device, "dtype": dtype, "packed_linears": packed_linears, "eagle_dtype": eagle_dtype}
     try:
         fam = load_family(path, **kwargs) if path else load_family(**kwargs)
     except (FileNotFoundError, OSError) as err:
@@ -215,7 +216,13 @@ def from_zoo(path: str | None = None, device: str = "cpu", dtype: str | torch.dt
     return BenchModels(name="zoo", target=fam.target, tokenizer=fam.tokenizer, draft_lm=fam.draft_lm,
                        drafter_names=names, make_drafter=fam.make_drafter, texts=texts, text_source=source,
                        info={"family_path": getattr(fam, "path", None),
-                             "drafter_settings": {n: _settings(fam, n) for n in names}})
+                             "drafter_settings": {n: _settings(fam, n) for n in names},
+                             "eagle_dtype": _dtype_name(getattr(fam, "eagle1", None))})
+
+
+def _dtype_name(module) -> str | None:
+    p = next((q for q in module.parameters() if q.is_floating_point()), None) if module is not None else None
+    return None if p is None else str(p.dtype).replace("torch.", "")
 
 
 def _settings(fam, name):
@@ -229,14 +236,17 @@ def _settings(fam, name):
 def from_dirs(model: str, draft_model: str | None = None, medusa: str | None = None, eagle: str | None = None,
               eagle3: str | None = None, tokenizer: str | None = None, device: str = "cpu",
               dtype: str | torch.dtype | None = None, num_draft_tokens: int = DEFAULT_DRAFT_TOKENS,
-              prompts_file: str | None = None, ngram: bool = True, packed_linears: bool = True) -> BenchModels:
+              prompts_file: str | None = None, ngram: bool = True, packed_linears: bool = True,
+              eagle_dtype: str | torch.dtype | None = None) -> BenchModels:
     """User models from local directories. Drafters: n-gram (always, unless ``ngram=False``), ``draft-model``
     (chain of ``num_draft_tokens``), ``medusa`` (``mc_sim_7b_63`` tree), ``eagle`` / ``eagle3`` (EAGLE-2
     dynamic trees with the library defaults). ``packed_linears``: prepare the target and the draft LM with
     :func:`~specdec_ext.models.fast_linear.pack_linears` (every method, ours and Hugging Face's, then multiplies
-    with packed weights)."""
+    with packed weights). ``eagle_dtype``: the EAGLE drafts' dtype
+    (:func:`~specdec_ext.models.checkpoints.resolve_eagle_dtype`; default the target's)."""
     from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter
     from specdec_ext.generate import load_model
+    from specdec_ext.models.checkpoints import resolve_eagle_dtype
 
     for flag, path in (("--model", model), ("--draft-model", draft_model), ("--medusa", medusa),
                        ("--eagle", eagle), ("--eagle3", eagle3), ("--tokenizer", tokenizer)):
@@ -246,6 +256,8 @@ def from_dirs(model: str, draft_model: str | None = None, medusa: str | None = N
         dtype = getattr(torch, dtype)
     target = load_model(model, dtype=dtype, device=device)
     draft_lm = load_model(draft_model, dtype=dtype, device=device) if draft_model else None
+    edtype = resolve_eagle_dtype(eagle_dtype, next(p.dtype for p in target.parameters() if p.is_floating_point()),
+                                 device)
     if packed_linears:
         _pack(target, draft_lm)
     tok = None
@@ -263,9 +275,9 @@ def from_dirs(model: str, draft_model: str | None = None, medusa: str | None = N
     if medusa:
         makers["medusa"] = lambda: MedusaDrafter.from_pretrained(medusa, target=target, device=device)
     if eagle:
-        makers["eagle"] = lambda: EagleDrafter.from_pretrained(eagle, target=target)
+        makers["eagle"] = lambda: EagleDrafter.from_pretrained(eagle, target=target, dtype=edtype)
     if eagle3:
-        makers["eagle3"] = lambda: EagleDrafter.from_pretrained(eagle3, target=target)
+        makers["eagle3"] = lambda: EagleDrafter.from_pretrained(eagle3, target=target, dtype=edtype)
 
     def make(name: str):
         if name not in makers:
@@ -277,7 +289,8 @@ def from_dirs(model: str, draft_model: str | None = None, medusa: str | None = N
                        draft_lm=draft_lm, drafter_names=list(makers), make_drafter=make, texts=texts,
                        text_source=source,
                        info={"model_dir": model, "draft_model_dir": draft_model, "medusa_dir": medusa,
-                             "eagle_dir": eagle, "eagle3_dir": eagle3, "num_draft_tokens": num_draft_tokens})
+                             "eagle_dir": eagle, "eagle3_dir": eagle3, "num_draft_tokens": num_draft_tokens,
+                             "eagle_dtype": str(edtype).replace("torch.", "")})
 
 
 def tiny_config(vocab_size: int = 256, hidden_size: int = 128, layers: int = 2, max_positions: int = 1024, **kw):

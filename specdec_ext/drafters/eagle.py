@@ -172,15 +172,15 @@ class EagleDrafter:
                                  f"{'is missing' if lm is None else f'takes {lm.weight.shape[-1]} features'}; the "
                                  f"draft predicts {m.hidden_size}")
             self._lm_head = lm
-        if self.draft_vocab is not None:  # its lm_head rows: copied once per lm_head weight (packed once with them)
-            w = self._lm_head.weight
-            key = (tensor_version(w), w.data_ptr(), state.device)
+        if self.draft_vocab is not None:  # its lm_head rows: copied once per lm_head weight (packed once with them),
+            w = self._lm_head.weight  # in the draft's dtype (a bfloat16 draft for a float32 target reads half)
+            key = (tensor_version(w), w.data_ptr(), state.device, p.dtype)
             if self._lm_sub_weight is not w or self._lm_sub_key != key:
                 self._vocab_ids = self.draft_vocab.to(state.device)
                 with torch.no_grad():
                     bias = getattr(self._lm_head, "bias", None)
-                    self._lm_sub = (w.index_select(0, self._vocab_ids),
-                                    None if bias is None else bias.index_select(0, self._vocab_ids))
+                    self._lm_sub = (w.index_select(0, self._vocab_ids).to(p.dtype),
+                                    None if bias is None else bias.index_select(0, self._vocab_ids).to(p.dtype))
                 self._lm_sub_weight, self._lm_sub_key = w, key
         B, dev = state.batch_size, state.device
         self._tree_slots = max((self.depth - 1) * self.top_k, self.max_nodes)

@@ -232,8 +232,8 @@ from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig, defa
 EAGLE_CONFIG = "config.json"
 EAGLE_WEIGHTS = ("pytorch_model.bin", "model.safetensors")
 
-__all__ += ["EAGLE_CONFIG", "EAGLE_WEIGHTS", "eagle_from_state_dict", "load_eagle", "load_eagle_state_dict",
-            "save_eagle"]
+__all__ += ["EAGLE_CONFIG", "EAGLE_DTYPES", "EAGLE_WEIGHTS", "eagle_from_state_dict", "load_eagle",
+            "load_eagle_state_dict", "resolve_eagle_dtype", "save_eagle"]
 
 
 def load_eagle_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict, str]:
@@ -338,6 +338,28 @@ def eagle_from_state_dict(sd: dict[str, torch.Tensor], config: dict, source: str
     model.source = source
     model.checkpoint_config = dict(config)
     return model
+
+
+EAGLE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def resolve_eagle_dtype(eagle_dtype, dtype: torch.dtype, device="cpu") -> torch.dtype:
+    """The dtype to run an EAGLE draft in, for a target in ``dtype`` on ``device``: ``None`` = ``dtype``;
+    ``"auto"`` = bfloat16 for a float32 target where bfloat16 products are fast
+    (:func:`~specdec_ext.models.fast_linear.bfloat16_is_fast`: a draft level then reads half the bytes), else
+    ``dtype``; or a floating dtype (or its name). The draft's dtype changes its proposals only, never the output."""
+    from specdec_ext.models.fast_linear import bfloat16_is_fast
+
+    if eagle_dtype is None:
+        return dtype
+    if isinstance(eagle_dtype, str) and eagle_dtype == "auto":
+        return torch.bfloat16 if dtype == torch.float32 and bfloat16_is_fast(device) else dtype
+    if isinstance(eagle_dtype, str) and eagle_dtype in EAGLE_DTYPES:
+        return getattr(torch, eagle_dtype)
+    if isinstance(eagle_dtype, torch.dtype) and eagle_dtype.is_floating_point:
+        return eagle_dtype
+    raise ValueError(f"eagle_dtype must be None, 'auto', a floating dtype or one of {', '.join(EAGLE_DTYPES[1:])}, "
+                     f"got {eagle_dtype!r}")
 
 
 def load_eagle(path: str | os.PathLike, target: torch.nn.Module | None = None, dtype: torch.dtype | None = None,

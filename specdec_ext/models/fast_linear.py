@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["Linear", "PackableLinear", "fused_linear", "in_packed_linears_block", "linear", "module_linear",
-           "pack_linears", "packed_enabled", "packed_linears", "tensor_version", "unpack_linears"]
+__all__ = ["Linear", "PackableLinear", "bfloat16_is_fast", "fused_linear", "in_packed_linears_block", "linear",
+           "module_linear", "pack_linears", "packed_enabled", "packed_linears", "tensor_version", "unpack_linears"]
 
 _ENABLED = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
 _PACKED = WeakIdKeyDictionary()  # weight -> (version, data_ptr, kernel, packed weight)
@@ -73,6 +73,19 @@ def _kernel_for(dtype: torch.dtype) -> str | None:
 def packed_enabled(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether :func:`linear` may take a packed path for ``dtype`` on this machine."""
     return _ENABLED and _kernel_for(dtype) is not None
+
+
+def bfloat16_is_fast(device: torch.device | str = "cpu") -> bool:
+    """Whether bfloat16 products beat float32 ones on ``device``: a CUDA device, or a CPU where :func:`linear` takes
+    the AVX512-BF16 path (half the bytes per weight and twice the multiply rate). Elsewhere a CPU computes bfloat16
+    through float32 conversions and is slower than float32."""
+    if torch.device(device).type == "cuda":
+        return True
+    if not packed_enabled(torch.bfloat16) or _kernel_for(torch.bfloat16) != _OURS:
+        return False
+    from specdec_ext.ops import packed_linear_path
+
+    return packed_linear_path(torch.bfloat16) == "avx512_bf16"
 
 
 def tensor_version(t: torch.Tensor) -> int:
