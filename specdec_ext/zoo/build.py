@@ -250,7 +250,7 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
 
     stages.run("draft", draft)
     stages.run("medusa", medusa)
-    stages.run("eagle1", eagle(1, spec.eagle1_steps))
+    stages.run("eagle1", eagle(1, spec.eagle1_steps, ttt_steps=spec.eagle1_ttt_steps))
     stages.run("eagle3", eagle(3, spec.eagle3_steps, draft_vocab=spec.eagle3_vocab))
     # the card of a previous build must not decide the drafter shapes of this one
     spec_file = os.path.join(out, "card.json")

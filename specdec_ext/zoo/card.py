@@ -78,7 +78,8 @@ def render_card(card: dict) -> str:
     ]
     for k, r in tr.items():
         note = "resumed after an interruption: wall / CPU cover the last run" if r.get("resumed") else ""
-        lines.append(f"| {k} | {r['wall_seconds']} | {r['cpu_seconds']} | {r.get('train_seconds', '')} | {note} |")
+        cpu = "not recorded" if r.get("cpu_seconds") is None else r["cpu_seconds"]
+        lines.append(f"| {k} | {r['wall_seconds']} | {cpu} | {r.get('train_seconds', '')} | {note} |")
     for note in card.get("notes", []):
         lines += ["", note]
     lines += ["", "Rebuild (no download; about the same time on 2 cores):", "", "```",
