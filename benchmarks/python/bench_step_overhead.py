@@ -122,10 +122,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--eagle-dtype", default="auto", help="EAGLE drafts' dtype (auto, float32, bfloat16; as the "
+                                                         "e2e bench)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "results", "step_overhead_cpu.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    fam = load_family(args.family)
+    fam = load_family(args.family, eagle_dtype=args.eagle_dtype)
     prompts = fam.card["evaluation"]["prompt_ids"][: args.prompts]
     rows = [measure(fam, name, prompts, args.max_new_tokens) for name in ("plain",) + fam.drafter_names]
     print(f"{'method':<12} {'ms/step':>8} {'target fwd':>11} {'draft fwd':>10} {'outside forwards':>17}")
@@ -136,6 +138,7 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
         json.dump({"machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
                                "torch": torch.__version__},
+                   "eagle_dtype": str(fam.eagle1.fc.weight.dtype).replace("torch.", ""),
                    "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "rows": rows}, f, indent=1)
     print(f"wrote {args.out}")
     return 0

@@ -79,9 +79,13 @@ class ScoreCalibration:
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """``scale * logits`` in float32."""
-        if self.log_scale is None or self.log_scale.device != logits.device:
-            self.log_scale = torch.zeros((), dtype=torch.float32, device=logits.device)
-        return logits.float() * self.log_scale.exp()
+        return logits.float() * self.factor(logits.device)
+
+    def factor(self, device) -> torch.Tensor:
+        """The scale as a ``[]`` float32 tensor on ``device`` (for several :meth:`apply`-like products)."""
+        if self.log_scale is None or self.log_scale.device != torch.device(device):
+            self.log_scale = torch.zeros((), dtype=torch.float32, device=device)
+        return self.log_scale.exp()
 
     def update(self, result: StepResult) -> None:
         """One step from whether node 1 (the root's best child, which always ranks first) was accepted."""
@@ -109,7 +113,14 @@ def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: Leve
     the same). Returns the tree with ``min(total_tokens, candidates) + 1`` nodes."""
     B, dev, k = root.shape[0], root.device, top_k
     ids = target_ids if target_ids is not None else (lambda x: x)
-    scale = calibration.apply if calibration is not None else (lambda x: x)
+    if calibration is not None:
+        factor = calibration.factor(dev)  # (once: the scale does not change while the tree grows)
+
+        def scale(x):
+            return x.float() * factor
+    else:
+        def scale(x):
+            return x
     zero = torch.zeros(B, 1, dtype=torch.float32, device=dev)
     ct, cs, _ = ops.expand_tree_step(scale(root_logits[:, None]), zero, k, k, validate=False)
     if calibration is not None:
@@ -117,40 +128,41 @@ def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: Leve
     # all candidates so far (flat), their scores and parent candidate (-1 = the root)
     cand_tok = [ids(ct.reshape(B, k))]
     cand_score = [cs.reshape(B, k)]
-    cand_parent = [torch.full((B, k), -1, dtype=torch.int64, device=dev)]
+    fronts = []  # each level's frontier (candidate indices): the parents of the next level's k * k candidates
     front_cand = torch.arange(k, device=dev).expand(B, k)  # frontier = all depth-1 candidates
     front_tok, front_score = cand_tok[0], cand_score[0]
     front_parent = torch.zeros(B, k, dtype=torch.int64, device=dev)  # depth 1: every node's parent is the root
     slots_n = (depth - 1) * k
-    ar = torch.arange(k, device=dev)
     front_anc = torch.zeros(B, k, max(slots_n, 1), dtype=torch.bool, device=dev)  # ancestors-or-self, by slot
     if slots_n:
-        front_anc[:, ar, ar] = True
+        # (per level, a step pays ~10 us per small op: what does not change between levels is made once here)
+        front_anc[:, :, :k].diagonal(dim1=1, dim2=2).fill_(True)
         rel = torch.arange(kv_len, device=dev)[None, :] - valid[:, None]  # [B, kv_len]: tree slot (< 0: prefix)
-        in_tree = (rel >= 0) & (rel < slots_n)
-        rel_c = rel.clamp(0, slots_n - 1)
+        in_tree = ((rel >= 0) & (rel < slots_n))[:, None, :]
+        in_prefix = (rel < 0)[:, None, :]
+        rel_c = rel.clamp(0, slots_n - 1)[:, None, :].expand(B, k, kv_len)
+        first_slots = valid[:, None] + torch.arange(k, device=dev)  # [B, k]: level 1's slots
     base = k
     for d in range(1, depth):
-        anc = front_anc.gather(2, rel_c[:, None, :].expand(B, k, kv_len)) & in_tree[:, None, :]
-        mask = (rel < 0)[:, None, :] | anc  # prefix or an ancestor (self included)
-        slots = valid[:, None] + (d - 1) * k + ar
-        lg = scale(level(d, front_tok, front_parent, mask, slots))  # [B, k, Vd]
+        mask = in_prefix | (front_anc.gather(2, rel_c) & in_tree)  # prefix or an ancestor (self included)
+        lg = scale(level(d, front_tok, front_parent, mask, first_slots + (d - 1) * k))  # [B, k, Vd]
         ct, cs, sel = ops.expand_tree_step(lg, front_score, k, k, validate=False)
         cand_tok.append(ids(ct.reshape(B, k * k)))
         cand_score.append(cs.reshape(B, k * k))
-        cand_parent.append(front_cand.repeat_interleave(k, 1))
+        fronts.append(front_cand)
         if d == depth - 1:
             break
         front_parent = sel // k  # previous frontier slot of each new frontier node
         front_cand = base + sel
         front_tok = cand_tok[-1].gather(1, sel)
         front_score = cand_score[-1].gather(1, sel)
-        front_anc = front_anc.gather(1, front_parent[:, :, None].expand(B, k, front_anc.shape[-1])).clone()
-        front_anc[:, ar, d * k + ar] = True
+        front_anc = front_anc.gather(1, front_parent[:, :, None].expand(B, k, front_anc.shape[-1]))
+        front_anc[:, :, d * k: (d + 1) * k].diagonal(dim1=1, dim2=2).fill_(True)
         base += k * k
     tok = torch.cat(cand_tok, 1)
     score = torch.cat(cand_score, 1)
-    parent = torch.cat(cand_parent, 1)
+    parent = torch.cat([torch.full((B, k), -1, dtype=torch.int64, device=dev),
+                        *([torch.cat(fronts, 1).repeat_interleave(k, 1)] if fronts else [])], 1)
     C = tok.shape[1]
     M = min(total_tokens, C)
     order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :M]
