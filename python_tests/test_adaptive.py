@@ -690,3 +690,23 @@ def test_batch_sweep_runs_and_reports():
     assert named["drafter"] == "ngram" and named["fixed_depths"] == [1, 2]
     with pytest.raises(ValueError, match="fixed_depths"):
         run_batch_sweep(tgt, lambda: NgramDrafter(num_pred_tokens=2), prompts, [1], 4, [5], log=None)
+
+
+def test_an_inflated_catch_up_estimate_does_not_keep_plain_steps_for_good():
+    """Deep drafting pays at 8 rows, but the catch-up estimate says 1 s per lagging token and row (one bad
+    measurement) while the drafter is in a run of plain steps: the argmax keeps plain steps (the charge is huge) and
+    the catch-up is "too dear" to explore out of; yet every depth beats plain decoding before the charge, so the
+    exploration happens, measures the real catch-up, and deep drafting resumes. Where plain decoding wins anyway,
+    explorations out of plain steps stay skipped (test above)."""
+    clock = FakeClock()
+    drafter = FakeCatchUp(clock, 1e-4, D=4, draft_time=lambda d: 1e-3 * d)
+    ad = AdaptiveDrafter(drafter, explore_every=8, explore_backoff=1, clock=clock)
+    state = fake_run(ad, clock, 20, B=8, target_time=lambda x: 0.01 + 1e-5 * x, accept=lambda s, b, d: d)
+    assert ad.history[-5:] == [4] * 5
+    ad.catchup[8] = 1.0
+    ad._lag, drafter.lag = 5, 5
+    assert ad.best_depth(8, 4) == 0 and ad._catchup_too_dear(8, 0)
+    fake_run(ad, clock, 30, B=8, target_time=lambda x: 0.01 + 1e-5 * x, accept=lambda s, b, d: d, state=state,
+             start=20)
+    tail = ad.history[-20:]  # deep again (explorations every 8 steps try depth 3)
+    assert 0 not in tail and tail.count(4) >= 17 and ad.catchup[8] < 0.9, (ad.history, ad.catchup)

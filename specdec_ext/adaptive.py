@@ -60,7 +60,9 @@ pays for the draft's pass over the prompts. The *lag* counts the context tokens 
 lag is kept apart from its depth's steady cost (as catch-up seconds per lagging token and row, ``catchup``), and an
 exploration out of a lag is skipped where the catch-up per token exceeds ``catchup_budget`` of a step (leaving
 plain decoding for one step would cost re-reading every skipped token: at large batches a draft model's catch-up
-is ~10-20% of the plain steps). With a lag of k tokens, the argmax charges every speculative depth d
+is ~10-20% of the plain steps) and no depth would beat plain decoding even without a catch-up (otherwise only the
+catch-up keeps the plain steps, and the exploration is what measures it again: one inflated measurement would
+keep plain steps for good). With a lag of k tokens, the argmax charges every speculative depth d
 ``catchup * B * k / n`` seconds per step: the catch-up spread over the n steps d would take to finish the generation
 (the loop's budget over ``E[tokens | d]``), at least ``explore_every``.
 """
@@ -489,11 +491,19 @@ class AdaptiveDrafter:
             up = self._explore_up
             self._explore_up = not up
             e = d + 1 if (up and d < limit) or d == 0 else d - 1
-            if e > 0 and self._lag > 0 and self._catchup_too_dear(B, d):
+            if e > 0 and self._lag > 0 and self._catchup_too_dear(B, d) and not self._speculation_may_pay(B, limit):
                 return d  # leaving plain steps would cost the drafter's catch-up on all of them: skipped
             self.explorations += 1
             return e
         return d
+
+    def _speculation_may_pay(self, B: int, limit: int) -> bool:
+        """Whether some depth in 1..limit scores above plain decoding before any catch-up is charged. Then plain
+        steps are kept only by the catch-up their lag has run up (or by an estimate of it: catch-up is measured
+        only when a speculative step follows plain steps), and an exploration is what measures it again; skipping
+        those would let one inflated measurement, or one stretch where plain steps won, keep plain steps for good."""
+        plain = self.score(B, 0) or 0.0
+        return any((self.score(B, k, self.optimism) or 0.0) > plain for k in range(1, limit + 1))
 
     def _catchup_too_dear(self, B: int, d: int) -> bool:
         """Whether the inner drafter's catch-up per lagging token (measured when a speculative step followed plain
