@@ -504,18 +504,31 @@ def test_static_tree_greedy_equals_hf():
     assert mean > 1.5, accepted
 
 
-def test_cli_eagle(tmp_path, capsys):
-    """`specdec generate --eagle DIR` loads an official-layout draft and reproduces HF greedy output."""
+@pytest.mark.parametrize("eagle_dtype", [None, "bfloat16", "auto"])
+def test_cli_eagle(tmp_path, capsys, monkeypatch, eagle_dtype):
+    """`specdec generate --eagle DIR` loads an official-layout draft and reproduces HF greedy output, with the
+    draft in the dtype `--eagle-dtype` asks for (default: the target's)."""
     from specdec_ext.cli import main
-    from specdec_ext.models.checkpoints import save_eagle
+    from specdec_ext.models.checkpoints import resolve_eagle_dtype, save_eagle
 
     m = target()
     m.save_pretrained(tmp_path / "target")
     save_eagle(trained_draft(1), tmp_path / "draft", base_model_name_or_path="tiny-llama", safetensors=True)
     prompt = " ".join(map(str, PROMPTS[1]))
+    loaded = []
+    real = EagleDrafter.from_pretrained.__func__
+
+    def spy(cls, *args, **kwargs):
+        drafter = real(cls, *args, **kwargs)
+        loaded.append(drafter.model.fc.weight.dtype)
+        return drafter
+
+    monkeypatch.setattr(EagleDrafter, "from_pretrained", classmethod(spy))
     assert main(["generate", "--model", str(tmp_path / "target"), "--eagle", str(tmp_path / "draft"),
                  "--eagle-depth", "5", "--eagle-top-k", "4", "--eagle-total-tokens", "24", "--prompt-ids", prompt,
-                 "--max-new-tokens", str(NEW), "--no-stream"]) == 0
+                 "--max-new-tokens", str(NEW), "--no-stream",
+                 *(["--eagle-dtype", eagle_dtype] if eagle_dtype else [])]) == 0
+    assert loaded == [resolve_eagle_dtype(eagle_dtype, torch.float32)]
     out = capsys.readouterr().out
     assert " ".join(map(str, reference_outputs()[1])) in out
     assert "accepted" in out
