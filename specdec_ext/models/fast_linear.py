@@ -81,11 +81,7 @@ def bfloat16_is_fast(device: torch.device | str = "cpu") -> bool:
     through float32 conversions and is slower than float32."""
     if torch.device(device).type == "cuda":
         return True
-    if not packed_enabled(torch.bfloat16) or _kernel_for(torch.bfloat16) != _OURS:
-        return False
-    from specdec_ext.ops import packed_linear_path
-
-    return packed_linear_path(torch.bfloat16) == "avx512_bf16"
+    return _ENABLED and _kernel_for(torch.bfloat16) == _OURS  # (our kernel's only bfloat16 vector path)
 
 
 def tensor_version(t: torch.Tensor) -> int:

@@ -56,6 +56,22 @@ def draft_vocab_ids(seqs: list[list[int]], vocab_size: int, n: int) -> torch.Ten
     return counts.topk(n).indices.sort().values
 
 
+def _training_time_test(m, feats, embeds, pos, valid, steps):
+    """The draft's passes of a training-time test: yields ``(k, out, weights)`` for k < ``steps``. Pass 0 reads the
+    target's features ``feats[B, T', .]``; pass k reads pass k - 1's outputs one position on (its own prediction
+    of the feature at t fed at t, as a tree's deeper levels do), so its first k positions have no input and weigh
+    0 in ``weights`` (``valid`` as float otherwise)."""
+    hidden = feats
+    for k in range(steps):
+        if k > 0 and valid.shape[1] <= k:
+            break
+        out = m(hidden, embeds, pos, from_target=k == 0)
+        v = valid.clone()
+        v[:, :k] = False
+        yield k, out, v.float()
+        hidden = torch.cat([out[:, :1], out[:, :-1]], 1)
+
+
 def _eagle1_loss(m, target, toks, mask, w_tok, ttt_steps, decay):
     emb, lm = target.get_input_embeddings(), target.get_output_embeddings()
     feats, logits = target_hidden(target, toks, mask)
@@ -66,20 +82,13 @@ def _eagle1_loss(m, target, toks, mask, w_tok, ttt_steps, decay):
         e = emb(toks[:, 1: T - 1])
     goal = feats[:, 1: T - 1]
     logp = F.log_softmax(logits[:, 1: T - 1], -1)
-    total, hidden = 0.0, feats[:, : T - 2]
-    for k in range(ttt_steps):
-        if k > 0 and T - 2 <= k:
-            break
-        out = m(hidden, e, pos)
-        v = valid.clone()
-        v[:, :k] = False
-        vf = v.float()
+    total = 0.0
+    for k, out, vf in _training_time_test(m, feats[:, : T - 2], e, pos, valid, ttt_steps):
         n = vf.sum().clamp_min(1)
         reg = (F.smooth_l1_loss(out.float(), goal, reduction="none").mean(-1) * vf).sum() / n
         logq = F.log_softmax(lm(out.to(lm.weight.dtype)).float(), -1)
         ce = ((logp.exp() * (logp - logq)).sum(-1) * vf).sum() / n  # KL(target || draft): CE less its floor
         total = total + decay ** k * (reg + w_tok * ce)
-        hidden = torch.cat([out[:, :1], out[:, :-1]], 1)  # own prediction of f_t fed at t (as deeper tree levels do)
     return total, int(valid.sum())
 
 
@@ -97,19 +106,11 @@ def _eagle3_loss(m, target, toks, mask, ttt_steps, decay):
         valid = valid & m.t2d[tl.argmax(-1)]
         tl = tl[..., ids]
     logp = F.log_softmax(tl, -1)
-    total, hidden, from_target = 0.0, feats[:, : T - 2], True
-    for k in range(ttt_steps):
-        if k > 0 and T - 2 <= k:
-            break
-        out = m(hidden, e, pos, from_target=from_target)
+    total = 0.0
+    for k, out, vf in _training_time_test(m, feats[:, : T - 2], e, pos, valid, ttt_steps):
         logq = F.log_softmax(m.logits(out).float(), -1)
-        v = valid.clone()
-        v[:, :k] = False
-        vf = v.float()
         kl = (logp.exp() * (logp - logq)).sum(-1)  # KL(target || draft): soft CE less its floor
         total = total + decay ** k * (kl * vf).sum() / vf.sum().clamp_min(1)
-        hidden = torch.cat([out[:, :1], out[:, :-1]], 1)  # own output at t - 1 fed at t
-        from_target = False
     return total, int(valid.sum())
 
 
