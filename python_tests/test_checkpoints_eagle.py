@@ -317,6 +317,31 @@ def test_eagle3_forward_equals_reference(tmp_path):
                                m.midlayer(h, emb, pos)[:, 0])
 
 
+@torch.no_grad()
+def test_rotary_frequencies_stay_float32_in_a_bfloat16_draft(tmp_path):
+    """A bfloat16 draft rotates with the float32 frequencies of HF's LlamaRotaryEmbedding (the ones it was trained
+    with), not their bfloat16 roundings; the precomputed tables a drafter hands a level (``rotary=``) give the same
+    result as the positions."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    sd = eagle1_sd(True, False, seed=5)
+    m = load_eagle(write(tmp_path / "e1", config(1), sd, False)).to(torch.bfloat16)
+    cfg = transformers.LlamaConfig(**{k: v for k, v in config(1).items() if k not in ("architectures",)})
+    rot = m.rotary
+    assert rot.inv_freq.dtype == torch.float32
+    pos = torch.tensor([[5, 700, 1999]])
+    cos, sin = LlamaRotaryEmbedding(cfg)(torch.zeros(1, dtype=torch.float32), pos)
+    got_cos, got_sin = rot(pos)
+    torch.testing.assert_close(got_cos[:, 0], cos, atol=1e-4, rtol=0)  # (bfloat16 frequencies: off by ~0.5)
+    torch.testing.assert_close(got_sin[:, 0].abs(), sin.abs(), atol=1e-4, rtol=0)
+    assert (got_sin[..., : HD // 2] * sin[:, None, :, : HD // 2] <= 1e-6).all()  # rotate-half's sign is carried
+    g = torch.Generator().manual_seed(3)
+    B, T = 1, 3
+    feats, emb = torch.randn(B, T, H, generator=g).bfloat16(), torch.randn(B, T, H, generator=g).bfloat16()
+    tables = rot(pos.expand(B, T))
+    assert torch.equal(m(feats, emb, pos.expand(B, T), rotary=tables), m(feats, emb, pos.expand(B, T)))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Loaded drafts run.
 

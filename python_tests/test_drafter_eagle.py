@@ -672,7 +672,7 @@ def test_draft_vocab_in_a_bfloat16_draft_for_a_float32_target():
     for p, want in zip(PROMPTS, reference_outputs()):
         out, stats = generate(m, drafter, torch.tensor(p), max_new_tokens=NEW, eos_token_id=[])
         assert out[len(p):].tolist() == want
-    w, _ = drafter._lm_sub
+    w = drafter._lm_sub.weight
     assert w.dtype == torch.bfloat16
     assert torch.equal(w, m.get_output_embeddings().weight[common].to(torch.bfloat16))
 

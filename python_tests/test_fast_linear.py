@@ -120,12 +120,17 @@ def test_fused_equals_separate(dtype):
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
     else:
         _bf16_close(got, want)
-    layers[1].weight.add_(1.0)  # a later layer changes: the fused weight is rebuilt
-    want = torch.cat([_ref(x, lay.weight, lay.bias) for lay in layers], -1)
-    if dtype == torch.float32:
-        torch.testing.assert_close(fused_linear(x, layers).double(), want, atol=1e-5, rtol=1e-5)
-    else:
-        _bf16_close(fused_linear(x, layers), want)
+    changes = [lambda: layers[1].weight.add_(1.0),  # a later layer changes in place: the fused weight is rebuilt
+               lambda: layers[1].bias.mul_(-2.0),  # so does a bias
+               lambda: setattr(layers[2], "weight", torch.nn.Parameter(torch.randn(16, 40, generator=g).to(dtype)))]
+    for change in changes:  # (each replaced or changed parameter, after a call that used the remembered weight)
+        assert layers[0].__dict__.get("_specdec_fused") is not None or dtype not in (torch.float32, torch.bfloat16)
+        change()
+        want = torch.cat([_ref(x, lay.weight, lay.bias) for lay in layers], -1)
+        if dtype == torch.float32:
+            torch.testing.assert_close(fused_linear(x, layers).double(), want, atol=1e-5, rtol=1e-5)
+        else:
+            _bf16_close(fused_linear(x, layers), want)
 
 
 @torch.no_grad()

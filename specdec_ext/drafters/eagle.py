@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.utils import skip_init
 
 from specdec_ext import ops
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
-from specdec_ext.models.fast_linear import linear, tensor_version
+from specdec_ext.models.fast_linear import Linear, tensor_version
 from specdec_ext.models.kv_cache import keep_batch_rows, write_rows
 
 __all__ = ["EagleDrafter"]
@@ -179,8 +180,13 @@ class EagleDrafter:
                 self._vocab_ids = self.draft_vocab.to(state.device)
                 with torch.no_grad():
                     bias = getattr(self._lm_head, "bias", None)
-                    self._lm_sub = (w.index_select(0, self._vocab_ids).to(p.dtype),
-                                    None if bias is None else bias.index_select(0, self._vocab_ids).to(p.dtype))
+                    # a layer of its own, so that it remembers its packed weight as the draft's layers do
+                    sub = skip_init(Linear, w.shape[1], self._vocab_ids.numel(), bias=bias is not None,
+                                    device=state.device, dtype=p.dtype).requires_grad_(False)
+                    sub.weight.copy_(w.index_select(0, self._vocab_ids))
+                    if bias is not None:
+                        sub.bias.copy_(bias.index_select(0, self._vocab_ids))
+                self._lm_sub = sub
                 self._lm_sub_weight, self._lm_sub_key = w, key
         B, dev = state.batch_size, state.device
         self._tree_slots = max((self.depth - 1) * self.top_k, self.max_nodes)
@@ -214,8 +220,7 @@ class EagleDrafter:
         vocabulary (EAGLE-1)."""
         if self._lm_sub is None:
             return self.model.logits(hidden, self._lm_head)
-        w, b = self._lm_sub
-        return linear(hidden.to(w.dtype), w, b)
+        return self._lm_sub(hidden.to(self._lm_sub.weight.dtype))
 
     def _target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Indices into :meth:`_logits`' last dimension -> target token ids."""
@@ -271,12 +276,14 @@ class EagleDrafter:
         kv_len = max(self.valid) + (depth - 1) * k
         H = root_h.shape[-1]
         last_h = [root_h[:, None].expand(B, k, H)]  # the previous level's predicted features (the root's at first)
+        # every level's RoPE tables at once (level d's nodes all sit at position root + d)
+        cos, sin = m.rotary(root_pos[:, None] + torch.arange(1, max(depth, 2), device=dev))
 
         def level(d, tok, parent, mask, slots):
             front_h = last_h[0] if d == 1 else last_h[0].gather(1, parent[:, :, None].expand(B, k, H))
             pos = (root_pos + d)[:, None].expand(B, k)
             last_h[0] = m(front_h, self._embed_ids(tok), pos, from_target=False, mask=mask, cache=self.cache,
-                          write_slots=slots, kv_len=kv_len)
+                          write_slots=slots, kv_len=kv_len, rotary=(cos[:, :, d - 1: d], sin[:, :, d - 1: d]))
             self.forwards += 1
             return self._logits(last_h[0])
 

@@ -35,9 +35,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec_ext.models.fast_linear import Linear, fused_linear, module_linear
-from specdec_ext.models.kv_cache import write_rows
+from specdec_ext.models.kv_cache import copy_rows, flat_row_index
 
-__all__ = ["Eagle1Model", "Eagle3Model", "EagleConfig", "EagleKVCache", "default_eagle3_layers"]
+__all__ = ["Eagle1Model", "Eagle3Model", "EagleConfig", "EagleKVCache", "Rotary", "apply_rotary",
+           "default_eagle3_layers"]
 
 
 def default_eagle3_layers(num_target_layers: int) -> tuple[int, ...]:
@@ -171,10 +172,47 @@ class EagleKVCache:
     def max_len(self) -> int:
         return self.k.shape[2]
 
+    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """``k`` / ``v`` ``[B, nKV, T, hd]`` at ``slots[B, T]`` (in ``[0, max_len)``), one row index for both."""
+        B, H, S, _ = self.k.shape
+        index = flat_row_index(B, H, S, slots)
+        copy_rows(self.k, index, k)
+        copy_rows(self.v, index, v)
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, -1)
-    return torch.cat((-x2, x1), -1)
+
+class Rotary(nn.Module):
+    """RoPE tables: :meth:`forward` gives ``(cos, signed_sin)`` ``[B, 1, T, hd]`` (float32) for ``pos[B, T]``, and
+    :func:`apply_rotary` rotates with them. ``signed_sin`` carries rotate-half's sign (``-sin`` on the first half),
+    so the rotation is one ``roll`` instead of a split, a negation and a concatenation. A drafter computes the
+    tables once per tree and hands each level its slice (``rotary=`` of the draft's forward)."""
+
+    def __init__(self, cfg: EagleConfig):
+        super().__init__()
+        hd = cfg.head_dim
+        self._config = cfg
+        self.register_buffer("inv_freq", _inv_freq(cfg), persistent=False)
+        self.register_buffer("sign", torch.cat([-torch.ones(hd // 2), torch.ones(hd - hd // 2)]), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # The frequencies stay float32 when the module is cast (``.to(torch.bfloat16)``): rounded to bfloat16 they
+        # are off by up to 2^-9 of their value (4e-4 for the family's draft: 0.2 radians of rotation at position
+        # 500), away from the rotations the draft was trained with.
+        super()._apply(fn, recurse)
+        self.inv_freq = _inv_freq(self._config).to(self.inv_freq.device)
+        self.sign = self.sign.to(device=self.inv_freq.device, dtype=torch.float32)
+        return self
+
+    def forward(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = pos.float()[..., None] * self.inv_freq  # [B, T, hd/2]
+        emb = torch.cat((freqs, freqs), -1)[:, None]  # [B, 1, T, hd]
+        return emb.cos(), emb.sin() * self.sign
+
+
+def apply_rotary(x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """RoPE on ``x[B, heads, T, hd]`` with :class:`Rotary` tables (computed in float32, returned in x's dtype)."""
+    cos, signed_sin = rotary
+    xf = x.float()
+    return (xf * cos + xf.roll(x.shape[-1] // 2, -1) * signed_sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -188,30 +226,24 @@ class Attention(nn.Module):
         self.k_proj = Linear(in_dim, nKV * hd, bias=bias)
         self.v_proj = Linear(in_dim, nKV * hd, bias=bias)
         self.o_proj = Linear(nH * hd, H, bias=False)
-        self.register_buffer("inv_freq", _inv_freq(cfg), persistent=False)
-
-    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """RoPE on ``x[B, heads, T, hd]`` at ``pos[B, T]`` (computed in float32)."""
-        freqs = pos.float()[..., None] * self.inv_freq.float()  # [B, T, hd/2]
-        emb = torch.cat((freqs, freqs), -1)[:, None]  # [B, 1, T, hd]
-        xf = x.float()
-        return (xf * emb.cos() + _rotate_half(xf) * emb.sin()).to(x.dtype)
+        self.rotary = Rotary(cfg)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None = None,
                 cache: EagleKVCache | None = None, write_slots: torch.Tensor | None = None,
-                kv_len: int | None = None) -> torch.Tensor:
+                kv_len: int | None = None, rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``x[B, T, in_dim]``, ``position_ids[B, T]``. Without ``cache``: attention among the T inputs under
         ``mask[B, T, T]`` (default causal). With ``cache``: the inputs' K/V are written at ``write_slots[B, T]``
-        and the queries attend to cache slots ``[0, kv_len)`` under ``mask[B, T, kv_len]`` (True = attend)."""
+        and the queries attend to cache slots ``[0, kv_len)`` under ``mask[B, T, kv_len]`` (True = attend).
+        ``rotary``: the :class:`Rotary` tables of ``position_ids`` when the caller has them (any shape that
+        broadcasts to ``[B, 1, T, hd]``)."""
         B, T, _ = x.shape
         nH, nKV = self.nH, self.nKV
         qkv = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj)).view(B, T, nH + 2 * nKV, self.hd)
         qkv = qkv.transpose(1, 2)  # [B, heads, T, hd]: nH query heads, then nKV key heads, then nKV value heads
-        qk = self._rope(qkv[:, : nH + nKV], position_ids)  # queries and keys rotated together
+        qk = apply_rotary(qkv[:, : nH + nKV], rotary if rotary is not None else self.rotary(position_ids))
         q, k, v = qk[:, :nH], qk[:, nH:], qkv[:, nH + nKV:]
         if cache is not None:
-            write_rows(cache.k, write_slots, k)
-            write_rows(cache.v, write_slots, v)
+            cache.write(write_slots, k, v)
             S = cache.max_len if kv_len is None else kv_len
             k, v = cache.k[:, :, :S], cache.v[:, :, :S]
         elif mask is None:
@@ -258,6 +290,11 @@ class Eagle1Model(nn.Module):
     @property
     def hidden_size(self) -> int:
         return self.config.hidden_size
+
+    @property
+    def rotary(self) -> Rotary:
+        """The draft layer's RoPE tables (:class:`Rotary`)."""
+        return self.layers[0].self_attn.rotary
 
     @property
     def feature_size(self) -> int:
@@ -329,6 +366,11 @@ class Eagle3Model(nn.Module):
     @property
     def hidden_size(self) -> int:
         return self.config.hidden_size
+
+    @property
+    def rotary(self) -> Rotary:
+        """The draft layer's RoPE tables (:class:`Rotary`)."""
+        return self.midlayer.self_attn.rotary
 
     @property
     def feature_size(self) -> int:
