@@ -60,6 +60,7 @@ def test_quick_suite_writes_json_and_pngs(tmp_path, capsys):
         assert r["mean_accepted_length"] >= 1.0
         if r["impl"] == "specdec":
             assert r["predicted_speedup"] > 0 and r["step_ms"] > 0
+            assert r["verification_bound_speedup"] >= r["speedup"]  # free drafting can only be faster
             assert isinstance(r["acceptance_by_depth"], list)
             assert sum(r["accept_hist"]) == r["target_forwards"]  # B = 1: one row-step per target forward
         if r["method"] == "plain":
@@ -86,6 +87,19 @@ def test_quick_suite_writes_json_and_pngs(tmp_path, capsys):
         os.remove(out / p)
     assert plots_main([str(out / js[0])]) == 0
     assert sorted(f for f in os.listdir(out) if f.endswith(".png")) == sorted(pngs)
+
+
+def test_verification_bound_takes_out_drafting_and_bookkeeping_only():
+    """bound = plain's time per token over the method's time per token without its draft and bookkeeping time
+    (prefill and verification stay)."""
+    from specdec_ext.bench.e2e import _Acc, summarise
+
+    plain = _Acc(new_tokens=100, wall_s=2.0, steps=100, row_steps=100, loop_s=1.9, unverified_s=0.1, runs=1)
+    spec = _Acc(new_tokens=100, wall_s=1.0, steps=25, row_steps=25, loop_s=0.9, unverified_s=0.5, runs=1)
+    rows = {r["method"]: r for r in summarise({"plain": plain, "eagle2": spec}, 0.0)}
+    assert rows["eagle2"]["speedup"] == 2.0
+    assert rows["eagle2"]["verification_bound_speedup"] == 4.0  # 100 tokens in 1.0 - 0.5 s vs 100 in 2.0 s
+    assert rows["eagle2"]["mean_accepted_length"] == 4.0
 
 
 def test_hf_baselines_run_on_aten_products_unless_asked(monkeypatch):

@@ -25,6 +25,14 @@ Predicted speedup (ours)
     speedup differs from it by what happens outside the decode loop (prefill, drafter set-up) — on long prompts
     and short budgets that gap grows. ``ideal_speedup`` = mean_accepted_length (drafting and verifying for free).
 
+Verification-bound speedup (ours)
+    bound = wall(plain) / (wall(method) - draft time - bookkeeping time), per token
+
+    the speedup the method would reach if drafting and host bookkeeping cost nothing: only the prefill and the
+    target's verification forwards (with their verification op and cache compaction) remain, as measured. No
+    drafter with this acceptance and this tree size can beat it on this machine; how far the measured speedup falls
+    short of it is what drafting costs.
+
 Peak memory
     Measured in one extra, untimed run per method (the first prompt, the full budget, after the warm-up), so that
     no measurement runs during the timed runs. CUDA: ``torch.cuda.max_memory_allocated()`` (reset before the run),
@@ -197,6 +205,7 @@ class _Acc:
     steps: int = 0
     row_steps: int = 0
     loop_s: float = 0.0
+    unverified_s: float = 0.0  # draft + bookkeeping time of the decode loop (ours)
     forwards: int = 0
     accept_hist: list[int] = field(default_factory=list)
     peak: int = 0
@@ -340,6 +349,7 @@ def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], t
                 acc.row_steps += st.row_steps
                 acc.forwards += st.target_forwards
                 acc.loop_s += st.draft_s + st.verify_s + st.bookkeeping_s
+                acc.unverified_s += st.draft_s + st.bookkeeping_s
                 h = list(st.accept_hist)
                 if len(h) > len(acc.accept_hist):
                     acc.accept_hist += [0] * (len(h) - len(acc.accept_hist))
@@ -390,10 +400,13 @@ def summarise(accs: dict[str, _Acc], temperature: float) -> list[dict]:
         else:
             mal = a.new_tokens / a.row_steps if a.row_steps else None
             s = step_ms(a)
+            verified_s = a.wall_s - a.unverified_s
+            bound = a.new_tokens / verified_s / base if verified_s > 0 and base else None
             row.update(mean_accepted_length=round(mal, 3) if mal else None,
                        acceptance_by_depth=acceptance_by_depth(a.accept_hist), accept_hist=list(a.accept_hist),
                        step_ms=round(s, 4) if s else None, ideal_speedup=round(mal, 3) if mal else None,
-                       predicted_speedup=round(mal * plain_step / s, 3) if mal and s and plain_step else None)
+                       predicted_speedup=round(mal * plain_step / s, 3) if mal and s and plain_step else None,
+                       verification_bound_speedup=round(bound, 3) if bound else None)
         if a.peak:
             row.update(peak_mem_mb=round(a.peak * mb, 1), peak_mem_over_start_mb=round(a.peak_over_start * mb, 1))
         if a.error is not None:
@@ -451,6 +464,8 @@ def run_e2e(models: BenchModels, cfg: E2EConfig | None = None, log=print) -> dic
            "notes": ["speedup: tokens/s over our plain decoding's, same run, round-robin over prompts",
                      "predicted_speedup = mean_accepted_length * step_ms(plain) / step_ms(method) "
                      "(decode-loop time per step; prefill excluded)",
+                     "verification_bound_speedup: the speedup with drafting and bookkeeping free (prefill and "
+                     "verification forwards only, as measured)",
                      "EOS ignored: every run emits max_new_tokens tokens; batch size 1"]}
     for T in cfg.temperatures:
         log(f"e2e: temperature {T}")
@@ -481,6 +496,7 @@ def format_row(r: dict) -> str:
 
     return (f"{r['method']:<18} {f(r['tokens_per_s'], '9.1f')} tok/s  x{f(r.get('speedup'), '.2f')}  "
             f"MAL {f(r.get('mean_accepted_length'), '.2f')}  predicted x{f(r.get('predicted_speedup'), '.2f')}  "
+            f"bound x{f(r.get('verification_bound_speedup'), '.2f')}  "
             f"peak +{f(r.get('peak_mem_over_start_mb'), '.1f')} MB")
 
 
@@ -500,7 +516,7 @@ def markdown_table(e2e: dict) -> str:
         t = f"T={T:g}"
         head += [f"{t} tokens/s", f"{t} speedup", f"{t} mean accepted length"]
         if T == 0:
-            head += ["predicted speedup", "greedy output = plain"]
+            head += ["predicted speedup", "verification-bound speedup", "greedy output = plain"]
     head.append("peak memory over start (MB)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in methods:
@@ -511,8 +527,8 @@ def markdown_table(e2e: dict) -> str:
             row += [cell(r.get("tokens_per_s"), ".1f"), cell(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""),
                     cell(r.get("mean_accepted_length"), ".2f")]
             if T == 0:
-                pred = r.get("predicted_speedup")
-                row += [cell(pred, ".2f") + ("x" if pred else ""),
+                pred, bound = r.get("predicted_speedup"), r.get("verification_bound_speedup")
+                row += [cell(pred, ".2f") + ("x" if pred else ""), cell(bound, ".2f") + ("x" if bound else ""),
                         "(reference)" if m == "plain" else {True: "yes", False: "**no**"}.get(checks.get(m), "-")]
             if mem is None:
                 mem = r.get("peak_mem_over_start_mb")
