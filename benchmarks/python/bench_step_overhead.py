@@ -76,8 +76,9 @@ def measure(fam, name: str, prompts, max_new_tokens: int) -> dict:
         drafter = None if name == "plain" else fam.make_drafter(name)
         nets = {"draft-model": [fam.draft_lm], "medusa": [fam.medusa_heads], "eagle1": [fam.eagle1],
                 "eagle2": [fam.eagle1], "eagle3": [fam.eagle3]}.get(name, [])
-        for net in nets:  # the network and its direct children (drafters call some of them, e.g. lm_head, alone)
-            for mod in [net, *net.children()]:
+        for net in nets:  # the network and its direct children (drafters call some of them, e.g. lm_head, alone),
+            rotary = getattr(net, "rotary", None)  # and EAGLE's RoPE tables (a drafter computes a tree's at once)
+            for mod in [net, *net.children(), *([rotary] if rotary is not None else [])]:
                 clock.hook(mod, "draft")
         for mod in (fam.target.get_output_embeddings(), fam.target.get_input_embeddings()):
             clock.hook(mod, "draft")  # when a drafter calls them itself; inside the target's forward: target time

@@ -227,6 +227,8 @@ class EagleDrafter:
         return self.model.to_target_ids(ids) if self._vocab_ids is None else self._vocab_ids[ids]
 
     def _features(self, hidden_states) -> torch.Tensor:
+        if len(hidden_states) == 1:  # (EAGLE-1: no concatenation, which would copy)
+            return hidden_states[0].to(self.feats.dtype)
         return torch.cat([h.to(self.feats.dtype) for h in hidden_states], -1)
 
     def _embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
@@ -236,14 +238,16 @@ class EagleDrafter:
     @torch.no_grad()
     def _catch_up(self, state: DecodeState, hold: int = 0):
         """One chain forward over each row's positions ``valid .. n - 2 - hold``; returns the last position's
-        predicted hidden ``[B, H]`` (with ``hold`` 0: the root's) and position ``[B]``; updates the valid lengths."""
+        predicted hidden ``[B, H]`` (with ``hold`` 0: the root's), its position ``[B]`` and the new valid lengths
+        ``[B]`` (which it also keeps on the host)."""
         B, dev = state.batch_size, state.device
         lengths = [len(t) - hold for t in state.host_tokens]
         start = [min(v, max(n - 2, 0)) for v, n in zip(self.valid, lengths)]
         count = [max(n - 1 - s, 1) for s, n in zip(start, lengths)]
+        valid = [max(0, min(s + c, n - 1)) for s, c, n in zip(start, count, lengths)]
         T = max(count)
         j = torch.arange(T, device=dev)
-        start_t, count_t = to_device(start, dev), to_device(count, dev)
+        start_t, count_t, valid_t = to_device([start, count, valid], dev)  # (one host-to-device copy)
         pos = start_t[:, None] + j  # [B, T]
         tok = state.tokens.gather(1, (pos + 1).clamp(max=state.max_len - 1))
         tok = torch.where(pos + 1 < state.lengths[:, None], tok, state.last_tokens[:, None])
@@ -257,8 +261,8 @@ class EagleDrafter:
                          write_slots=slots, kv_len=kv_len)
         self.forwards += 1
         root_h = out.gather(1, (count_t - 1)[:, None, None].expand(B, 1, out.shape[-1]))[:, 0]
-        self.valid = [max(0, min(s + c, n - 1)) for s, c, n in zip(start, count, lengths)]
-        return root_h, start_t + count_t - 1
+        self.valid = valid
+        return root_h, start_t + count_t - 1, valid_t
 
     @torch.no_grad()
     def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
@@ -268,20 +272,20 @@ class EagleDrafter:
         if depth <= 0:
             return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
         m, k = self.model, self.top_k
-        root_h, root_pos = self._catch_up(state)
-        valid = to_device(self.valid, dev)
+        root_h, root_pos, valid = self._catch_up(state)
         if self.static is not None:
             return self._propose_static(state, self._static_for(depth), root, root_h, root_pos, valid)
         calibration = self.calibration if self.calibrate and k > 1 else None  # a chain has nothing to rank
         kv_len = max(self.valid) + (depth - 1) * k
         H = root_h.shape[-1]
         last_h = [root_h[:, None].expand(B, k, H)]  # the previous level's predicted features (the root's at first)
-        # every level's RoPE tables at once (level d's nodes all sit at position root + d)
-        cos, sin = m.rotary(root_pos[:, None] + torch.arange(1, max(depth, 2), device=dev))
+        # every level's positions and RoPE tables at once (level d's nodes all sit at position root + d)
+        level_pos = root_pos[:, None] + torch.arange(1, max(depth, 2), device=dev)
+        cos, sin = m.rotary(level_pos)
 
         def level(d, tok, parent, mask, slots):
             front_h = last_h[0] if d == 1 else last_h[0].gather(1, parent[:, :, None].expand(B, k, H))
-            pos = (root_pos + d)[:, None].expand(B, k)
+            pos = level_pos[:, d - 1: d].expand(B, k)
             last_h[0] = m(front_h, self._embed_ids(tok), pos, from_target=False, mask=mask, cache=self.cache,
                           write_slots=slots, kv_len=kv_len, rotary=(cos[:, :, d - 1: d], sin[:, :, d - 1: d]))
             self.forwards += 1
