@@ -310,3 +310,26 @@ def test_prompts_from_heldout_text():
     assert prompts[0] != prompts[1]
     long_prompts, how = bm.prompts(2, 500)  # longer than any document: windows of the joined text
     assert [len(p) for p in long_prompts] == [500, 500] and "windows" in how
+
+
+def test_tree_sizes_benchmark_runs_every_size_with_its_bound(tmp_path, capsys):
+    """benchmarks/python/bench_tree_sizes.py on the shipped family, tiny settings: one row per size, each with a
+    verification bound at least its measured speedup; bad sizes are refused by name."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "python",
+                        "bench_tree_sizes.py")
+    spec = importlib.util.spec_from_file_location("bench_tree_sizes", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "sizes.json"
+    assert mod.main(["--drafter", "medusa", "--sizes", "2,4", "--num-prompts", "1", "--prompt-len", "16",
+                     "--max-new-tokens", "8", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = {r["size"]: r for r in data["rows"] if r["size"] is not None}
+    assert set(rows) == {2, 4} and data["size_argument"] == "max_nodes"
+    for r in rows.values():
+        assert r["new_tokens"] == 8 and r["verification_bound_speedup"] >= r["speedup"] > 0
+    with pytest.raises(SystemExit):
+        mod.main(["--sizes", "4,x"])
+    assert "--sizes" in capsys.readouterr().err
