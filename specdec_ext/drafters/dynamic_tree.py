@@ -92,9 +92,9 @@ class ScoreCalibration:
         predicted, self.predicted = self.predicted, None
         if predicted is None or result.accepted.shape[1] < 2:
             return
-        live = (result.accept_len >= 0).float()
-        accepted = (result.accepted[:, 1] == 1).float()
-        gap = ((accepted - predicted) * live).sum() / live.sum().clamp(min=1.0)
+        live = result.accept_len >= 0
+        gap = (torch.where(live, (result.accepted[:, 1] == 1).float() - predicted, 0.0).sum()
+               / live.sum().clamp(min=1))
         self.log_scale = (self.log_scale + self.rate * gap).clamp(_MIN_LOG_SCALE, _MAX_LOG_SCALE)
 
 
@@ -133,18 +133,24 @@ def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: Leve
     front_tok, front_score = cand_tok[0], cand_score[0]
     front_parent = torch.zeros(B, k, dtype=torch.int64, device=dev)  # depth 1: every node's parent is the root
     slots_n = (depth - 1) * k
-    front_anc = torch.zeros(B, k, max(slots_n, 1), dtype=torch.bool, device=dev)  # ancestors-or-self, by slot
     if slots_n:
-        # (per level, a step pays ~10 us per small op: what does not change between levels is made once here)
+        # (per level, a step pays ~5-10 us per small op: what does not change between levels is made once here)
+        # front_anc[b, j, s]: whether tree slot s holds an ancestor-or-self of frontier node j; two more columns,
+        # never changed, answer for the cache positions outside the tree: slots_n (False: beyond the tree's slots)
+        # and slots_n + 1 (True: the row's valid prefix), so that a level's mask is one gather
+        front_anc = torch.zeros(B, k, slots_n + 2, dtype=torch.bool, device=dev)
+        front_anc[:, :, slots_n + 1] = True
         front_anc[:, :, :k].diagonal(dim1=1, dim2=2).fill_(True)
         rel = torch.arange(kv_len, device=dev)[None, :] - valid[:, None]  # [B, kv_len]: tree slot (< 0: prefix)
-        in_tree = ((rel >= 0) & (rel < slots_n))[:, None, :]
-        in_prefix = (rel < 0)[:, None, :]
-        rel_c = rel.clamp(0, slots_n - 1)[:, None, :].expand(B, k, kv_len)
+        column = torch.where(rel < 0, slots_n + 1, torch.where(rel < slots_n, rel, slots_n))
+        column = column[:, None, :].expand(B, k, kv_len)
+        selves = torch.zeros(depth, 1, k, slots_n + 2, dtype=torch.bool, device=dev)  # [d]: level d's own slots
+        for d in range(1, depth - 1):
+            selves[d, 0, :, d * k: (d + 1) * k].diagonal().fill_(True)
         first_slots = valid[:, None] + torch.arange(k, device=dev)  # [B, k]: level 1's slots
     base = k
     for d in range(1, depth):
-        mask = in_prefix | (front_anc.gather(2, rel_c) & in_tree)  # prefix or an ancestor (self included)
+        mask = front_anc.gather(2, column)  # the prefix or an ancestor (self included)
         lg = scale(level(d, front_tok, front_parent, mask, first_slots + (d - 1) * k))  # [B, k, Vd]
         ct, cs, sel = ops.expand_tree_step(lg, front_score, k, k, validate=False)
         cand_tok.append(ids(ct.reshape(B, k * k)))
@@ -156,8 +162,7 @@ def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: Leve
         front_cand = base + sel
         front_tok = cand_tok[-1].gather(1, sel)
         front_score = cand_score[-1].gather(1, sel)
-        front_anc = front_anc.gather(1, front_parent[:, :, None].expand(B, k, front_anc.shape[-1]))
-        front_anc[:, :, d * k: (d + 1) * k].diagonal(dim1=1, dim2=2).fill_(True)
+        front_anc = front_anc.gather(1, front_parent[:, :, None].expand(B, k, front_anc.shape[-1])) | selves[d]
         base += k * k
     tok = torch.cat(cand_tok, 1)
     score = torch.cat(cand_score, 1)
