@@ -8,8 +8,9 @@ cheaper verification (another machine, another dtype) is needed.
 
     python benchmarks/python/bench_tree_sizes.py --drafter medusa --sizes 4,6,8,10,12,16 [--dtype bfloat16]
 
-Sizes are the drafter's draft tokens per step: ``max_nodes`` (Medusa per-step trees), ``total_tokens`` (EAGLE-2/3
-trees, the family's depth and top-k), ``num_draft_tokens`` (draft-model chains), ``num_pred_tokens`` (n-gram). One
+Sizes are the drafter's own size argument: ``max_nodes`` (Medusa per-step trees, root included), ``total_tokens``
+(EAGLE-2/3 trees: draft tokens, with the family's depth and top-k), ``num_draft_tokens`` (draft-model chains),
+``num_pred_tokens`` (n-gram). One
 run, every size round-robin over the prompts with plain decoding (the same protocol as ``specdec bench --suite e2e``,
 greedy).
 """

@@ -17,13 +17,16 @@ DRAFTER_NAMES = ("ngram", "draft-model", "medusa", "eagle1", "eagle2", "eagle3")
 # tokens), where raw scores had made 6 nodes the best. Re-checked after the packed products made verification
 # cheaper (2026-11-29, float32, 4 prompts x 2 rounds): EAGLE-2 5/2/8 still the best of seven shapes of 6-16 nodes
 # (4/2/6 and 6/2/10 within 2%), Medusa per-step trees of 12 nodes still beat 16 (1.55x vs 1.42x in bfloat16).
+# Re-checked 2026-11-30 with leaner EAGLE drafts (benchmarks/python/bench_tree_sizes.py, float32 and bfloat16, 8
+# prompts x 128 tokens, each size side by side with plain decoding): EAGLE-2 8 drafts still the best of 4-12 (10
+# within 1%); Medusa trees of 10 nodes ahead of 12 in six paired runs (+0-5% float32, +1% bfloat16), 8 within 2%.
 DEFAULT_DRAFTERS = {
     "ngram": {"num_pred_tokens": 6, "max_ngram_size": 3},
     "draft-model": {"num_draft_tokens": 4},
-    # Medusa's per-step tree (calibrated head probabilities pick 11 of mc_sim_7b_63's choices each step): mean
-    # accepted length 2.29 where the best static tree (8 nodes) reached 1.82; 1.54-1.67x vs 1.39-1.41x in bfloat16
-    # and 1.24x vs 1.11x in float32, measured side by side (12 nodes beat 6, 8, 10, 16, 20 and 28).
-    "medusa": {"max_nodes": 12, "dynamic": True},
+    # Medusa's per-step tree (calibrated head probabilities pick 9 of mc_sim_7b_63's choices each step): with aten's
+    # products 12 nodes (mean accepted length 2.29, where the best static tree, 8 nodes, reached 1.82) beat 6, 8,
+    # 10, 16, 20 and 28; with the packed products, which make each verified node cheaper, 10 nodes lead (above).
+    "medusa": {"max_nodes": 10, "dynamic": True},
     # EAGLE-1 drafts over the EAGLE-3 draft's 2048-id vocabulary (the training data's most frequent ids; FR-Spec):
     # the same accepted lengths, 2-4% (bf16) and 4-10% (fp32) faster than over all 4096 ids.
     "eagle1": {"depth": 3, "top_k": 1, "total_tokens": 3, "draft_vocab": "eagle3"},  # EAGLE-1 network, chain
