@@ -223,3 +223,23 @@ def test_pack_linears_of_a_foreign_model_is_gated_by_the_block():
     unpack_linears(model)
     assert [type(m) for m in model] == [torch.nn.Linear, torch.nn.ReLU, torch.nn.Linear, _Custom]
     assert model[0].weight not in fast_linear._PACKED and torch.equal(model(x), want)
+
+
+def test_fused_weight_is_packed_once_for_a_frozen_model_with_gradients_on(monkeypatch):
+    """Frozen layers called with gradients enabled take the fast path too, and reuse the remembered fused weight
+    rather than concatenating and packing it again on every call."""
+    from specdec_ext.models import fast_linear as FL
+
+    layers = [Linear(64, 32), Linear(64, 16, bias=False)]
+    for layer in layers:
+        layer.requires_grad_(False)
+    x = torch.randn(2, 64)
+    want = torch.cat([torch.nn.functional.linear(x, lay.weight, lay.bias) for lay in layers], -1)
+    packs = []
+    original = FL._packed
+    monkeypatch.setattr(FL, "_packed", lambda w, kernel: packs.append(1) or original(w, kernel))
+    with torch.enable_grad():
+        for _ in range(4):
+            torch.testing.assert_close(fused_linear(x, layers), want, atol=1e-5, rtol=1e-5)
+    if FL.packed_enabled(torch.float32):
+        assert len(packs) == 1

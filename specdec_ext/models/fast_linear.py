@@ -191,13 +191,16 @@ def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> torch.Tensor:
     call that finds it valid costs the product plus ~3 us, where the generic route costs ~20 us more."""
     first = layers[0]
     hit = first.__dict__.get("_specdec_fused")
-    if (hit is not None and x.dtype is hit[3] and not x.is_cuda and not torch.is_grad_enabled()
-            and _same_key(hit[0], _fused_key(layers))):
+    if hit is not None and not (x.dtype is hit[3] and _same_key(hit[0], _fused_key(layers))):
+        hit = None  # another input dtype, or a weight replaced or changed since it was packed
+    # (the cheap checks of a decoding step first; with gradients on, the fast path's own, which frozen models pass)
+    fast = hit is not None and not x.is_cuda and not torch.is_grad_enabled()
+    if not fast and not _fast(x, first.weight, first.bias):
+        return torch.cat([layer(x) for layer in layers], -1)
+    if hit is not None:
         y = _apply(hit[1], x, hit[2], hit[4], hit[5])
         if y is not None:
             return y
-    if not _fast(x, first.weight, first.bias):
-        return torch.cat([layer(x) for layer in layers], -1)
     with torch.no_grad():
         weight = torch.cat([layer.weight for layer in layers])
         biases = [layer.bias for layer in layers]
