@@ -55,7 +55,31 @@ def _cases(device, dtype):
     packed = OPS.pack_linear_weight(w)
     cases += [("pack_linear_weight", (w,)), ("packed_linear", (xs, packed, bias, 37)),
               ("packed_linear", (xs[None], packed, None, 37))]
+    cases += [("draft_decoder_layer", _draft_layer_args(device, dtype, eagle3)) for eagle3 in (False, True)]
     return cases
+
+
+def _draft_layer_args(device, dtype, eagle3: bool):
+    """draft_decoder_layer's arguments: B = 2 rows of T = 3 positions, H = 64, 2 query and 1 kv heads of D = 64,
+    I = 40, S = 10 cache slots, kv_len = 8; EAGLE-3's two normalised input halves, or EAGLE-1's bias."""
+    gen = make_gen(3)
+    B, T, H, nH, nKV, D, I, S = 2, 3, 64, 2, 1, 64, 40, 10
+    Din = 2 * H if eagle3 else H
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=gen) * 0.3).to(device=device, dtype=dtype)
+
+    def packed(n, k):
+        return OPS.pack_linear_weight(rnd(n, k))
+
+    Q = (nH + 2 * nKV) * D
+    mask = torch.rand(B, T, 8, generator=gen) < 0.5
+    slots = torch.tensor([[0, 5, 6], [7, 1, 2]])
+    mask[torch.arange(B)[:, None], torch.arange(T)[None], slots] = True
+    return (rnd(B, T, Din), rnd(Din) if eagle3 else None, 2 if eagle3 else 1, rnd(B, T, H), packed(Q, Din),
+            None if eagle3 else rnd(Q), packed(H, nH * D), rnd(H), packed(2 * I, H), packed(H, I),
+            torch.randint(0, 100, (B, T), generator=gen).to(device), torch.rand(D // 2, generator=gen).to(device),
+            rnd(B, nKV, S, D), rnd(B, nKV, S, D), slots.to(device), mask.to(device), nH, I, 1e-5, True)
 
 
 def _attention_inputs(device, dtype):
@@ -69,7 +93,7 @@ def _attention_inputs(device, dtype):
     return {k: v.to(device) for k, v in d.items()}
 
 
-@pytest.mark.parametrize("index", range(27))
+@pytest.mark.parametrize("index", range(29))
 def test_opcheck(device, dtype, index):
     name, args = _cases(device, dtype)[index]
     if dtype != torch.float32 and name in ("build_tree", "tree_ancestor_mask"):
@@ -91,6 +115,13 @@ def test_meta_shapes():
     out = ops.tree_attention(a["q"], a["k"], a["v"], a["prefix"], a["packed"])
     assert out.shape == a["q"].shape and out.dtype == torch.bfloat16 and out.device.type == "meta"
     assert ops.compact_kv([a["k"], a["v"]], a["src"], a["dst"], a["len"]) is None
+    layer = OPS.draft_decoder_layer(*(t.to("meta") if isinstance(t, torch.Tensor) else t
+                                      for t in _draft_layer_args("cpu", torch.bfloat16, True)))
+    assert layer.shape == (2, 3, 64) and layer.dtype == torch.bfloat16 and layer.device.type == "meta"
+
+
+def test_every_case_is_checked():
+    assert len(_cases("cpu", torch.float32)) == 29  # (the parametrisation of test_opcheck)
 
 
 def test_built_with_cuda_is_bool():

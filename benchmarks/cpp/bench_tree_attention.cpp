@@ -69,7 +69,7 @@ bool run_shape(const Args& a, int64_t B, int64_t N, int64_t P) {
   auto params = [&](const T* qp, const T* kp, const T* vp, const int64_t* pl, const int32_t* mp, T* o, float* ws,
                     int64_t wsn, RowStatus* st) {
     return TreeAttentionParams<T>{qp, kH * N * kD, N * kD, kD, kp, kHkv * S * kD, S * kD, kD, vp, kHkv * S * kD,
-                                  S * kD, kD, pl, nullptr, mp, B, kH, kHkv, N, kD, S, scale, o, ws, wsn, st};
+                                  S * kD, kD, pl, nullptr, mp, B, kH, kHkv, N, N, kD, S, scale, o, ws, wsn, st};
   };
   const TreeAttentionParams<T> p =
       params(q.data(), k.data(), v.data(), in.prefix.data(), in.mask.data(), out.data(), nullptr, 0, status.data());

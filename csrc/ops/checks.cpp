@@ -50,6 +50,10 @@ std::string status_message(const char* op, int64_t b, const RowStatus& s) {
     case kBadSrcPosition:
       m << "src_positions[" << b << ", " << s.node << "] = " << s.value << " is out of range [0, S)";
       break;
+    case kBadWriteSlot:
+      m << "write_slots[" << b << ", " << s.node << "] = " << s.value
+        << " is out of range [0, S) (S: the cache's positions)";
+      break;
     default:
       m << "row " << b << ": unknown status " << s.code;
   }

@@ -424,9 +424,11 @@ Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const
     m.impl("compact_kv", &::specdec::glue::compact_kv_impl<BACKEND>);                                 \
     m.impl("pack_linear_weight", &::specdec::glue::pack_linear_weight_impl<BACKEND>);                 \
     m.impl("packed_linear", &::specdec::glue::packed_linear_impl<BACKEND>);                           \
+    m.impl("draft_decoder_layer", &::specdec::glue::draft_decoder_layer_impl<BACKEND>);               \
   }
 
 }  // namespace specdec::glue
 
-// tree_attention and compact_kv (uses the helpers above).
-#include "op_glue_attention.h"  // NOLINT(build/include_order)
+// tree_attention and compact_kv, and draft_decoder_layer (use the helpers above).
+#include "op_glue_attention.h"    // NOLINT(build/include_order)
+#include "op_glue_draft_layer.h"  // NOLINT(build/include_order)

@@ -85,6 +85,7 @@ at::Tensor tree_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, c
                                     H,
                                     Hkv,
                                     N,
+                                    N,
                                     D,
                                     S,
                                     static_cast<float>(scale),

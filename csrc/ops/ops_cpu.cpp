@@ -76,6 +76,23 @@ struct CpuBackend {
     for_rows(p, (p.out_features + kLinearPanel - 1) / kLinearPanel, kLinearPanel * p.in_features * p.rows,
              cpu::PackedLinear<T>, /*min_work_per_thread=*/int64_t{1} << 18);
   }
+  // The stages of DraftLayerParams in order; the products and the attention as packed_linear and tree_attention.
+  template <typename T>
+  static void draft_decoder_layer(const DraftLayerParams<T>& p, const TreeAttentionParams<T>& attention) {
+    const int64_t rows = p.batch * p.tokens, H = p.hidden;
+    if (p.input_norm_weight != nullptr) for_rows(p, rows, 4 * p.in_features, cpu::DraftLayerInputNorm<T>);
+    packed_linear(draft_layer_product(p, kDraftQkv));
+    for_rows(p, p.batch, 8 * p.tokens * (p.num_heads + 2 * p.num_kv_heads) * p.head_dim,
+             cpu::DraftLayerRopeCache<T>);
+    tree_attention(attention);
+    for_rows(p, rows, p.num_heads * p.head_dim, cpu::DraftLayerGatherHeads<T>);
+    packed_linear(draft_layer_product(p, kDraftO));
+    for_rows(p, rows, 8 * H, cpu::DraftLayerAddNorm<T>);
+    packed_linear(draft_layer_product(p, kDraftGateUp));
+    for_rows(p, rows, 8 * p.intermediate, cpu::DraftLayerSwiGlu<T>);
+    packed_linear(draft_layer_product(p, kDraftDown));
+    for_rows(p, rows, 2 * H, cpu::DraftLayerResidual<T>);
+  }
 };
 
 }  // namespace

@@ -54,6 +54,23 @@ struct CudaBackend {
   static void packed_linear(const PackedLinearParams<T>& p) {
     cuda::LaunchPackedLinear<T>(p, current_stream());
   }
+  // The stages of DraftLayerParams in order on the current stream (the products through packed_linear's kernel, the
+  // attention through tree_attention's).
+  template <typename T>
+  static void draft_decoder_layer(const DraftLayerParams<T>& p, const TreeAttentionParams<T>& attention) {
+    const cudaStream_t s = current_stream();
+    if (p.input_norm_weight != nullptr) cuda::LaunchDraftLayerInputNorm<T>(p, s);
+    cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftQkv), s);
+    cuda::LaunchDraftLayerRopeCache<T>(p, s);
+    cuda::LaunchTreeAttention<T>(attention, s);
+    cuda::LaunchDraftLayerGatherHeads<T>(p, s);
+    cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftO), s);
+    cuda::LaunchDraftLayerAddNorm<T>(p, s);
+    cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftGateUp), s);
+    cuda::LaunchDraftLayerSwiGlu<T>(p, s);
+    cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftDown), s);
+    cuda::LaunchDraftLayerResidual<T>(p, s);
+  }
 };
 
 }  // namespace

@@ -49,6 +49,15 @@ TORCH_LIBRARY(specdec_ext, m) {
   // Linear layers over a weight packed once (the few-row products of decoding and verification): y = x @ W^T + b.
   m.def("pack_linear_weight(Tensor weight) -> Tensor");
   m.def("packed_linear(Tensor x, Tensor packed_weight, Tensor? bias, int out_features) -> Tensor");
+
+  // A drafter's decoder layer (EAGLE) over a few new positions per row, weights packed, its K/V written into its
+  // cache at explicit slots (in place).
+  m.def(
+      "draft_decoder_layer(Tensor x, Tensor? input_norm_weight, int input_norm_segments, Tensor residual, "
+      "Tensor qkv_weight, Tensor? qkv_bias, Tensor o_weight, Tensor norm_weight, Tensor gate_up_weight, "
+      "Tensor down_weight, Tensor position_ids, Tensor inv_freq, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor write_slots, Tensor mask, int num_heads, int intermediate_size, float eps, bool validate=True) -> "
+      "Tensor");
 }
 
 // A plain Python module so that `import specdec_ext._C` loads the library (and runs the registrations above).

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec_ext.models.fast_linear import Linear, fused_linear, module_linear
+from specdec_ext import ops
+from specdec_ext.models.fast_linear import Linear, fused_linear, module_linear, packed_operand
 from specdec_ext.models.kv_cache import copy_rows, flat_row_index
 
 __all__ = ["Eagle1Model", "Eagle3Model", "EagleConfig", "EagleKVCache", "Rotary", "apply_rotary",
@@ -258,6 +259,48 @@ class Attention(nn.Module):
         return self.o_proj(o.view(B, self.nH, T, self.hd).transpose(1, 2).reshape(B, T, self.nH * self.hd))
 
 
+# The draft layer runs as one specdec_ext::draft_decoder_layer op for at most this many rows (B * T): the tree levels
+# and the catch-ups of decoding. A whole prompt's catch-up takes the module's path (SDPA's blocked attention).
+NATIVE_LAYER_MAX_ROWS = 32
+_NATIVE_HEAD_DIMS = (64, 80, 96, 128, 256)
+
+
+def _native_layer(layer: nn.Module, h: torch.Tensor, position_ids: torch.Tensor, attn: dict,
+                  embeds: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The decoder layer ``layer`` (EAGLE-1's; EAGLE-3's when ``embeds`` is given) as one
+    :func:`specdec_ext.ops.draft_decoder_layer` call over its packed weights, or None where the module's own path
+    runs: no cache or mask, more than :data:`NATIVE_LAYER_MAX_ROWS` rows, gradients, CUDA tensors, a head dim or
+    dtype the kernels do not serve. Inside a drafting step the layer was ~35 small framework ops around four
+    few-row products, two thirds of its time; the op is one call."""
+    cache, mask = attn.get("cache"), attn.get("mask")
+    B, T, H = h.shape
+    sa, mlp, norm = layer.self_attn, layer.mlp, layer.post_attention_layernorm
+    if (cache is None or mask is None or B * T > NATIVE_LAYER_MAX_ROWS or h.is_cuda or sa.hd not in _NATIVE_HEAD_DIMS
+            or h.dtype is not sa.q_proj.weight.dtype or cache.k.dtype is not h.dtype):
+        return None
+    if torch.is_grad_enabled() and (h.requires_grad or sa.q_proj.weight.requires_grad
+                                    or (embeds is not None and embeds.requires_grad)):
+        return None
+    qkv = packed_operand((sa.q_proj, sa.k_proj, sa.v_proj))
+    o = packed_operand((sa.o_proj,))
+    gate_up = packed_operand((mlp.gate_proj, mlp.up_proj))
+    down = packed_operand((mlp.down_proj,))
+    if qkv is None or o is None or gate_up is None or down is None or o[1] is not None or gate_up[1] is not None:
+        return None
+    slots = attn.get("write_slots")
+    if embeds is None:
+        x, input_norm, segments = h, None, 1
+    else:
+        if not layer.input_layernorm.eps == layer.hidden_norm.eps == norm.eps or embeds.dtype is not h.dtype:
+            return None
+        x = torch.cat((embeds, h), -1)
+        input_norm, segments = torch.cat((layer.input_layernorm.weight, layer.hidden_norm.weight)), 2
+    return ops.draft_decoder_layer(
+        x, h, qkv[0], o[0], norm.weight, gate_up[0], down[0], position_ids, sa.rotary.inv_freq, cache.k, cache.v,
+        slots, mask, sa.nH, mlp.down_proj.in_features, norm.eps, qkv_bias=qkv[1], input_norm_weight=input_norm,
+        input_norm_segments=segments)
+
+
 class Eagle1Layer(nn.Module):
     """Llama decoder layer 0 of EAGLE-1: no ``input_layernorm``."""
 
@@ -268,6 +311,9 @@ class Eagle1Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, h, position_ids, **attn):
+        out = _native_layer(self, h, position_ids, attn)
+        if out is not None:
+            return out
         h = h + self.self_attn(h, position_ids, **attn)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -335,6 +381,9 @@ class Eagle3Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
 
     def forward(self, h, embeds, position_ids, **attn):
+        out = _native_layer(self, h, position_ids, attn, embeds=embeds)
+        if out is not None:
+            return out
         x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(h)), -1)
         h = h + self.self_attn(x, position_ids, **attn)
         return h + self.mlp(self.post_attention_layernorm(h))

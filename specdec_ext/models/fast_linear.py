@@ -43,7 +43,8 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["Linear", "PackableLinear", "bfloat16_is_fast", "fused_linear", "in_packed_linears_block", "linear",
-           "module_linear", "pack_linears", "packed_enabled", "packed_linears", "tensor_version", "unpack_linears"]
+           "module_linear", "pack_linears", "packed_enabled", "packed_linears", "packed_operand", "tensor_version",
+           "unpack_linears"]
 
 _ENABLED = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
 _PACKED = WeakIdKeyDictionary()  # weight -> (version, data_ptr, kernel, packed weight)
@@ -184,6 +185,39 @@ def _same_key(a: tuple, b: tuple) -> bool:
                                     for x, y in zip(a, b))
 
 
+def _concatenated(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The layers' weights concatenated along the outputs, and their biases (zeros for a layer without; None when
+    none has one)."""
+    with torch.no_grad():
+        weight = torch.cat([layer.weight for layer in layers]) if len(layers) > 1 else layers[0].weight.detach()
+        biases = [layer.bias for layer in layers]
+        if all(b is None for b in biases):
+            return weight, None
+        return weight, torch.cat([b.detach() if b is not None else layer.weight.new_zeros(layer.weight.shape[0])
+                                  for b, layer in zip(biases, layers)])
+
+
+def packed_operand(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(packed weight, bias)`` of the layers' concatenation for ``specdec_ext::packed_linear`` (and ops built on
+    it, :func:`specdec_ext.ops.draft_decoder_layer`), or None where that kernel does not serve them (CUDA weights,
+    a dtype or CPU without its vector path, ``SPECDEC_PACKED_LINEAR=0``). Remembered on the first layer as
+    :func:`fused_linear` remembers it (the same entry), so the weights are packed once."""
+    first = layers[0]
+    w = first.weight
+    if not _ENABLED or w.device.type != "cpu" or _kernel_for(w.dtype) != _OURS:
+        return None
+    key = _fused_key(layers)
+    hit = first.__dict__.get("_specdec_fused")
+    if hit is not None and hit[1] == _OURS and hit[3] is w.dtype and _same_key(hit[0], key):
+        return hit[2], hit[4]
+    from specdec_ext.ops import pack_linear_weight
+
+    weight, bias = _concatenated(layers)
+    packed = pack_linear_weight(weight)
+    first.__dict__["_specdec_fused"] = (key, _OURS, packed, weight.dtype, bias, weight.shape[0])
+    return packed, bias
+
+
 def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> torch.Tensor:
     """``torch.cat([layer(x) for layer in layers], -1)`` for linear layers with the same input width (q/k/v or
     gate/up projections): on the fast path one product with the weights concatenated and packed once. The first
@@ -201,11 +235,7 @@ def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> torch.Tensor:
         y = _apply(hit[1], x, hit[2], hit[4], hit[5])
         if y is not None:
             return y
-    with torch.no_grad():
-        weight = torch.cat([layer.weight for layer in layers])
-        biases = [layer.bias for layer in layers]
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else layer.weight.new_zeros(layer.weight.shape[0]) for b, layer in zip(biases, layers)])
+    weight, bias = _concatenated(layers)
     y, used = _linear(x, weight, bias)
     if used is not None:  # (the fused copy lives on in the packed one; _PACKED's entry dies with `weight`)
         first.__dict__["_specdec_fused"] = (_fused_key(layers), used[0], used[1], weight.dtype, bias, weight.shape[0])

@@ -36,6 +36,7 @@ __all__ = [
     "pack_linear_weight",
     "packed_linear",
     "packed_linear_path",
+    "draft_decoder_layer",
 ]
 
 _ops = torch.ops.specdec_ext
@@ -223,6 +224,37 @@ def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tens
     for the 1-16-row products of decoding and verification on CPUs (see :func:`packed_linear_path`); no autograd.
     """
     return _ops.packed_linear(x, packed_weight, bias, int(out_features))
+
+
+def draft_decoder_layer(x: torch.Tensor, residual: torch.Tensor, qkv_weight: torch.Tensor, o_weight: torch.Tensor,
+                        norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor,
+                        position_ids: torch.Tensor, inv_freq: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, write_slots: torch.Tensor, mask: torch.Tensor, num_heads: int,
+                        intermediate_size: int, eps: float, qkv_bias: torch.Tensor | None = None,
+                        input_norm_weight: torch.Tensor | None = None, input_norm_segments: int = 1,
+                        validate: bool = True) -> torch.Tensor:
+    """One Llama decoder layer of a drafter (EAGLE) over T new positions per row, with its own KV cache.
+
+    ``x[B, T, Din]``: the attention's input; ``residual[B, T, H]``: the residual stream it is added to (EAGLE-1:
+    ``x`` itself; EAGLE-3: the hidden state, with ``x = cat(embeddings, hidden)`` and ``input_norm_weight =
+    cat(input_layernorm, hidden_norm)`` over ``input_norm_segments = 2``: each segment RMS-normalised on its own).
+    Weights are :func:`pack_linear_weight`'s output: ``qkv_weight`` of ``cat(q, k, v)`` ``[(num_heads + 2 nKV) D,
+    Din]`` (with ``qkv_bias``), ``o_weight [H, num_heads D]``, ``gate_up_weight`` of ``cat(gate, up)`` ``[2 I,
+    H]``, ``down_weight [H, I]``; ``norm_weight [H]`` the post-attention RMSNorm (``eps``). RoPE (rotate-half) at
+    ``position_ids[B, T]`` with ``inv_freq[D / 2]`` (float32). The new keys / values are written into ``k_cache`` /
+    ``v_cache`` ``[B, nKV, S, D]`` (contiguous; in place) at ``write_slots[B, T]``; then each position attends to
+    the cache slots ``s < kv_len`` with ``mask[b, t, s]`` (bool ``[B, T, kv_len]``; grouped-query: query head h
+    reads kv head ``h // (num_heads / nKV)``; scale ``1 / sqrt(D)``; a query that sees nothing gets zeros).
+
+    Returns ``residual + attention``, then ``+ down(silu(gate) * up)`` of its RMSNorm: ``[B, T, H]`` in x's dtype
+    (float32, float16 or bfloat16), rounded to it wherever the module (:class:`specdec_ext.models.eagle.Eagle1Layer`
+    / ``Eagle3Layer``) rounds. D in {64, 80, 96, 128, 256}. A write slot outside ``[0, S)`` raises ValueError with
+    ``validate`` (without: that row writes nothing and returns zeros). CPU and CUDA; no autograd.
+    """
+    return _ops.draft_decoder_layer(x, input_norm_weight, int(input_norm_segments), residual, qkv_weight, qkv_bias,
+                                    o_weight, norm_weight, gate_up_weight, down_weight, position_ids, inv_freq,
+                                    k_cache, v_cache, write_slots, mask, int(num_heads), int(intermediate_size),
+                                    float(eps), validate)
 
 
 def packed_linear_path(dtype: torch.dtype) -> str:

@@ -82,3 +82,10 @@ def _pack_linear_weight(weight):
 @torch.library.register_fake("specdec_ext::packed_linear")
 def _packed_linear(x, packed_weight, bias, out_features):
     return x.new_empty((*x.shape[:-1], out_features))
+
+
+@torch.library.register_fake("specdec_ext::draft_decoder_layer")
+def _draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv_weight, qkv_bias, o_weight,
+                         norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,
+                         write_slots, mask, num_heads, intermediate_size, eps, validate=True):
+    return residual.new_empty(residual.shape)

@@ -38,6 +38,7 @@ BAD_PREFIX_LEN = 9
 BAD_LENGTH = 10
 BAD_DST_START = 11
 BAD_SRC_POSITION = 12
+BAD_WRITE_SLOT = 13
 
 # Temperatures below this are greedy (vLLM's sampling epsilon): a smaller divisor can overflow float32 logits.
 GREEDY_TEMPERATURE = float(torch.tensor(1e-5, dtype=torch.float32))
@@ -82,6 +83,8 @@ def status_message(op: str, row: int, code: int, node: int, value: int) -> str:
         return f"{op}: dst_start[{b}] = {value} is out of range: need 0 <= dst_start[b] <= S - lengths[b]"
     if code == BAD_SRC_POSITION:
         return f"{op}: src_positions[{b}, {node}] = {value} is out of range [0, S)"
+    if code == BAD_WRITE_SLOT:
+        return f"{op}: write_slots[{b}, {node}] = {value} is out of range [0, S) (S: the cache's positions)"
     return f"{op}: row {b}: unknown status {code}"
 
 
@@ -594,3 +597,77 @@ def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tens
     if bias is not None:
         y = y + bias.double()
     return y.to(x.dtype)
+
+
+def unpack_linear_weight(packed_weight: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """The ``[out_features, in_features]`` weight that :func:`pack_linear_weight` packed."""
+    NP, KP, _, P = packed_weight.shape
+    return packed_weight.permute(0, 2, 1, 3).reshape(NP * 32, KP * P)[:out_features, :in_features]
+
+
+def draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv_weight, qkv_bias, o_weight,
+                        norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,
+                        write_slots, mask, num_heads: int, intermediate_size: int, eps: float,
+                        validate: bool = True) -> torch.Tensor:
+    """A Llama decoder layer over ``x[B, T, Din]`` written out op by op (csrc/kernels/common/params.h,
+    DraftLayerParams): products in float64 rounded once to x's dtype, every other intermediate computed in float32
+    and rounded to x's dtype where the module rounds its tensors. Writes the new K/V into the caches (a row's later
+    position wins a duplicate slot); a row with a write slot outside [0, S) writes nothing and returns zeros
+    (ValueError with ``validate``)."""
+    dt = x.dtype
+    B, T, Din = x.shape
+    H = residual.shape[-1]
+    nKV, S, D = k_cache.shape[1:]
+    nH, I = num_heads, intermediate_size
+    Q = (nH + 2 * nKV) * D
+
+    def rnd(t):  # rounded to the layer's dtype, computed on in float32
+        return t.to(dt).float()
+
+    def lin(v, packed, N, K, bias=None):
+        y = v.double() @ unpack_linear_weight(packed, N, K).double().T
+        return rnd(y + bias.double() if bias is not None else y)
+
+    def rms(v, w):
+        return rnd(w.float() * rnd(v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)))
+
+    a = x.float()
+    if input_norm_weight is not None:
+        seg = Din // input_norm_segments
+        a = torch.cat([rms(a[..., i * seg: (i + 1) * seg], input_norm_weight[i * seg: (i + 1) * seg])
+                       for i in range(input_norm_segments)], -1)
+    qkv = lin(a, qkv_weight, Q, Din, qkv_bias).view(B, T, nH + 2 * nKV, D)
+    angles = position_ids.float()[:, :, None, None] * inv_freq.float()  # [B, T, 1, D/2]
+    cos, sin = angles.cos(), angles.sin()
+    half = D // 2
+
+    def rope(h):
+        x1, x2 = h[..., :half], h[..., half:]
+        return rnd(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1))
+
+    q, k, v = rope(qkv[:, :, :nH]), rope(qkv[:, :, nH: nH + nKV]), qkv[:, :, nH + nKV:]
+    out = torch.zeros(B, T, H, dtype=dt, device=x.device)
+    errors = []
+    kv_len, G = mask.shape[-1], nH // nKV
+    for b in range(B):
+        slots = write_slots[b].tolist()
+        bad = [(t, s) for t, s in enumerate(slots) if not 0 <= s < S]
+        if bad:
+            errors.append((b, _RowError(BAD_WRITE_SLOT, *bad[0])))
+            continue
+        for t, s in enumerate(slots):
+            k_cache[b, :, s] = k[b, t].to(k_cache.dtype)
+            v_cache[b, :, s] = v[b, t].to(v_cache.dtype)
+        keys = k_cache[b, :, :kv_len].float().repeat_interleave(G, 0)  # [nH, kv_len, D]
+        values = v_cache[b, :, :kv_len].float().repeat_interleave(G, 0)
+        scores = q[b].transpose(0, 1) @ keys.transpose(1, 2) / math.sqrt(D)  # [nH, T, kv_len]
+        scores = scores.masked_fill(~mask[b], -math.inf)
+        p = torch.softmax(scores, -1).nan_to_num(0.0)  # (a query that sees nothing: zeros)
+        o = rnd(p @ values).transpose(0, 1).reshape(T, nH * D)
+        h1 = rnd(residual[b].float() + lin(o, o_weight, H, nH * D))
+        gate, up = lin(rms(h1, norm_weight), gate_up_weight, 2 * I, H).chunk(2, -1)
+        act = rnd(rnd(torch.nn.functional.silu(gate)) * up)
+        out[b] = (h1 + lin(act, down_weight, H, I)).to(dt)
+    if validate and errors:
+        _raise("draft_decoder_layer", *errors[0])
+    return out

@@ -122,6 +122,7 @@ std::vector<float> run(const AttnCase& c, float scale, bool packed, std::vector<
                            c.H,
                            c.Hkv,
                            c.N,
+                           c.N,
                            c.D,
                            c.S,
                            scale,

@@ -250,7 +250,7 @@ void compare_attention(int64_t B, int64_t H, int64_t Hkv, int64_t N, int64_t D, 
   auto params = [&](const T* qp, const T* kp, const T* vp, const int64_t* pl, const bool* dm, const int32_t* pm,
                     T* o, float* ws, int64_t wsn, RowStatus* sp) {
     return TreeAttentionParams<T>{qp, H * N * D, N * D, D, kp, Hkv * S * D, S * D, D, vp, Hkv * S * D, S * D, D,
-                                  pl, packed ? nullptr : dm, packed ? pm : nullptr, B, H, Hkv, N, D, S, 0.1f,
+                                  pl, packed ? nullptr : dm, packed ? pm : nullptr, B, H, Hkv, N, N, D, S, 0.1f,
                                   o, ws, wsn, sp};
   };
   cpu::TreeAttention(params(q.data(), k.data(), v.data(), prefix.data(), reinterpret_cast<bool*>(dense.data()),

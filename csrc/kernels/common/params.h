@@ -13,6 +13,7 @@
 //    -inf); draft_probs at a drafted token when that child is tested. Logits rows never read are not checked.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "dtype.h"
@@ -197,10 +198,12 @@ SPECDEC_HD bool tree_attention_head_dim_supported(int64_t d) {
 }
 
 // Query m = g * N + i of kv head k is query head h = k * G + g (G = H / Hkv) at tree node i. Node i of row b attends
-// to cache positions [0, prefix_lens[b]) and to prefix_lens[b] + j for every tree node j with mask(b, i, j) (the
-// tree nodes' own K/V are already in the cache at prefix_lens[b] + j). out = softmax(scale * q . k) v over those
-// positions, accumulated in float32 (online softmax); a query that attends to nothing gets zeros. A row with
-// prefix_lens[b] < 0 or prefix_lens[b] + N > S gets kBadPrefixLen and zero outputs.
+// to cache positions [0, prefix_lens[b]) and to prefix_lens[b] + j for every tree key j < Nk with mask(b, i, j)
+// (the tree's K/V are already in the cache at prefix_lens[b] + j). out = softmax(scale * q . k) v over those
+// positions, accumulated in float32; a query that attends to nothing gets zeros. A row with prefix_lens[b] < 0 or
+// prefix_lens[b] + Nk > S gets kBadPrefixLen and zero outputs. The tree_attention op has one key per node (Nk = N:
+// the nodes attend among themselves); draft_decoder_layer passes prefix 0 and its whole mask as Nk keys (queries
+// at some of the mask's slots).
 template <typename T>
 struct TreeAttentionParams {
   const T* q;  // [B, H, N, D], unit stride in D
@@ -210,12 +213,13 @@ struct TreeAttentionParams {
   const T* v;  // [B, Hkv, S, D], unit stride in D
   int64_t v_stride_b, v_stride_h, v_stride_s;
   const int64_t* prefix_lens;  // [B]
-  const bool* mask_dense;      // [B, N, N] contiguous, or nullptr
-  const int32_t* mask_packed;  // [B, N, ceil(N / 32)] contiguous (TreeMaskParams layout), or nullptr
+  const bool* mask_dense;      // [B, N, Nk] contiguous, or nullptr
+  const int32_t* mask_packed;  // [B, N, ceil(Nk / 32)] contiguous (TreeMaskParams layout), or nullptr
   int64_t batch;
   int64_t num_heads;     // H
   int64_t num_kv_heads;  // Hkv (H % Hkv == 0)
-  int64_t num_nodes;     // N
+  int64_t num_nodes;     // N (queries per head)
+  int64_t num_tree_keys;  // Nk (keys after the prefix)
   int64_t head_dim;      // D
   int64_t seq_len;       // S
   float scale;
@@ -225,11 +229,11 @@ struct TreeAttentionParams {
   RowStatus* status;  // [B]
 };
 
-// Whether tree node j is visible to node i in row b (either mask layout).
+// Whether tree key j is visible to node i in row b (either mask layout).
 template <typename T>
 SPECDEC_HD bool tree_mask_allows(const TreeAttentionParams<T>& p, int64_t b, int64_t i, int64_t j) {
-  if (p.mask_dense != nullptr) return p.mask_dense[(b * p.num_nodes + i) * p.num_nodes + j];
-  const int64_t w = packed_mask_words(p.num_nodes);
+  if (p.mask_dense != nullptr) return p.mask_dense[(b * p.num_nodes + i) * p.num_tree_keys + j];
+  const int64_t w = packed_mask_words(p.num_tree_keys);
   const uint32_t word = static_cast<uint32_t>(p.mask_packed[(b * p.num_nodes + i) * w + (j >> 5)]);
   return (word >> (j & 31)) & 1u;
 }
@@ -269,6 +273,83 @@ struct PackedLinearParams {
   const T* bias;         // [N] or nullptr
   T* y;                  // [M, N] contiguous
 };
+
+// ---------------------------------------------------------------------------------------------------------------
+// A drafter's decoder layer (draft_decoder_layer): one Llama decoder layer over T new positions of each of B rows,
+// with its own KV cache written at explicit slots (an EAGLE draft's chains and tree levels). Rows r = b * T + t.
+// Widths: Din (attention input), H (hidden), I (intermediate); nH query and nKV key/value heads of D dims, Q = (nH
+// + 2 nKV) D. Products are packed_linear's (one float32 accumulation per element, rounded to T), and every other
+// intermediate is rounded to T where torch rounds a module's T tensors:
+//   a    = x, or with input_norm: each of the `input_norm_segments` equal segments of x RMS-normalised on its own
+//          (torch's RMSNorm: w * T(x * rsqrt(mean(x^2) + eps)))                               [rows, Din]
+//   qkv  = a Wqkv^T + bqkv: nH query heads, then nKV key heads, then nKV value heads             [rows, Q]
+//   q, k = RoPE (rotate-half) at position_ids[b, t], angles position * inv_freq[i] in float32
+//   k_cache / v_cache[b, g, write_slots[b, t]] = the key / value of kv head g (a row's duplicate slots keep one)
+//   o    = softmax(q . k / sqrt(D)) v over cache slots s < kv_len with mask[b, t, s]; query head h reads kv head
+//          h / (nH / nKV) (TreeAttention with prefix 0 and Nk = kv_len)                        [rows, nH D]
+//   h1   = residual + o Wo^T
+//   out  = h1 + Wdown^T (silu(g) * u), (g | u) = RMSNorm(h1; norm_weight) Wgu^T                    [rows, H]
+// A row b with a write slot outside [0, S) gets kBadWriteSlot (node = t) and writes none of its slots.
+constexpr int64_t kMaxDraftHeadDim = 256;  // (tree attention's head dims: 64, 80, 96, 128, 256)
+
+template <typename T>
+struct DraftLayerParams {
+  // Weights packed by pack_linear_weight: Wqkv [Q, Din], Wo [H, nH D], Wgu [2I, H] (gate rows, then up rows),
+  // Wdown [H, I].
+  const T *qkv_packed, *o_packed, *gate_up_packed, *down_packed;
+  const T* x;                  // [rows, Din] contiguous
+  const T* input_norm_weight;  // [Din] or nullptr
+  int64_t input_norm_segments;
+  const T* residual;           // [rows, H] contiguous
+  const T* qkv_bias;           // [Q] or nullptr
+  const T* norm_weight;        // [H] (post-attention RMSNorm)
+  float eps;
+  const int64_t* position_ids;  // [B, T] contiguous
+  const float* inv_freq;        // [D / 2]
+  T* k_cache;                   // [B, nKV, S, D] contiguous
+  T* v_cache;
+  const int64_t* write_slots;  // [B, T] contiguous
+  int64_t batch, tokens, in_features, hidden, intermediate, num_heads, num_kv_heads, head_dim, seq_len;
+  // Buffers between the stages (contiguous): normed_input [rows, Din] (with input_norm), qkv [rows, Q],
+  // heads [B, nH, T, D] (the attention's output), attn [rows, nH D], h1 [rows, H], normed [rows, H],
+  // gate_up [rows, 2I], act [rows, I], down [rows, H].
+  T *normed_input, *qkv, *heads, *attn, *h1, *normed, *gate_up, *act, *down;
+  T* out;             // [rows, H]
+  RowStatus* status;  // [B]
+};
+
+// The four products of a draft layer as packed_linear calls.
+enum DraftLayerProduct { kDraftQkv, kDraftO, kDraftGateUp, kDraftDown };
+
+template <typename T>
+PackedLinearParams<T> draft_layer_product(const DraftLayerParams<T>& p, DraftLayerProduct which) {
+  const int64_t rows = p.batch * p.tokens, D = p.head_dim, Q = (p.num_heads + 2 * p.num_kv_heads) * D;
+  switch (which) {
+    case kDraftQkv:
+      return {p.input_norm_weight != nullptr ? p.normed_input : p.x, rows, p.in_features, Q, p.qkv_packed,
+              p.qkv_bias, p.qkv};
+    case kDraftO:
+      return {p.attn, rows, p.num_heads * D, p.hidden, p.o_packed, nullptr, p.h1};
+    case kDraftGateUp:
+      return {p.normed, rows, p.hidden, 2 * p.intermediate, p.gate_up_packed, nullptr, p.gate_up};
+    default:
+      return {p.act, rows, p.intermediate, p.hidden, p.down_packed, nullptr, p.down};
+  }
+}
+
+// The layer's attention as tree attention: the T new positions of a row are its nodes, prefix 0 (`zero_prefix`:
+// B zeros) and all kv_len masked slots are tree keys; queries are read from the qkv buffer (after RoPE).
+template <typename T>
+TreeAttentionParams<T> draft_layer_attention(const DraftLayerParams<T>& p, const bool* mask, int64_t kv_len,
+                                             const int64_t* zero_prefix, float* workspace, int64_t workspace_floats,
+                                             RowStatus* status) {
+  const int64_t D = p.head_dim, Q = (p.num_heads + 2 * p.num_kv_heads) * D, S = p.seq_len;
+  return {p.qkv, p.tokens * Q, D, Q,
+          p.k_cache, p.num_kv_heads * S * D, S * D, D,
+          p.v_cache, p.num_kv_heads * S * D, S * D, D,
+          zero_prefix, mask, nullptr, p.batch, p.num_heads, p.num_kv_heads, p.tokens, kv_len, D, S,
+          1.0f / std::sqrt(static_cast<float>(D)), p.heads, workspace, workspace_floats, status};
+}
 
 // compact_kv: for every cache c, row b and i < lengths[b]:
 //   cache_c[b, ..., dst_start[b] + i, ...] = OLD cache_c[b, ..., src_positions[b, i], ...]

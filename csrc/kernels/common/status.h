@@ -26,6 +26,7 @@ enum StatusCode : int64_t {
   kBadLength = 10,            // compact_kv: lengths[b] not in [0, L]; value = lengths[b]
   kBadDstStart = 11,          // compact_kv: dst_start[b] < 0 or dst_start[b] + lengths[b] > S; value = dst_start[b]
   kBadSrcPosition = 12,       // compact_kv: src_positions[b, i] not in [0, S) (i < lengths[b]); node = i, value = it
+  kBadWriteSlot = 13,         // draft_decoder_layer: write_slots[b, t] not in [0, S); node = t, value = the slot
 };
 
 // One row's status: `code` (a StatusCode), the tree `node` (or logits row) it concerns, and the offending value.

@@ -248,8 +248,9 @@ __attribute__((always_inline)) inline void tree_attention_task(const TreeAttenti
   }
   // The tree mask as an additive bias for the tree keys: bias[jj * Mp + m] = 0 where node m % N sees node jj, else
   // -inf (padding queries see everything).
-  float* bias = w.bias.get(N * Mp);
-  for (int64_t jj = 0; jj < N; ++jj) {
+  const int64_t Nk = p.num_tree_keys;
+  float* bias = w.bias.get(Nk * Mp);
+  for (int64_t jj = 0; jj < Nk; ++jj) {
     float* row = bias + jj * Mp;
     for (int64_t m = 0; m < Mp; ++m) row[m] = 0.0f;
     for (int64_t i = 0; i < N; ++i)
@@ -258,7 +259,7 @@ __attribute__((always_inline)) inline void tree_attention_task(const TreeAttenti
   }
   const T* kbase = p.k + b * p.k_stride_b + kvh * p.k_stride_h;
   const T* vbase = p.v + b * p.v_stride_b + kvh * p.v_stride_h;
-  const int64_t total = prefix + N;
+  const int64_t total = prefix + Nk;
   // S^T of every key, [blocks * kKeyBlock][Mp] (the two-pass softmax above).
   float* st = w.st.get((total + kKeyBlock - 1) / kKeyBlock * kKeyBlock * Mp);
   float* mx = w.mx.data();
@@ -447,7 +448,7 @@ SPECDEC_BF16_TARGET void tree_attention_bf16_task(const TreeAttentionParams<bf16
                                                   int64_t prefix, Bf16Work& w) {
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / Hkv, N = p.num_nodes, D = p.head_dim, D2 = D / 2;
   const int64_t M = G * N, rows = (M + kRowTile - 1) / kRowTile * kRowTile;
-  const int64_t total = prefix + N;
+  const int64_t total = prefix + p.num_tree_keys;
   const int64_t ld = (total + kKeyBlock - 1) / kKeyBlock * kKeyBlock;  // scores of every key, per query
   w.q.assign(rows * D2, 0u);
   w.kt.resize(D2 * kKeyBlock);
@@ -535,12 +536,12 @@ bool has_avx512_bf16() { return false; }
 
 template <typename T>
 void TreeAttention(const TreeAttentionParams<T>& p, int64_t task_begin, int64_t task_end) {
-  const int64_t Hkv = p.num_kv_heads, N = p.num_nodes;
+  const int64_t Hkv = p.num_kv_heads, Nk = p.num_tree_keys;
   static thread_local Work work;
   for (int64_t task = task_begin; task < task_end; ++task) {
     const int64_t b = task / Hkv, kvh = task % Hkv;
     const int64_t prefix = p.prefix_lens[b];
-    const bool bad = prefix < 0 || prefix > p.seq_len - N;
+    const bool bad = prefix < 0 || prefix > p.seq_len - Nk;
     if (kvh == 0) p.status[b] = bad ? RowStatus{kBadPrefixLen, 0, prefix} : RowStatus{kOk, 0, 0};
     if (bad) {
       zero_group_outputs(p, b, kvh);

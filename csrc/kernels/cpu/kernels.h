@@ -48,4 +48,20 @@ void PackedLinear(const PackedLinearParams<T>& p, int64_t panel_begin, int64_t p
 template <typename T>
 const char* PackedLinearPath();
 
+// The elementwise stages of draft_decoder_layer (DraftLayerParams), in the order the backend runs them between
+// the products and the attention: rows r = b * T + t in [row_begin, row_end), except DraftLayerRopeCache (batch
+// rows b, which writes p.status[b]).
+template <typename T>
+void DraftLayerInputNorm(const DraftLayerParams<T>& p, int64_t row_begin, int64_t row_end);
+template <typename T>
+void DraftLayerRopeCache(const DraftLayerParams<T>& p, int64_t b_begin, int64_t b_end);
+template <typename T>
+void DraftLayerGatherHeads(const DraftLayerParams<T>& p, int64_t row_begin, int64_t row_end);
+template <typename T>
+void DraftLayerAddNorm(const DraftLayerParams<T>& p, int64_t row_begin, int64_t row_end);
+template <typename T>
+void DraftLayerSwiGlu(const DraftLayerParams<T>& p, int64_t row_begin, int64_t row_end);
+template <typename T>
+void DraftLayerResidual(const DraftLayerParams<T>& p, int64_t row_begin, int64_t row_end);
+
 }  // namespace specdec::cpu

@@ -1,6 +1,6 @@
 // Tree attention (flash-decoding style) and KV-cache compaction on CUDA (semantics: common/params.h).
 //
-// Tree attention. The keys of row b are its prefix followed by its N tree nodes (total prefix + N <= S), cut into
+// Tree attention. The keys of row b are its prefix followed by its Nk tree keys (total prefix + Nk <= S), cut into
 // `splits` chunks of `chunk` keys. The partial kernel's grid is (split, kv head, row x query tile): a block holds
 // kQueryTile of the M = G * N queries of one kv head (G = H / Hkv query heads x N nodes), each warp kQueriesPerWarp
 // of them, and walks its chunk in smem tiles of kKeyTile keys (K and V converted to float32 once per block). Lane j
@@ -95,7 +95,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <typename T>
 __device__ __forceinline__ bool row_prefix_ok(const TreeAttentionParams<T>& p, int64_t b, int64_t* prefix) {
   *prefix = p.prefix_lens[b];
-  return *prefix >= 0 && *prefix <= p.seq_len - p.num_nodes;
+  return *prefix >= 0 && *prefix <= p.seq_len - p.num_tree_keys;
 }
 
 // Loads keys [t0, t0 + keys) of K and V into the float tiles. kVec: rows are 16-byte aligned (checked by the
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) tree_attention_partial_kernel(TreeAt
   const int64_t N = p.num_nodes, G = p.num_heads / p.num_kv_heads, M = G * N;
   int64_t prefix = 0;
   if (!row_prefix_ok(p, b, &prefix)) return;  // the combine kernel writes zeros and the status
-  const int64_t total = prefix + N, start = split * chunk;
+  const int64_t total = prefix + p.num_tree_keys, start = split * chunk;
   if (start >= total) return;  // the combine kernel reads only splits that start before `total`
   const int64_t end = min(total, start + chunk);
 
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) tree_attention_partial_kernel(TreeAt
 
 constexpr int kCombineThreads = 128;
 
-// One block per (b, h, i): merges the splits that start before prefix + N; writes the status of row b (from the
+// One block per (b, h, i): merges the splits that start before prefix + Nk; writes the status of row b (from the
 // block of h = 0, i = 0).
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads) tree_attention_combine_kernel(TreeAttentionParams<T> p,
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kCombineThreads) tree_attention_combine_kernel
     return;
   }
   const int64_t rows_total = p.batch * H * N;
-  const int64_t used = min(splits, (prefix + N + chunk - 1) / chunk);
+  const int64_t used = min(splits, (prefix + p.num_tree_keys + chunk - 1) / chunk);
   const float* ml = p.workspace + splits * rows_total * D;
   float gmax = neg_inf();
   for (int64_t s = 0; s < used; ++s) gmax = fmaxf(gmax, ml[2 * (s * rows_total + idx)]);

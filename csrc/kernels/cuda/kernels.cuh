@@ -42,4 +42,19 @@ void LaunchPackLinearWeight(const PackLinearWeightParams<T>& p, cudaStream_t str
 template <typename T>
 void LaunchPackedLinear(const PackedLinearParams<T>& p, cudaStream_t stream);
 
+// The elementwise stages of draft_decoder_layer (DraftLayerParams), launched in the order of the CPU stages
+// (csrc/kernels/cpu/kernels.h); RopeCache writes p.status.
+template <typename T>
+void LaunchDraftLayerInputNorm(const DraftLayerParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchDraftLayerRopeCache(const DraftLayerParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchDraftLayerGatherHeads(const DraftLayerParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchDraftLayerAddNorm(const DraftLayerParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchDraftLayerSwiGlu(const DraftLayerParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchDraftLayerResidual(const DraftLayerParams<T>& p, cudaStream_t stream);
+
 }  // namespace specdec::cuda
