@@ -174,8 +174,8 @@ def test_eagle_layer_op_matches_module_path(monkeypatch, version, dtype):
     mask = torch.rand(B, T, kv, generator=g) < 0.6
     mask[torch.arange(B)[:, None], torch.arange(T)[None], slots] = True
     calls = []
-    real = ops.draft_decoder_layer
-    monkeypatch.setattr(ops, "draft_decoder_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = E._draft_layer_op()
+    monkeypatch.setattr(E, "_draft_layer_op", lambda: lambda *a: calls.append(1) or real(*a))
     results = []
     for rows in (E.NATIVE_LAYER_MAX_ROWS, 0):
         monkeypatch.setattr(E, "NATIVE_LAYER_MAX_ROWS", rows)

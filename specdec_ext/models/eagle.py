@@ -27,6 +27,7 @@ with :func:`specdec_ext.models.checkpoints.load_eagle`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -34,7 +35,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec_ext import ops
 from specdec_ext.models.fast_linear import Linear, fused_linear, module_linear, packed_operand
 from specdec_ext.models.kv_cache import copy_rows, flat_row_index
 
@@ -265,40 +265,50 @@ NATIVE_LAYER_MAX_ROWS = 32
 _NATIVE_HEAD_DIMS = (64, 80, 96, 128, 256)
 
 
+@functools.cache
+def _draft_layer_op():
+    return torch.ops.specdec_ext.draft_decoder_layer.default  # (resolved once: see ops.draft_decoder_layer)
+
+
 def _native_layer(layer: nn.Module, h: torch.Tensor, position_ids: torch.Tensor, attn: dict,
                   embeds: torch.Tensor | None = None) -> torch.Tensor | None:
     """The decoder layer ``layer`` (EAGLE-1's; EAGLE-3's when ``embeds`` is given) as one
     :func:`specdec_ext.ops.draft_decoder_layer` call over its packed weights, or None where the module's own path
     runs: no cache or mask, more than :data:`NATIVE_LAYER_MAX_ROWS` rows, gradients, CUDA tensors, a head dim or
     dtype the kernels do not serve. Inside a drafting step the layer was ~35 small framework ops around four
-    few-row products, two thirds of its time; the op is one call."""
+    few-row products, two thirds of its time; the op is one call. (Submodules and parameters are read from the
+    modules' dicts: ``module.attr`` costs ~0.6 us a lookup, and this runs once per draft forward.)"""
     cache, mask = attn.get("cache"), attn.get("mask")
     B, T, H = h.shape
-    sa, mlp, norm = layer.self_attn, layer.mlp, layer.post_attention_layernorm
+    mods = layer._modules
+    sa, mlp, norm = mods["self_attn"], mods["mlp"], mods["post_attention_layernorm"]
+    attn_mods, mlp_mods = sa._modules, mlp._modules
+    q_weight = attn_mods["q_proj"]._parameters["weight"]
     if (cache is None or mask is None or B * T > NATIVE_LAYER_MAX_ROWS or h.is_cuda or sa.hd not in _NATIVE_HEAD_DIMS
-            or h.dtype is not sa.q_proj.weight.dtype or cache.k.dtype is not h.dtype):
+            or h.dtype is not q_weight.dtype or cache.k.dtype is not h.dtype):
         return None
-    if torch.is_grad_enabled() and (h.requires_grad or sa.q_proj.weight.requires_grad
+    if torch.is_grad_enabled() and (h.requires_grad or q_weight.requires_grad
                                     or (embeds is not None and embeds.requires_grad)):
         return None
-    qkv = packed_operand((sa.q_proj, sa.k_proj, sa.v_proj))
-    o = packed_operand((sa.o_proj,))
-    gate_up = packed_operand((mlp.gate_proj, mlp.up_proj))
-    down = packed_operand((mlp.down_proj,))
-    if qkv is None or o is None or gate_up is None or down is None or o[1] is not None or gate_up[1] is not None:
+    qkv = packed_operand((attn_mods["q_proj"], attn_mods["k_proj"], attn_mods["v_proj"]))
+    o = packed_operand((attn_mods["o_proj"],))
+    gate_up = packed_operand((mlp_mods["gate_proj"], mlp_mods["up_proj"]))
+    down = packed_operand((mlp_mods["down_proj"],))
+    if qkv is None or o is None or gate_up is None or down is None or o[1] is not None or gate_up[1] is not None \
+            or down[1] is not None:
         return None
-    slots = attn.get("write_slots")
     if embeds is None:
         x, input_norm, segments = h, None, 1
     else:
-        if not layer.input_layernorm.eps == layer.hidden_norm.eps == norm.eps or embeds.dtype is not h.dtype:
+        first, second = mods["input_layernorm"], mods["hidden_norm"]
+        if not first.eps == second.eps == norm.eps or embeds.dtype is not h.dtype:
             return None
         x = torch.cat((embeds, h), -1)
-        input_norm, segments = torch.cat((layer.input_layernorm.weight, layer.hidden_norm.weight)), 2
-    return ops.draft_decoder_layer(
-        x, h, qkv[0], o[0], norm.weight, gate_up[0], down[0], position_ids, sa.rotary.inv_freq, cache.k, cache.v,
-        slots, mask, sa.nH, mlp.down_proj.in_features, norm.eps, qkv_bias=qkv[1], input_norm_weight=input_norm,
-        input_norm_segments=segments)
+        input_norm, segments = torch.cat((first._parameters["weight"], second._parameters["weight"])), 2
+    return _draft_layer_op()(
+        x, input_norm, segments, h, qkv[0], qkv[1], o[0], norm._parameters["weight"], gate_up[0], down[0],
+        position_ids, sa._modules["rotary"].inv_freq, cache.k, cache.v, attn.get("write_slots"), mask, sa.nH,
+        mlp_mods["down_proj"].in_features, norm.eps, True)
 
 
 class Eagle1Layer(nn.Module):

@@ -175,14 +175,19 @@ def _module_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _fused_key(layers: Sequence[nn.Linear]) -> tuple:
-    """What a fused weight was built from: each layer's weight and bias, by identity, version and address."""
-    return tuple((t, tensor_version(t), t.data_ptr()) if t is not None else None
-                 for layer in layers for t in (layer.weight, layer.bias))
+    """What a fused weight was built from: each layer's weight and bias by id, version and address. A plain tuple of
+    ints, so that keys compare at C speed; the remembered entry holds the tensors themselves (:func:`_fused_tensors`),
+    so no id is reused while it is remembered."""
+    key = []
+    for layer in layers:
+        params = layer._parameters  # (not layer.weight: a module's attribute lookup costs ~0.6 us)
+        for t in (params["weight"], params.get("bias")):
+            key.append((id(t), tensor_version(t), t.data_ptr()) if t is not None else None)
+    return tuple(key)
 
 
-def _same_key(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(x is y or (x is not None and y is not None and x[0] is y[0] and x[1:] == y[1:])
-                                    for x, y in zip(a, b))
+def _fused_tensors(layers: Sequence[nn.Linear]) -> tuple:
+    return tuple(t for layer in layers for t in (layer.weight, layer.bias))
 
 
 def _concatenated(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -203,18 +208,19 @@ def packed_operand(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Ten
     a dtype or CPU without its vector path, ``SPECDEC_PACKED_LINEAR=0``). Remembered on the first layer as
     :func:`fused_linear` remembers it (the same entry), so the weights are packed once."""
     first = layers[0]
+    key = _fused_key(layers)
+    hit = first.__dict__.get("_specdec_fused")
+    if hit is not None and hit[1] == _OURS and hit[0] == key:  # (packed from these very tensors, as they are)
+        return hit[2], hit[4]
     w = first.weight
     if not _ENABLED or w.device.type != "cpu" or _kernel_for(w.dtype) != _OURS:
         return None
-    key = _fused_key(layers)
-    hit = first.__dict__.get("_specdec_fused")
-    if hit is not None and hit[1] == _OURS and hit[3] is w.dtype and _same_key(hit[0], key):
-        return hit[2], hit[4]
     from specdec_ext.ops import pack_linear_weight
 
     weight, bias = _concatenated(layers)
     packed = pack_linear_weight(weight)
-    first.__dict__["_specdec_fused"] = (key, _OURS, packed, weight.dtype, bias, weight.shape[0])
+    first.__dict__["_specdec_fused"] = (key, _OURS, packed, weight.dtype, bias, weight.shape[0],
+                                        _fused_tensors(layers))
     return packed, bias
 
 
@@ -225,7 +231,7 @@ def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> torch.Tensor:
     call that finds it valid costs the product plus ~3 us, where the generic route costs ~20 us more."""
     first = layers[0]
     hit = first.__dict__.get("_specdec_fused")
-    if hit is not None and not (x.dtype is hit[3] and _same_key(hit[0], _fused_key(layers))):
+    if hit is not None and not (x.dtype is hit[3] and hit[0] == _fused_key(layers)):
         hit = None  # another input dtype, or a weight replaced or changed since it was packed
     # (the cheap checks of a decoding step first; with gradients on, the fast path's own, which frozen models pass)
     fast = hit is not None and not x.is_cuda and not torch.is_grad_enabled()
@@ -238,7 +244,8 @@ def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> torch.Tensor:
     weight, bias = _concatenated(layers)
     y, used = _linear(x, weight, bias)
     if used is not None:  # (the fused copy lives on in the packed one; _PACKED's entry dies with `weight`)
-        first.__dict__["_specdec_fused"] = (_fused_key(layers), used[0], used[1], weight.dtype, bias, weight.shape[0])
+        first.__dict__["_specdec_fused"] = (_fused_key(layers), used[0], used[1], weight.dtype, bias, weight.shape[0],
+                                            _fused_tensors(layers))
     return y
 
 
