@@ -30,6 +30,7 @@ candidates, so verification stays lossless. The scale lives on the device (no sy
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -103,6 +104,30 @@ class ScoreCalibration:
 LevelFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+@functools.lru_cache(maxsize=32)
+def _tree_constants(B: int, k: int, depth: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The tensors every tree of this shape starts from, made once (a step pays ~5 us per small op; these took ~40
+    of them). Read-only: the loop below only gathers from them.
+
+    The ancestor table ``front_anc[b, j, c]`` has a column per tree slot ``s`` at ``c = 1 + s``, and two columns
+    that never change: ``c = 0`` (True: the row's valid prefix) and ``c = slots_n + 1`` (False: beyond the tree),
+    so that a cache position's column is its offset from the row's first tree slot plus one, clamped to that range,
+    and a level's mask is one gather."""
+    slots_n = (depth - 1) * k
+    anc = torch.zeros(B, k, slots_n + 2, dtype=torch.bool, device=device)
+    anc[:, :, 0] = True
+    anc[:, :, 1: k + 1].diagonal(dim1=1, dim2=2).fill_(True)  # level 1's nodes: slots 0 .. k - 1
+    selves = torch.zeros(max(depth, 2), 1, k, slots_n + 2, dtype=torch.bool, device=device)
+    for d in range(1, depth - 1):  # [d]: the columns of level d + 1's own slots d k .. d k + k - 1
+        selves[d, 0, :, 1 + d * k: 1 + (d + 1) * k].diagonal().fill_(True)
+    steps = torch.arange(k, device=device)
+    return {"front_anc": anc, "selves": selves, "zero": torch.zeros(B, 1, dtype=torch.float32, device=device),
+            "first_front": steps.expand(B, k), "root_parent": torch.zeros(B, k, dtype=torch.int64, device=device),
+            "root_marks": torch.full((B, k), -1, dtype=torch.int64, device=device), "steps": steps,
+            "level_slots": torch.arange(slots_n, device=device).view(1, depth - 1, k),
+            "minus_one": torch.full((B, 1), -1, dtype=torch.int64, device=device)}
+
+
 def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: LevelFn, *, depth: int, top_k: int,
                       total_tokens: int, valid: torch.Tensor, kv_len: int,
                       target_ids: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -121,37 +146,28 @@ def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: Leve
     else:
         def scale(x):
             return x
-    zero = torch.zeros(B, 1, dtype=torch.float32, device=dev)
-    ct, cs, _ = ops.expand_tree_step(scale(root_logits[:, None]), zero, k, k, validate=False)
+    const = _tree_constants(B, k, depth, torch.device(dev))
+    ct, cs, _ = ops.expand_tree_step(scale(root_logits[:, None]), const["zero"], k, k, validate=False)
     if calibration is not None:
         calibration.predicted = cs[:, 0, 0].exp()
     # all candidates so far (flat), their scores and parent candidate (-1 = the root)
     cand_tok = [ids(ct.reshape(B, k))]
     cand_score = [cs.reshape(B, k)]
     fronts = []  # each level's frontier (candidate indices): the parents of the next level's k * k candidates
-    front_cand = torch.arange(k, device=dev).expand(B, k)  # frontier = all depth-1 candidates
+    front_cand = const["first_front"]  # frontier = all depth-1 candidates
     front_tok, front_score = cand_tok[0], cand_score[0]
-    front_parent = torch.zeros(B, k, dtype=torch.int64, device=dev)  # depth 1: every node's parent is the root
+    front_parent = const["root_parent"]  # depth 1: every node's parent is the root
     slots_n = (depth - 1) * k
     if slots_n:
-        # (per level, a step pays ~5-10 us per small op: what does not change between levels is made once here)
-        # front_anc[b, j, s]: whether tree slot s holds an ancestor-or-self of frontier node j; two more columns,
-        # never changed, answer for the cache positions outside the tree: slots_n (False: beyond the tree's slots)
-        # and slots_n + 1 (True: the row's valid prefix), so that a level's mask is one gather
-        front_anc = torch.zeros(B, k, slots_n + 2, dtype=torch.bool, device=dev)
-        front_anc[:, :, slots_n + 1] = True
-        front_anc[:, :, :k].diagonal(dim1=1, dim2=2).fill_(True)
-        rel = torch.arange(kv_len, device=dev)[None, :] - valid[:, None]  # [B, kv_len]: tree slot (< 0: prefix)
-        column = torch.where(rel < 0, slots_n + 1, torch.where(rel < slots_n, rel, slots_n))
+        front_anc, selves = const["front_anc"], const["selves"]
+        # the ancestor-table column of every cache position (see _tree_constants), and every level's slots
+        column = (torch.arange(1, kv_len + 1, device=dev) - valid[:, None]).clamp_(0, slots_n + 1)
         column = column[:, None, :].expand(B, k, kv_len)
-        selves = torch.zeros(depth, 1, k, slots_n + 2, dtype=torch.bool, device=dev)  # [d]: level d's own slots
-        for d in range(1, depth - 1):
-            selves[d, 0, :, d * k: (d + 1) * k].diagonal().fill_(True)
-        first_slots = valid[:, None] + torch.arange(k, device=dev)  # [B, k]: level 1's slots
+        level_slots = valid[:, None, None] + const["level_slots"]  # [B, depth - 1, k]
     base = k
     for d in range(1, depth):
         mask = front_anc.gather(2, column)  # the prefix or an ancestor (self included)
-        lg = scale(level(d, front_tok, front_parent, mask, first_slots + (d - 1) * k))  # [B, k, Vd]
+        lg = scale(level(d, front_tok, front_parent, mask, level_slots[:, d - 1]))  # [B, k, Vd]
         ct, cs, sel = ops.expand_tree_step(lg, front_score, k, k, validate=False)
         cand_tok.append(ids(ct.reshape(B, k * k)))
         cand_score.append(cs.reshape(B, k * k))
@@ -166,8 +182,7 @@ def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: Leve
         base += k * k
     tok = torch.cat(cand_tok, 1)
     score = torch.cat(cand_score, 1)
-    parent = torch.cat([torch.full((B, k), -1, dtype=torch.int64, device=dev),
-                        *([torch.cat(fronts, 1).repeat_interleave(k, 1)] if fronts else [])], 1)
+    parent = torch.cat([const["root_marks"], *([torch.cat(fronts, 1).repeat_interleave(k, 1)] if fronts else [])], 1)
     C = tok.shape[1]
     M = min(total_tokens, C)
     order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :M]
@@ -177,5 +192,5 @@ def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: Leve
     par_c = parent.gather(1, chosen)
     par_node = torch.where(par_c < 0, 0, node_of.gather(1, par_c.clamp(min=0)))
     tokens = torch.cat([root[:, None], tok.gather(1, chosen)], 1)
-    parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64, device=dev), par_node], 1)
+    parents = torch.cat([const["minus_one"], par_node], 1)
     return DraftTree(tokens, parents, None)

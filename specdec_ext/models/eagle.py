@@ -185,7 +185,8 @@ class Rotary(nn.Module):
     """RoPE tables: :meth:`forward` gives ``(cos, signed_sin)`` ``[B, 1, T, hd]`` (float32) for ``pos[B, T]``, and
     :func:`apply_rotary` rotates with them. ``signed_sin`` carries rotate-half's sign (``-sin`` on the first half),
     so the rotation is one ``roll`` instead of a split, a negation and a concatenation. A drafter computes the
-    tables once per tree and hands each level its slice (``rotary=`` of the draft's forward)."""
+    tables once per tree, when a level first needs them, and hands each level its slice (``rotary=`` of the draft's
+    forward)."""
 
     def __init__(self, cfg: EagleConfig):
         super().__init__()
@@ -236,12 +237,17 @@ class Attention(nn.Module):
         ``mask[B, T, T]`` (default causal). With ``cache``: the inputs' K/V are written at ``write_slots[B, T]``
         and the queries attend to cache slots ``[0, kv_len)`` under ``mask[B, T, kv_len]`` (True = attend).
         ``rotary``: the :class:`Rotary` tables of ``position_ids`` when the caller has them (any shape that
-        broadcasts to ``[B, 1, T, hd]``)."""
+        broadcasts to ``[B, 1, T, hd]``), or a function that returns them (called only on this path: a forward
+        through :func:`specdec_ext.ops.draft_decoder_layer` computes its own)."""
         B, T, _ = x.shape
         nH, nKV = self.nH, self.nKV
         qkv = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj)).view(B, T, nH + 2 * nKV, self.hd)
         qkv = qkv.transpose(1, 2)  # [B, heads, T, hd]: nH query heads, then nKV key heads, then nKV value heads
-        qk = apply_rotary(qkv[:, : nH + nKV], rotary if rotary is not None else self.rotary(position_ids))
+        if rotary is None:
+            rotary = self.rotary(position_ids)
+        elif callable(rotary):
+            rotary = rotary()
+        qk = apply_rotary(qkv[:, : nH + nKV], rotary)
         q, k, v = qk[:, :nH], qk[:, nH:], qkv[:, nH + nKV:]
         if cache is not None:
             cache.write(write_slots, k, v)
