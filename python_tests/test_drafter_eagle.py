@@ -306,20 +306,22 @@ def trained_draft(version: int):
         lookup[ids] = torch.arange(VD)
         y_tok = lookup[toks[:, 2:]].masked_fill(~valid, -100)
     opt = torch.optim.Adam(m.parameters(), lr=3e-3)
-    for _ in range(300):
-        out = m(feats[:, : T - 2], inp_e, pos, from_target=True)
-        if version == 1:
-            reg = (F.smooth_l1_loss(out, feats[:, 1: T - 1], reduction="none").mean(-1) * valid).sum() / valid.sum()
-            loss = reg + 0.3 * F.cross_entropy(lm(out).reshape(-1, V), y_tok.reshape(-1), ignore_index=-100)
-        else:
-            loss = F.cross_entropy(m.logits(out).reshape(-1, VD), y_tok.reshape(-1), ignore_index=-100)
-            shifted = torch.cat([out[:, :1], out[:, :-1]], 1)  # own output at t - 1 fed at t
-            out2 = m(shifted, inp_e, pos, from_target=False)
-            loss = loss + F.cross_entropy(m.logits(out2)[:, 1:].reshape(-1, VD), y_tok[:, 1:].reshape(-1),
-                                          ignore_index=-100)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    with torch.enable_grad():  # (also when the first caller is a no_grad test)
+        for _ in range(300):
+            out = m(feats[:, : T - 2], inp_e, pos, from_target=True)
+            if version == 1:
+                reg = F.smooth_l1_loss(out, feats[:, 1: T - 1], reduction="none").mean(-1)
+                reg = (reg * valid).sum() / valid.sum()
+                loss = reg + 0.3 * F.cross_entropy(lm(out).reshape(-1, V), y_tok.reshape(-1), ignore_index=-100)
+            else:
+                loss = F.cross_entropy(m.logits(out).reshape(-1, VD), y_tok.reshape(-1), ignore_index=-100)
+                shifted = torch.cat([out[:, :1], out[:, :-1]], 1)  # own output at t - 1 fed at t
+                out2 = m(shifted, inp_e, pos, from_target=False)
+                loss = loss + F.cross_entropy(m.logits(out2)[:, 1:].reshape(-1, VD), y_tok[:, 1:].reshape(-1),
+                                              ignore_index=-100)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
     m.requires_grad_(False)
     m.eval()
     _CACHE[key] = m
@@ -365,14 +367,16 @@ def test_batched_prompts_and_budget_inside_accepted_runs(version):
     assert stats.mean_accepted_length > 1
 
 
+@pytest.mark.parametrize("rows", [[1, 3], [3]], ids=["two_rows", "one_row"])
 @torch.no_grad()
-def test_features_kept_and_catch_up_after_rollback():
+def test_features_kept_and_catch_up_after_rollback(rows):
     """After a generation the drafter holds the target's features of every position before the last token, and
-    a chain drafted now (catch-up over the rolled-back cache) equals the uncached recomputation."""
+    a chain drafted now (catch-up over the rolled-back cache) equals the uncached recomputation. One row takes the
+    drafter's batch-1 paths (catch-up by slices, features by one index_select), two rows the general ones."""
     m = target()
     drafter = EagleDrafter(trained_draft(1), depth=3, top_k=3, total_tokens=8, target=m)
     drafter.retire = None  # no retirement: finished rows stay (frozen), so the drafter holds every row at the end
-    prompts = [PROMPTS[1], PROMPTS[3]]
+    prompts = [PROMPTS[i] for i in rows]
     outs, stats = generate(m, drafter, prompts, max_new_tokens=15, eos_token_id=[])
     assert stats.mean_accepted_length > 1
     for b, o in enumerate(outs):
@@ -685,3 +689,28 @@ def test_draft_vocab_errors(bad, match):
         EagleDrafter(random_draft(1), depth=3, top_k=3, total_tokens=6, draft_vocab=bad)
     with pytest.raises(ValueError, match="EAGLE-3 draft has its own"):
         EagleDrafter(random_draft(3), depth=3, top_k=3, total_tokens=6, draft_vocab=torch.arange(10))
+
+
+def test_token_embeddings_honour_the_targets_module():
+    """A plain embedding table is looked up directly; a subclass (a scaled embedding) or a hooked module is called
+    as the target defines it."""
+
+    class Scaled(torch.nn.Embedding):
+        def forward(self, ids):
+            return super().forward(ids) * 2.0
+
+    m = target()
+    drafter = EagleDrafter(random_draft(1), depth=2, top_k=1, total_tokens=2, target=m)
+    drafter.begin(m, make_state([PROMPTS[0]]))
+    ids = torch.tensor([[3, 5]])
+    table = m.get_input_embeddings().weight
+    assert torch.equal(drafter._embed_ids(ids), table[ids])
+    scaled = Scaled(V, H)
+    with torch.no_grad():
+        scaled.weight.copy_(table)
+    drafter._embed = scaled
+    assert torch.equal(drafter._embed_ids(ids), 2.0 * table[ids])
+    plain = torch.nn.Embedding(V, H)
+    plain.register_forward_hook(lambda mod, args, out: out + 1.0)
+    drafter._embed = plain
+    assert torch.equal(drafter._embed_ids(ids), plain.weight[ids] + 1.0)

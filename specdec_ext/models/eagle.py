@@ -267,7 +267,7 @@ class Attention(nn.Module):
 
 # The draft layer runs as one specdec_ext::draft_decoder_layer op for at most this many rows (B * T): the tree levels
 # and the catch-ups of decoding. A whole prompt's catch-up takes the module's path (SDPA's blocked attention).
-NATIVE_LAYER_MAX_ROWS = 32
+NATIVE_LAYER_MAX_ROWS = 64
 _NATIVE_HEAD_DIMS = (64, 80, 96, 128, 256)
 
 

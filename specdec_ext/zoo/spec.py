@@ -20,6 +20,11 @@ DRAFTER_NAMES = ("ngram", "draft-model", "medusa", "eagle1", "eagle2", "eagle3")
 # Re-checked 2026-11-30 with leaner EAGLE drafts (benchmarks/python/bench_tree_sizes.py, float32 and bfloat16, 8
 # prompts x 128 tokens, each size side by side with plain decoding): EAGLE-2 8 drafts still the best of 4-12 (10
 # within 1%); Medusa trees of 10 nodes ahead of 12 in six paired runs (+0-5% float32, +1% bfloat16), 8 within 2%.
+# Re-checked 2026-11-30 after the draft layer became one op (draft_decoder_layer: a draft level ~0.45 -> ~0.2 ms),
+# which makes deeper drafts pay (8 prompts x 128 tokens, side by side with plain decoding): the EAGLE-1 chain of 6
+# 2.21x fp32 / 2.25x bf16 where 3 gave 2.00x / 1.99x (5: 2.17x / 2.19x, 7: 2.17x fp32); EAGLE-2 depth 6 with 8
+# drafts 2.33-2.35x fp32 / 2.18x bf16 where depth 5 gave 2.28-2.33x / 2.15x (6/2/10 within 1%, 7/2/10 and 4/2/8
+# behind); EAGLE-3 stays at depth 5 (depth 6: 2.06x vs 2.11x, 1.96x vs 2.01x in two fp32 runs).
 DEFAULT_DRAFTERS = {
     "ngram": {"num_pred_tokens": 6, "max_ngram_size": 3},
     "draft-model": {"num_draft_tokens": 4},
@@ -29,8 +34,8 @@ DEFAULT_DRAFTERS = {
     "medusa": {"max_nodes": 10, "dynamic": True},
     # EAGLE-1 drafts over the EAGLE-3 draft's 2048-id vocabulary (the training data's most frequent ids; FR-Spec):
     # the same accepted lengths, 2-4% (bf16) and 4-10% (fp32) faster than over all 4096 ids.
-    "eagle1": {"depth": 3, "top_k": 1, "total_tokens": 3, "draft_vocab": "eagle3"},  # EAGLE-1 network, chain
-    "eagle2": {"depth": 5, "top_k": 2, "total_tokens": 8, "draft_vocab": "eagle3"},  # EAGLE-2 dynamic tree
+    "eagle1": {"depth": 6, "top_k": 1, "total_tokens": 6, "draft_vocab": "eagle3"},  # EAGLE-1 network, chain
+    "eagle2": {"depth": 6, "top_k": 2, "total_tokens": 8, "draft_vocab": "eagle3"},  # EAGLE-2 dynamic tree
     "eagle3": {"depth": 5, "top_k": 2, "total_tokens": 8},  # EAGLE-3 network, dynamic tree
 }
 
