@@ -125,7 +125,11 @@ def _tree_constants(B: int, k: int, depth: int, device: torch.device) -> dict[st
             "first_front": steps.expand(B, k), "root_parent": torch.zeros(B, k, dtype=torch.int64, device=device),
             "root_marks": torch.full((B, k), -1, dtype=torch.int64, device=device), "steps": steps,
             "level_slots": torch.arange(slots_n, device=device).view(1, depth - 1, k),
-            "minus_one": torch.full((B, 1), -1, dtype=torch.int64, device=device)}
+            "minus_one": torch.full((B, 1), -1, dtype=torch.int64, device=device),
+            # the first candidate index of level d (d >= 1: k + (d - 1) k^2; level 0's k frontier nodes are the
+            # first candidates) repeated over that level's k frontier nodes
+            "front_offsets": torch.tensor([0] + [k + (d - 1) * k * k for d in range(1, max(depth - 1, 1))],
+                                          device=device).repeat_interleave(k)[None]}
 
 
 def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: LevelFn, *, depth: int, top_k: int,
@@ -153,7 +157,9 @@ def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: Leve
     # all candidates so far (flat), their scores and parent candidate (-1 = the root)
     cand_tok = [ids(ct.reshape(B, k))]
     cand_score = [cs.reshape(B, k)]
-    fronts = []  # each level's frontier (candidate indices): the parents of the next level's k * k candidates
+    # each level's frontier, the parents of the next level's k * k candidates, as indices among that level's
+    # candidates (the level's first candidate index is added at the end: const["front_offsets"])
+    fronts = []
     front_cand = const["first_front"]  # frontier = all depth-1 candidates
     front_tok, front_score = cand_tok[0], cand_score[0]
     front_parent = const["root_parent"]  # depth 1: every node's parent is the root
@@ -164,7 +170,6 @@ def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: Leve
         column = (torch.arange(1, kv_len + 1, device=dev) - valid[:, None]).clamp_(0, slots_n + 1)
         column = column[:, None, :].expand(B, k, kv_len)
         level_slots = valid[:, None, None] + const["level_slots"]  # [B, depth - 1, k]
-    base = k
     for d in range(1, depth):
         mask = front_anc.gather(2, column)  # the prefix or an ancestor (self included)
         lg = scale(level(d, front_tok, front_parent, mask, level_slots[:, d - 1]))  # [B, k, Vd]
@@ -175,22 +180,25 @@ def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: Leve
         if d == depth - 1:
             break
         front_parent = sel // k  # previous frontier slot of each new frontier node
-        front_cand = base + sel
+        front_cand = sel
         front_tok = cand_tok[-1].gather(1, sel)
         front_score = cand_score[-1].gather(1, sel)
         front_anc = front_anc.gather(1, front_parent[:, :, None].expand(B, k, front_anc.shape[-1])) | selves[d]
-        base += k * k
     tok = torch.cat(cand_tok, 1)
     score = torch.cat(cand_score, 1)
-    parent = torch.cat([const["root_marks"], *([torch.cat(fronts, 1).repeat_interleave(k, 1)] if fronts else [])], 1)
+    if fronts:
+        front_cands = (torch.cat(fronts, 1) + const["front_offsets"][:, : len(fronts) * k]).repeat_interleave(k, 1)
+        parent = torch.cat([const["root_marks"], front_cands], 1)
+    else:
+        parent = const["root_marks"]
     C = tok.shape[1]
     M = min(total_tokens, C)
     order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :M]
     chosen = order.sort(dim=1).values  # candidate order: parents before children
-    node_of = torch.full((B, C), -1, dtype=torch.int64, device=dev)
-    node_of.scatter_(1, chosen, torch.arange(1, M + 1, device=dev).expand(B, M))
     par_c = parent.gather(1, chosen)
-    par_node = torch.where(par_c < 0, 0, node_of.gather(1, par_c.clamp(min=0)))
+    # a chosen candidate's parent is chosen too (it scores at least as high and ranks first on ties), so its node
+    # is its position among the sorted chosen candidates, plus one for the root
+    par_node = torch.where(par_c < 0, 0, torch.searchsorted(chosen, par_c) + 1)
     tokens = torch.cat([root[:, None], tok.gather(1, chosen)], 1)
     parents = torch.cat([const["minus_one"], par_node], 1)
     return DraftTree(tokens, parents, None)
