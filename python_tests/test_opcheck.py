@@ -56,7 +56,24 @@ def _cases(device, dtype):
     cases += [("pack_linear_weight", (w,)), ("packed_linear", (xs, packed, bias, 37)),
               ("packed_linear", (xs[None], packed, None, 37))]
     cases += [("draft_decoder_layer", _draft_layer_args(device, dtype, eagle3)) for eagle3 in (False, True)]
+    cases += [("advance_tree_frontier", _frontier_args(device)), ("select_tree_nodes", _selection_args(device))]
     return cases
+
+
+def _frontier_args(device):
+    gen = make_gen(4)
+    B, F, K, S, C, L = 2, 3, 2, 3, 9, 12
+    return (torch.randint(0, 50, (B, F, K), generator=gen).to(device), torch.randn(B, F, K, generator=gen).to(device),
+            torch.tensor([[0, 5, 2], [1, 3, 4]], device=device), (torch.rand(B, F, C, generator=gen) < 0.5).to(device),
+            C - S - 1, torch.randint(0, C, (B, L), generator=gen).to(device), True)
+
+
+def _selection_args(device):
+    gen = make_gen(5)
+    scores = -torch.rand(2, 6, generator=gen).cumsum(1)  # children score below their parents
+    parents = torch.tensor([[-1, -1, 0, 0, 1, 2], [-1, -1, 1, 1, 0, 3]])
+    return (torch.randint(0, 50, (2, 6), generator=gen).to(device), scores.to(device), parents.to(device),
+            torch.tensor([3, 4], device=device), 4, True)
 
 
 def _draft_layer_args(device, dtype, eagle3: bool):
@@ -93,10 +110,11 @@ def _attention_inputs(device, dtype):
     return {k: v.to(device) for k, v in d.items()}
 
 
-@pytest.mark.parametrize("index", range(29))
+@pytest.mark.parametrize("index", range(31))
 def test_opcheck(device, dtype, index):
     name, args = _cases(device, dtype)[index]
-    if dtype != torch.float32 and name in ("build_tree", "tree_ancestor_mask"):
+    if dtype != torch.float32 and name in ("build_tree", "tree_ancestor_mask", "advance_tree_frontier",
+                                           "select_tree_nodes"):
         pytest.skip("tree ops take no float input: covered by the float32 variant")
     torch.library.opcheck(getattr(OPS, name).default, args)
 
@@ -118,10 +136,15 @@ def test_meta_shapes():
     layer = OPS.draft_decoder_layer(*(t.to("meta") if isinstance(t, torch.Tensor) else t
                                       for t in _draft_layer_args("cpu", torch.bfloat16, True)))
     assert layer.shape == (2, 3, 64) and layer.dtype == torch.bfloat16 and layer.device.type == "meta"
+    frontier = OPS.advance_tree_frontier(*(t.to("meta") if isinstance(t, torch.Tensor) else t
+                                           for t in _frontier_args("cpu")))
+    assert [tuple(t.shape) for t in frontier] == [(2, 3), (2, 3), (2, 3), (2, 3, 9), (2, 3, 12)]
+    tree = OPS.select_tree_nodes(*(t.to("meta") if isinstance(t, torch.Tensor) else t for t in _selection_args("cpu")))
+    assert [tuple(t.shape) for t in tree] == [(2, 5), (2, 5)] and tree[0].dtype == torch.int64
 
 
 def test_every_case_is_checked():
-    assert len(_cases("cpu", torch.float32)) == 29  # (the parametrisation of test_opcheck)
+    assert len(_cases("cpu", torch.float32)) == 31  # (the parametrisation of test_opcheck)
 
 
 def test_built_with_cuda_is_bool():

@@ -50,6 +50,17 @@ std::string status_message(const char* op, int64_t b, const RowStatus& s) {
     case kBadSrcPosition:
       m << "src_positions[" << b << ", " << s.node << "] = " << s.value << " is out of range [0, S)";
       break;
+    case kBadSelected:
+      m << "selected[" << b << ", " << s.node << "] = " << s.value << " is out of range [0, F * top_k)";
+      break;
+    case kBadColumn:
+      m << "column[" << b << ", " << s.node << "] = " << s.value << " is out of range [0, C) (C: the ancestor "
+        << "table's columns)";
+      break;
+    case kBadCandidateParent:
+      m << "parents[" << b << ", " << s.node << "] = " << s.value << ": candidate " << s.node
+        << " is kept but its parent is not a kept earlier candidate";
+      break;
     case kBadWriteSlot:
       m << "write_slots[" << b << ", " << s.node << "] = " << s.value
         << " is out of range [0, S) (S: the cache's positions)";

@@ -115,6 +115,105 @@ Tensor tree_ancestor_mask_impl(const Tensor& parents_in, bool packed, bool valid
   return mask;
 }
 
+// Dynamic-tree bookkeeping ----------------------------------------------------------------------------------------
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> advance_tree_frontier_impl(const Tensor& cand_tokens_in,
+                                                                              const Tensor& cand_scores_in,
+                                                                              const Tensor& selected_in,
+                                                                              const Tensor& ancestors_in,
+                                                                              int64_t self_column,
+                                                                              const Tensor& column_in,
+                                                                              bool validate) {
+  constexpr const char* op = "advance_tree_frontier";
+  check_dim(op, "cand_tokens", cand_tokens_in, 3, "[B, F, K]");
+  check_dtype(op, "cand_tokens", cand_tokens_in, at::kLong);
+  const int64_t B = cand_tokens_in.size(0), F = cand_tokens_in.size(1), K = cand_tokens_in.size(2);
+  TORCH_CHECK(B >= 1 && F >= 1 && K >= 1, op, ": cand_tokens must be non-empty [B, F, K], got ",
+              shape_str(cand_tokens_in));
+  check_dtype(op, "cand_scores", cand_scores_in, at::kFloat);
+  check_same_device(op, "cand_scores", cand_scores_in, cand_tokens_in, "cand_tokens");
+  check_shape(op, "cand_scores", cand_scores_in, {B, F, K}, "[B, F, K]");
+  check_dtype(op, "selected", selected_in, at::kLong);
+  check_same_device(op, "selected", selected_in, cand_tokens_in, "cand_tokens");
+  check_dim(op, "selected", selected_in, 2, "[B, S]");
+  const int64_t S = selected_in.size(1);
+  TORCH_CHECK(selected_in.size(0) == B && S >= 1, op, ": selected must have shape [B, S] with B = ", B,
+              " and S >= 1, got ", shape_str(selected_in));
+  check_dtype(op, "ancestors", ancestors_in, at::kBool);
+  check_same_device(op, "ancestors", ancestors_in, cand_tokens_in, "cand_tokens");
+  check_dim(op, "ancestors", ancestors_in, 3, "[B, F, C]");
+  const int64_t C = ancestors_in.size(2);
+  TORCH_CHECK(ancestors_in.size(0) == B && ancestors_in.size(1) == F && C >= 1, op,
+              ": ancestors must have shape [B, F, C] with B = ", B, ", F = ", F, " and C >= 1, got ",
+              shape_str(ancestors_in));
+  TORCH_CHECK(self_column >= 0 && self_column + S <= C, op, ": self_column must be in [0, C - S] = [0, ", C - S,
+              "] (the new frontier's own columns self_column .. self_column + S - 1), got ", self_column);
+  check_dtype(op, "column", column_in, at::kLong);
+  check_same_device(op, "column", column_in, cand_tokens_in, "cand_tokens");
+  check_dim(op, "column", column_in, 2, "[B, L]");
+  const int64_t L = column_in.size(1);
+  TORCH_CHECK(column_in.size(0) == B, op, ": column must have shape [B, L] with B = ", B, ", got ",
+              shape_str(column_in));
+  const Tensor cand_tokens = cand_tokens_in.contiguous(), cand_scores = cand_scores_in.contiguous();
+  const Tensor selected = selected_in.contiguous(), ancestors = ancestors_in.contiguous();
+  const Tensor column = column_in.contiguous();
+  c10::OptionalDeviceGuard guard(cand_tokens.device());
+  auto opts = cand_tokens.options();
+  Tensor tokens = at::empty({B, S}, opts), parents = at::empty({B, S}, opts);
+  Tensor scores = at::empty({B, S}, opts.dtype(at::kFloat));
+  Tensor ancestors_out = at::empty({B, S, C}, opts.dtype(at::kBool));
+  Tensor mask = at::empty({B, S, L}, opts.dtype(at::kBool));
+  Tensor status = new_status(B, cand_tokens);
+  AdvanceTreeFrontierParams p{cand_tokens.const_data_ptr<int64_t>(), cand_scores.const_data_ptr<float>(),
+                              selected.const_data_ptr<int64_t>(),    ancestors.const_data_ptr<bool>(),
+                              column.const_data_ptr<int64_t>(),      B,
+                              F,                                      K,
+                              S,                                      C,
+                              self_column,                            L,
+                              tokens.data_ptr<int64_t>(),             scores.data_ptr<float>(),
+                              parents.data_ptr<int64_t>(),            ancestors_out.data_ptr<bool>(),
+                              mask.data_ptr<bool>(),                  status_ptr(status)};
+  Backend::advance_tree_frontier(p);
+  if (validate) raise_on_bad_status(op, status);
+  return {tokens, scores, parents, ancestors_out, mask};
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor> select_tree_nodes_impl(const Tensor& tokens_in, const Tensor& scores_in,
+                                                  const Tensor& parents_in, const Tensor& roots_in, int64_t num_nodes,
+                                                  bool validate) {
+  constexpr const char* op = "select_tree_nodes";
+  check_dim(op, "tokens", tokens_in, 2, "[B, C]");
+  check_dtype(op, "tokens", tokens_in, at::kLong);
+  const int64_t B = tokens_in.size(0), C = tokens_in.size(1);
+  TORCH_CHECK(B >= 1, op, ": tokens must have shape [B, C] with B >= 1, got ", shape_str(tokens_in));
+  check_dtype(op, "scores", scores_in, at::kFloat);
+  check_same_device(op, "scores", scores_in, tokens_in, "tokens");
+  check_shape(op, "scores", scores_in, {B, C}, "[B, C]");
+  const Tensor parents = checked_index_matrix(op, "parents", parents_in, B, C, tokens_in, "tokens");
+  const Tensor roots = checked_row_vector(op, "roots", roots_in, B, at::kLong, tokens_in, "tokens");
+  TORCH_CHECK(num_nodes >= 0, op, ": num_nodes must be >= 0, got ", num_nodes);
+  const int64_t M = std::min(num_nodes, C);
+  const Tensor tokens = tokens_in.contiguous(), scores = scores_in.contiguous();
+  c10::OptionalDeviceGuard guard(tokens.device());
+  Tensor tree_tokens = at::empty({B, M + 1}, tokens.options()), tree_parents = at::empty({B, M + 1}, tokens.options());
+  Tensor scratch = at::empty({B, 2 * std::max<int64_t>(C, 1)}, tokens.options());
+  Tensor status = new_status(B, tokens);
+  SelectTreeNodesParams p{tokens.const_data_ptr<int64_t>(), scores.const_data_ptr<float>(),
+                          parents.const_data_ptr<int64_t>(), roots.const_data_ptr<int64_t>(),
+                          B,
+                          C,
+                          M,
+                          tree_tokens.data_ptr<int64_t>(),
+                          tree_parents.data_ptr<int64_t>(),
+                          scratch.data_ptr<int64_t>(),
+                          status_ptr(status)};
+  Backend::select_tree_nodes(p);
+  if (validate) raise_on_bad_status(op, status);
+  return {tree_tokens, tree_parents};
+}
+
 // Verification --------------------------------------------------------------------------------------------------
 
 struct VerifyArgs {
@@ -415,6 +514,8 @@ Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const
   TORCH_LIBRARY_IMPL(specdec_ext, KEY, m) {                                                           \
     m.impl("build_tree", &::specdec::glue::build_tree_impl<BACKEND>);                                 \
     m.impl("tree_ancestor_mask", &::specdec::glue::tree_ancestor_mask_impl<BACKEND>);                 \
+    m.impl("advance_tree_frontier", &::specdec::glue::advance_tree_frontier_impl<BACKEND>);           \
+    m.impl("select_tree_nodes", &::specdec::glue::select_tree_nodes_impl<BACKEND>);                   \
     m.impl("verify_tree_greedy", &::specdec::glue::verify_tree_greedy_impl<BACKEND>);                 \
     m.impl("verify_tree_sampling", &::specdec::glue::verify_tree_sampling_impl<BACKEND>);             \
     m.impl("verify_tree_typical", &::specdec::glue::verify_tree_typical_impl<BACKEND>);               \

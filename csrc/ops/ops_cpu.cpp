@@ -27,6 +27,12 @@ struct CpuBackend {
   static void tree_ancestor_mask(const TreeMaskParams& p) {
     for_rows(p, p.batch, p.num_nodes * p.num_nodes, cpu::TreeAncestorMask);
   }
+  static void advance_tree_frontier(const AdvanceTreeFrontierParams& p) {
+    for_rows(p, p.batch, p.num_select * (p.columns + p.positions), cpu::AdvanceTreeFrontier);
+  }
+  static void select_tree_nodes(const SelectTreeNodesParams& p) {
+    for_rows(p, p.batch, 8 * p.candidates, cpu::SelectTreeNodes);
+  }
   template <typename T>
   static void verify_tree_greedy(const VerifyTreeGreedyParams<T>& p) {
     for_rows(p, p.batch, p.vocab, cpu::VerifyTreeGreedy<T>);
@@ -58,7 +64,7 @@ struct CpuBackend {
     int64_t longest = 0;
     for (int64_t b = 0; b < p.batch; ++b) longest = std::max(longest, p.prefix_lens[b]);
     const int64_t G = p.num_heads / p.num_kv_heads;
-    const int64_t flops = 4 * G * p.num_nodes * (std::min(longest, p.seq_len) + p.num_nodes) * p.head_dim;
+    const int64_t flops = 4 * G * p.num_nodes * (std::min(longest, p.seq_len) + p.num_tree_keys) * p.head_dim;
     for_rows(p, p.batch * p.num_kv_heads, flops, cpu::TreeAttention<T>, /*min_work_per_thread=*/int64_t{1} << 21);
   }
   static void compact_kv(const CompactKvParams& p) {

@@ -17,6 +17,10 @@ struct CudaBackend {
   static constexpr bool kExpandNeedsNodeStatus = false;
   static void build_tree(const BuildTreeParams& p) { cuda::LaunchBuildTree(p, current_stream()); }
   static void tree_ancestor_mask(const TreeMaskParams& p) { cuda::LaunchTreeAncestorMask(p, current_stream()); }
+  static void advance_tree_frontier(const AdvanceTreeFrontierParams& p) {
+    cuda::LaunchAdvanceTreeFrontier(p, current_stream());
+  }
+  static void select_tree_nodes(const SelectTreeNodesParams& p) { cuda::LaunchSelectTreeNodes(p, current_stream()); }
   template <typename T>
   static void verify_tree_greedy(const VerifyTreeGreedyParams<T>& p) {
     cuda::LaunchVerifyTreeGreedy<T>(p, current_stream());

@@ -17,6 +17,16 @@ TORCH_LIBRARY(specdec_ext, m) {
       "Tensor first_child, Tensor next_sibling, Tensor retrieve_paths, Tensor num_leaves)");
   m.def("tree_ancestor_mask(Tensor parents, bool packed=False, bool validate=True) -> Tensor");
 
+  // Dynamic-tree bookkeeping (EAGLE-2 growth): the next frontier from expand_tree_step's selection, and the final
+  // tree from all candidates.
+  m.def(
+      "advance_tree_frontier(Tensor cand_tokens, Tensor cand_scores, Tensor selected, Tensor ancestors, "
+      "int self_column, Tensor column, bool validate=True) -> (Tensor tokens, Tensor scores, Tensor parents, "
+      "Tensor ancestors_out, Tensor mask)");
+  m.def(
+      "select_tree_nodes(Tensor tokens, Tensor scores, Tensor parents, Tensor roots, int num_nodes, "
+      "bool validate=True) -> (Tensor tree_tokens, Tensor tree_parents)");
+
   // Verification of a draft tree (a chain is a width-1 tree) against target logits[B, N, V].
   m.def(
       "verify_tree_greedy(Tensor logits, Tensor tokens, Tensor parents, bool validate=True) -> (Tensor accepted, "

@@ -106,26 +106,21 @@ LevelFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 @functools.lru_cache(maxsize=32)
 def _tree_constants(B: int, k: int, depth: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """The tensors every tree of this shape starts from, made once (a step pays ~5 us per small op; these took ~40
-    of them). Read-only: the loop below only gathers from them.
+    """The tensors every tree of this shape starts from, made once (a step pays ~5 us per small op). Read-only.
 
     The ancestor table ``front_anc[b, j, c]`` has a column per tree slot ``s`` at ``c = 1 + s``, and two columns
     that never change: ``c = 0`` (True: the row's valid prefix) and ``c = slots_n + 1`` (False: beyond the tree),
     so that a cache position's column is its offset from the row's first tree slot plus one, clamped to that range,
-    and a level's mask is one gather."""
+    and a level's mask is one gather (:func:`specdec_ext.ops.advance_tree_frontier` makes the next one)."""
     slots_n = (depth - 1) * k
     anc = torch.zeros(B, k, slots_n + 2, dtype=torch.bool, device=device)
     anc[:, :, 0] = True
     anc[:, :, 1: k + 1].diagonal(dim1=1, dim2=2).fill_(True)  # level 1's nodes: slots 0 .. k - 1
-    selves = torch.zeros(max(depth, 2), 1, k, slots_n + 2, dtype=torch.bool, device=device)
-    for d in range(1, depth - 1):  # [d]: the columns of level d + 1's own slots d k .. d k + k - 1
-        selves[d, 0, :, 1 + d * k: 1 + (d + 1) * k].diagonal().fill_(True)
-    steps = torch.arange(k, device=device)
-    return {"front_anc": anc, "selves": selves, "zero": torch.zeros(B, 1, dtype=torch.float32, device=device),
-            "first_front": steps.expand(B, k), "root_parent": torch.zeros(B, k, dtype=torch.int64, device=device),
-            "root_marks": torch.full((B, k), -1, dtype=torch.int64, device=device), "steps": steps,
+    return {"front_anc": anc, "zero": torch.zeros(B, 1, dtype=torch.float32, device=device),
+            "first_front": torch.arange(k, device=device).expand(B, k),
+            "root_parent": torch.zeros(B, k, dtype=torch.int64, device=device),
+            "root_marks": torch.full((B, k), -1, dtype=torch.int64, device=device),
             "level_slots": torch.arange(slots_n, device=device).view(1, depth - 1, k),
-            "minus_one": torch.full((B, 1), -1, dtype=torch.int64, device=device),
             # the first candidate index of level d (d >= 1: k + (d - 1) k^2; level 0's k frontier nodes are the
             # first candidates) repeated over that level's k frontier nodes
             "front_offsets": torch.tensor([0] + [k + (d - 1) * k * k for d in range(1, max(depth - 1, 1))],
@@ -154,7 +149,7 @@ def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: Leve
     ct, cs, _ = ops.expand_tree_step(scale(root_logits[:, None]), const["zero"], k, k, validate=False)
     if calibration is not None:
         calibration.predicted = cs[:, 0, 0].exp()
-    # all candidates so far (flat), their scores and parent candidate (-1 = the root)
+    # all candidates so far (flat) and their scores
     cand_tok = [ids(ct.reshape(B, k))]
     cand_score = [cs.reshape(B, k)]
     # each level's frontier, the parents of the next level's k * k candidates, as indices among that level's
@@ -165,40 +160,28 @@ def grow_dynamic_tree(root: torch.Tensor, root_logits: torch.Tensor, level: Leve
     front_parent = const["root_parent"]  # depth 1: every node's parent is the root
     slots_n = (depth - 1) * k
     if slots_n:
-        front_anc, selves = const["front_anc"], const["selves"]
+        front_anc = const["front_anc"]
         # the ancestor-table column of every cache position (see _tree_constants), and every level's slots
         column = (torch.arange(1, kv_len + 1, device=dev) - valid[:, None]).clamp_(0, slots_n + 1)
-        column = column[:, None, :].expand(B, k, kv_len)
+        mask = front_anc.gather(2, column[:, None, :].expand(B, k, kv_len))  # the prefix or an ancestor (or self)
         level_slots = valid[:, None, None] + const["level_slots"]  # [B, depth - 1, k]
     for d in range(1, depth):
-        mask = front_anc.gather(2, column)  # the prefix or an ancestor (self included)
         lg = scale(level(d, front_tok, front_parent, mask, level_slots[:, d - 1]))  # [B, k, Vd]
         ct, cs, sel = ops.expand_tree_step(lg, front_score, k, k, validate=False)
-        cand_tok.append(ids(ct.reshape(B, k * k)))
+        ct = ids(ct)
+        cand_tok.append(ct.reshape(B, k * k))
         cand_score.append(cs.reshape(B, k * k))
         fronts.append(front_cand)
         if d == depth - 1:
             break
-        front_parent = sel // k  # previous frontier slot of each new frontier node
+        # the k best children: tokens, scores, parents, ancestor rows and masks (their own slots: 1 + d k + j)
+        front_tok, front_score, front_parent, front_anc, mask = ops.advance_tree_frontier(
+            ct, cs, sel, front_anc, 1 + d * k, column, validate=False)
         front_cand = sel
-        front_tok = cand_tok[-1].gather(1, sel)
-        front_score = cand_score[-1].gather(1, sel)
-        front_anc = front_anc.gather(1, front_parent[:, :, None].expand(B, k, front_anc.shape[-1])) | selves[d]
-    tok = torch.cat(cand_tok, 1)
-    score = torch.cat(cand_score, 1)
+    parent = const["root_marks"]  # each candidate's parent candidate (-1: the root)
     if fronts:
-        front_cands = (torch.cat(fronts, 1) + const["front_offsets"][:, : len(fronts) * k]).repeat_interleave(k, 1)
-        parent = torch.cat([const["root_marks"], front_cands], 1)
-    else:
-        parent = const["root_marks"]
-    C = tok.shape[1]
-    M = min(total_tokens, C)
-    order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :M]
-    chosen = order.sort(dim=1).values  # candidate order: parents before children
-    par_c = parent.gather(1, chosen)
-    # a chosen candidate's parent is chosen too (it scores at least as high and ranks first on ties), so its node
-    # is its position among the sorted chosen candidates, plus one for the root
-    par_node = torch.where(par_c < 0, 0, torch.searchsorted(chosen, par_c) + 1)
-    tokens = torch.cat([root[:, None], tok.gather(1, chosen)], 1)
-    parents = torch.cat([const["minus_one"], par_node], 1)
+        front_cands = torch.cat(fronts, 1) + const["front_offsets"][:, : len(fronts) * k]
+        parent = torch.cat([parent, front_cands.repeat_interleave(k, 1)], 1)
+    tokens, parents = ops.select_tree_nodes(torch.cat(cand_tok, 1), torch.cat(cand_score, 1), parent, root,
+                                            total_tokens, validate=False)
     return DraftTree(tokens, parents, None)

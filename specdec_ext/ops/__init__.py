@@ -30,6 +30,8 @@ __all__ = [
     "verify_tree_typical",
     "sample_tokens",
     "expand_tree_step",
+    "advance_tree_frontier",
+    "select_tree_nodes",
     "tree_attention",
     "compact_kv",
     "chain_parents",
@@ -165,6 +167,44 @@ def expand_tree_step(logits: torch.Tensor, parent_scores: torch.Tensor, top_k: i
     best scores, best first. The new frontier's parent is ``selected // top_k``.
     """
     return _ops.expand_tree_step(logits, parent_scores, int(top_k), int(num_select), validate)
+
+
+class Frontier(NamedTuple):
+    tokens: torch.Tensor  # [B, S] int64: the new frontier's tokens
+    scores: torch.Tensor  # [B, S] float32: their cumulative scores
+    parents: torch.Tensor  # [B, S] int64: each node's parent in the previous frontier
+    ancestors: torch.Tensor  # [B, S, C] bool: each node's ancestor-or-self table row
+    mask: torch.Tensor  # [B, S, L] bool: each node's attention mask over the cache positions
+
+
+def advance_tree_frontier(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, selected: torch.Tensor,
+                          ancestors: torch.Tensor, self_column: int, column: torch.Tensor,
+                          validate: bool = True) -> Frontier:
+    """The next frontier of an EAGLE-2 tree from :func:`expand_tree_step`'s selection, in one op.
+
+    ``cand_tokens`` / ``cand_scores`` ``[B, F, K]`` (the step's candidates; tokens may already be mapped to target
+    ids), ``selected[B, S]`` (flat ``f * K + j``), ``ancestors[B, F, C]`` (bool: which of C table columns, one per
+    tree slot plus any fixed ones, hold an ancestor-or-self of frontier node f), ``self_column``: the new node s
+    sits in column ``self_column + s``; ``column[B, L]``: the table column of each of L cache positions. Returns the
+    new nodes' tokens, scores and parents (``f``), their ancestor rows (the parent's plus their own column), and
+    their masks ``mask[b, s, l] = ancestors[b, s, column[b, l]]``. An index out of range raises ValueError with
+    ``validate`` (without: that row's outputs are zero / false).
+    """
+    return Frontier(*_ops.advance_tree_frontier(cand_tokens, cand_scores, selected, ancestors, int(self_column),
+                                                column, validate))
+
+
+def select_tree_nodes(tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor, roots: torch.Tensor,
+                      num_nodes: int, validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final tree of an EAGLE-2 growth: the ``num_nodes`` best of C candidates, in one op.
+
+    ``tokens[B, C]``, ``scores[B, C]`` (float32), ``parents[B, C]`` (each candidate's parent candidate, -1 for the
+    root's children), ``roots[B]``. Keeps the ``M = min(num_nodes, C)`` highest scores (ties: the lower index; NaN
+    ranks last) in candidate order, so that parents come before children, and returns ``tree_tokens[B, M + 1]``
+    (the root first) and ``tree_parents[B, M + 1]`` (node indices, -1 for the root). A kept candidate whose parent
+    is not a kept earlier candidate raises ValueError with ``validate`` (without: the row is -1 everywhere).
+    """
+    return _ops.select_tree_nodes(tokens, scores, parents, roots, int(num_nodes), validate)
 
 
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

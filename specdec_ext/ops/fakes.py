@@ -89,3 +89,18 @@ def _draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qk
                          norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,
                          write_slots, mask, num_heads, intermediate_size, eps, validate=True):
     return residual.new_empty(residual.shape)
+
+
+@torch.library.register_fake("specdec_ext::advance_tree_frontier")
+def _advance_tree_frontier(cand_tokens, cand_scores, selected, ancestors, self_column, column, validate=True):
+    B, S = selected.shape
+    C, L = ancestors.shape[-1], column.shape[-1]
+    return (_long(selected, B, S), cand_scores.new_empty((B, S)), _long(selected, B, S),
+            ancestors.new_empty((B, S, C)), ancestors.new_empty((B, S, L)))
+
+
+@torch.library.register_fake("specdec_ext::select_tree_nodes")
+def _select_tree_nodes(tokens, scores, parents, roots, num_nodes, validate=True):
+    B, C = tokens.shape
+    M = min(num_nodes, C)
+    return _long(tokens, B, M + 1), _long(tokens, B, M + 1)

@@ -39,6 +39,9 @@ BAD_LENGTH = 10
 BAD_DST_START = 11
 BAD_SRC_POSITION = 12
 BAD_WRITE_SLOT = 13
+BAD_SELECTED = 14
+BAD_COLUMN = 15
+BAD_CANDIDATE_PARENT = 16
 
 # Temperatures below this are greedy (vLLM's sampling epsilon): a smaller divisor can overflow float32 logits.
 GREEDY_TEMPERATURE = float(torch.tensor(1e-5, dtype=torch.float32))
@@ -83,6 +86,13 @@ def status_message(op: str, row: int, code: int, node: int, value: int) -> str:
         return f"{op}: dst_start[{b}] = {value} is out of range: need 0 <= dst_start[b] <= S - lengths[b]"
     if code == BAD_SRC_POSITION:
         return f"{op}: src_positions[{b}, {node}] = {value} is out of range [0, S)"
+    if code == BAD_SELECTED:
+        return f"{op}: selected[{b}, {node}] = {value} is out of range [0, F * top_k)"
+    if code == BAD_COLUMN:
+        return f"{op}: column[{b}, {node}] = {value} is out of range [0, C) (C: the ancestor table's columns)"
+    if code == BAD_CANDIDATE_PARENT:
+        return (f"{op}: parents[{b}, {node}] = {value}: candidate {node} is kept but its parent is not a kept "
+                "earlier candidate")
     if code == BAD_WRITE_SLOT:
         return f"{op}: write_slots[{b}, {node}] = {value} is out of range [0, S) (S: the cache's positions)"
     return f"{op}: row {b}: unknown status {code}"
@@ -485,6 +495,62 @@ def expand_tree_step(logits, parent_scores, top_k: int, num_select: int, validat
 
 # ----------------------------------------------------------------------------------------------------------------
 # Tree attention and KV-cache compaction.
+
+
+def advance_tree_frontier(cand_tokens, cand_scores, selected, ancestors, self_column: int, column,
+                          validate: bool = True):
+    """The next frontier (csrc/kernels/common/params.h, AdvanceTreeFrontierParams), row by row in plain Python."""
+    B, F, K = cand_tokens.shape
+    S, C, L = selected.shape[1], ancestors.shape[-1], column.shape[-1]
+    tokens = torch.zeros(B, S, dtype=torch.int64)
+    scores = torch.zeros(B, S, dtype=torch.float32)
+    parents = torch.zeros(B, S, dtype=torch.int64)
+    anc = torch.zeros(B, S, C, dtype=torch.bool)
+    mask = torch.zeros(B, S, L, dtype=torch.bool)
+    errors = []
+    for b in range(B):
+        sel, col = selected[b].tolist(), column[b].tolist()
+        bad = [_RowError(BAD_SELECTED, s, v) for s, v in enumerate(sel) if not 0 <= v < F * K]
+        bad += [_RowError(BAD_COLUMN, i, v) for i, v in enumerate(col) if not 0 <= v < C]
+        if bad:
+            errors.append((b, bad[0]))
+            continue
+        for s, v in enumerate(sel):
+            f, j = divmod(v, K)
+            tokens[b, s], scores[b, s], parents[b, s] = cand_tokens[b, f, j], cand_scores[b, f, j], f
+            row = ancestors[b, f].cpu().clone()
+            row[self_column + s] = True
+            anc[b, s] = row
+            mask[b, s] = row[torch.tensor(col, dtype=torch.int64)]
+    if validate and errors:
+        _raise("advance_tree_frontier", *errors[0])
+    dev = cand_tokens.device
+    return tuple(t.to(dev) for t in (tokens, scores, parents, anc, mask))
+
+
+def select_tree_nodes(tokens, scores, parents, roots, num_nodes: int, validate: bool = True):
+    """The final tree (csrc/kernels/common/params.h, SelectTreeNodesParams), row by row in plain Python."""
+    B, C = tokens.shape
+    M = min(num_nodes, C)
+    out_tok = torch.full((B, M + 1), -1, dtype=torch.int64)
+    out_par = torch.full((B, M + 1), -1, dtype=torch.int64)
+    errors = []
+    for b in range(B):
+        sc = [float("-inf") if math.isnan(x) else x for x in scores[b].tolist()]
+        kept = sorted(sorted(range(C), key=lambda c: -sc[c])[:M])  # (Python's sort is stable: ties keep index order)
+        node = {c: i + 1 for i, c in enumerate(kept)}
+        par = parents[b].tolist()
+        bad = [c for c in kept if par[c] != -1 and par[c] not in node or (par[c] != -1 and par[c] >= c)]
+        if bad:
+            errors.append((b, _RowError(BAD_CANDIDATE_PARENT, bad[0], par[bad[0]])))
+            continue
+        out_tok[b, 0], out_par[b, 0] = int(roots[b]), -1
+        for i, c in enumerate(kept):
+            out_tok[b, i + 1] = int(tokens[b, c])
+            out_par[b, i + 1] = 0 if par[c] == -1 else node[par[c]]
+    if validate and errors:
+        _raise("select_tree_nodes", *errors[0])
+    return out_tok.to(tokens.device), out_par.to(tokens.device)
 
 
 def unpack_tree_mask(mask: torch.Tensor, N: int) -> torch.Tensor:

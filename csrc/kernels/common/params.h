@@ -51,6 +51,54 @@ struct TreeMaskParams {
 
 SPECDEC_HD int64_t packed_mask_words(int64_t num_nodes) { return (num_nodes + 31) / 32; }
 
+// Dynamic-tree bookkeeping (EAGLE-2 growth, specdec_ext/drafters/dynamic_tree.py), so that a tree level costs one op
+// between expand_tree_step and the drafter's network instead of ~10 small ones.
+//
+// advance_tree_frontier: the next frontier from expand_tree_step's selection. For row b and new frontier node s with
+// selected[b, s] = f * K + j: tokens[b, s] = cand_tokens[b, f, j], scores[b, s] = cand_scores[b, f, j],
+// parents[b, s] = f; its ancestor row ancestors_out[b, s, c] = ancestors[b, f, c] || c == self_column + s (a
+// table column per tree slot); and its attention mask over L cache positions, mask[b, s, l] =
+// ancestors_out[b, s, column[b, l]]. A row with a selected index outside [0, F K) (kBadSelected, node = s) or a
+// column outside [0, C) (kBadColumn, node = l) gets zero / false outputs.
+struct AdvanceTreeFrontierParams {
+  const int64_t* cand_tokens;  // [B, F, K]
+  const float* cand_scores;    // [B, F, K]
+  const int64_t* selected;     // [B, S]
+  const bool* ancestors;       // [B, F, C]
+  const int64_t* column;       // [B, L]
+  int64_t batch, frontier, top_k, num_select, columns, self_column, positions;  // B, F, K, S, C, (< C - S + 1), L
+  int64_t* tokens;      // [B, S]
+  float* scores;        // [B, S]
+  int64_t* parents;     // [B, S]
+  bool* ancestors_out;  // [B, S, C]
+  bool* mask;           // [B, S, L]
+  RowStatus* status;    // [B]
+};
+
+// select_tree_nodes: a tree of the M = min(num_nodes, C) best of C candidates. Row b: candidates ranked by score
+// descending, ties to the lower index (NaN ranks as -inf), the first M kept, in candidate order as nodes 1 .. M;
+// node 0 is roots[b]. Node i's token is its candidate's token; its parent is node 0 when the candidate's parent is
+// -1, else the node of candidate parents[b, c], which must be kept and earlier than c (a candidate's parent scores at
+// least as high and comes first, so this holds for trees grown by expand_tree_step); otherwise the row gets
+// kBadCandidateParent (node = c, value = its parent) and -1 everywhere. `scratch` [B, 2 C] int64 is workspace.
+struct SelectTreeNodesParams {
+  const int64_t* tokens;   // [B, C]
+  const float* scores;     // [B, C]
+  const int64_t* parents;  // [B, C]: candidate index of the parent, -1 = the root
+  const int64_t* roots;    // [B]
+  int64_t batch, candidates, num_nodes;  // B, C, M
+  int64_t* tree_tokens;   // [B, M + 1]
+  int64_t* tree_parents;  // [B, M + 1]
+  int64_t* scratch;       // [B, 2 C]
+  RowStatus* status;      // [B]
+};
+
+// Candidate a ranks before candidate b (select_tree_nodes' order).
+SPECDEC_HD bool ranks_before(float score_a, int64_t a, float score_b, int64_t b) {
+  const float x = is_nan(score_a) ? neg_inf() : score_a, y = is_nan(score_b) ? neg_inf() : score_b;
+  return x > y || (x == y && a < b);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Sampling parameters, one per batch row (float32 / int64 / float32, contiguous [B]).
 //   temperature[b] < 1e-5 -> the row's target distribution is one-hot on the first argmax (greedy);

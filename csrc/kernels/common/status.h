@@ -27,6 +27,9 @@ enum StatusCode : int64_t {
   kBadDstStart = 11,          // compact_kv: dst_start[b] < 0 or dst_start[b] + lengths[b] > S; value = dst_start[b]
   kBadSrcPosition = 12,       // compact_kv: src_positions[b, i] not in [0, S) (i < lengths[b]); node = i, value = it
   kBadWriteSlot = 13,         // draft_decoder_layer: write_slots[b, t] not in [0, S); node = t, value = the slot
+  kBadSelected = 14,          // advance_tree_frontier: selected[b, s] not in [0, F * K); node = s, value = it
+  kBadColumn = 15,            // advance_tree_frontier: column[b, l] not in [0, C); node = l, value = it
+  kBadCandidateParent = 16,   // select_tree_nodes: kept candidate c's parent not kept and earlier; node = c
 };
 
 // One row's status: `code` (a StatusCode), the tree `node` (or logits row) it concerns, and the offending value.

@@ -12,6 +12,8 @@ namespace specdec::cpu {
 
 void BuildTree(const BuildTreeParams& p, int64_t row_begin, int64_t row_end);
 void TreeAncestorMask(const TreeMaskParams& p, int64_t row_begin, int64_t row_end);
+void AdvanceTreeFrontier(const AdvanceTreeFrontierParams& p, int64_t row_begin, int64_t row_end);
+void SelectTreeNodes(const SelectTreeNodesParams& p, int64_t row_begin, int64_t row_end);
 
 // T is float, f16 or bf16.
 template <typename T>

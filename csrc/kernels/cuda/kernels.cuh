@@ -14,6 +14,8 @@ namespace specdec::cuda {
 
 void LaunchBuildTree(const BuildTreeParams& p, cudaStream_t stream);
 void LaunchTreeAncestorMask(const TreeMaskParams& p, cudaStream_t stream);
+void LaunchAdvanceTreeFrontier(const AdvanceTreeFrontierParams& p, cudaStream_t stream);
+void LaunchSelectTreeNodes(const SelectTreeNodesParams& p, cudaStream_t stream);
 
 // T is float, f16 or bf16 (explicitly instantiated in the .cu files).
 template <typename T>

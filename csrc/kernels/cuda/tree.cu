@@ -1,4 +1,5 @@
-// Tree topology kernels: build_tree and tree_ancestor_mask. One block per batch row; threads own nodes.
+// Tree topology kernels: build_tree and tree_ancestor_mask, and the dynamic-tree bookkeeping (advance_tree_frontier,
+// select_tree_nodes). One block per batch row (advance: per row and frontier node); threads own nodes.
 // Validation comes first (root, then the first node whose parent is not earlier); an invalid row gets sentinels.
 // Parents are earlier nodes, so every ancestor walk terminates after at most depth steps.
 #include <cuda_runtime.h>
@@ -125,7 +126,123 @@ __global__ void __launch_bounds__(BLOCK) tree_mask_kernel(TreeMaskParams p) {
   }
 }
 
+// One block per (row, new frontier node): every block checks its row (the selection and the columns: small), the
+// node's block 0 writes the status; threads own table columns, then cache positions.
+__global__ void __launch_bounds__(kBlock) advance_frontier_kernel(AdvanceTreeFrontierParams p) {
+  __shared__ int bad;
+  const int64_t b = blockIdx.x, s = blockIdx.y, F = p.frontier, K = p.top_k, S = p.num_select;
+  const int64_t C = p.columns, L = p.positions;
+  const int64_t* sel = p.selected + b * S;
+  const int64_t* column = p.column + b * L;
+  if (threadIdx.x == 0) bad = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < S; i += kBlock)
+    if (sel[i] < 0 || sel[i] >= F * K) atomicOr(&bad, 1);
+  for (int64_t l = threadIdx.x; l < L; l += kBlock)
+    if (column[l] < 0 || column[l] >= C) atomicOr(&bad, 1);
+  __syncthreads();
+  if (s == 0 && threadIdx.x == 0) {  // the first offending index, as the CPU kernel reports it
+    RowStatus st{kOk, 0, 0};
+    for (int64_t i = 0; i < S && st.code == kOk; ++i)
+      if (sel[i] < 0 || sel[i] >= F * K) st = RowStatus{kBadSelected, i, sel[i]};
+    for (int64_t l = 0; l < L && st.code == kOk; ++l)
+      if (column[l] < 0 || column[l] >= C) st = RowStatus{kBadColumn, l, column[l]};
+    p.status[b] = st;
+  }
+  bool* row = p.ancestors_out + (b * S + s) * C;
+  bool* mask = p.mask + (b * S + s) * L;
+  if (bad) {
+    if (threadIdx.x == 0) {
+      p.tokens[b * S + s] = 0;
+      p.scores[b * S + s] = 0.0f;
+      p.parents[b * S + s] = 0;
+    }
+    for (int64_t c = threadIdx.x; c < C; c += kBlock) row[c] = false;
+    for (int64_t l = threadIdx.x; l < L; l += kBlock) mask[l] = false;
+    return;
+  }
+  const int64_t f = sel[s] / K;
+  if (threadIdx.x == 0) {
+    p.tokens[b * S + s] = p.cand_tokens[b * F * K + sel[s]];
+    p.scores[b * S + s] = p.cand_scores[b * F * K + sel[s]];
+    p.parents[b * S + s] = f;
+  }
+  const bool* src = p.ancestors + (b * F + f) * C;
+  for (int64_t c = threadIdx.x; c < C; c += kBlock) row[c] = src[c] || c == p.self_column + s;
+  // (the mask reads the new row from the source row, not from `row`: no barrier needed between the two loops)
+  for (int64_t l = threadIdx.x; l < L; l += kBlock) mask[l] = src[column[l]] || column[l] == p.self_column + s;
+}
+
+// One block per row. Ranks in parallel (a candidate's rank = how many rank before it), the kept ones' nodes by
+// counting kept candidates before them, then each kept candidate writes its node; the first (lowest) candidate
+// with a bad parent is found with atomicMin and the row is filled with -1 afterwards.
+__global__ void __launch_bounds__(kBlock) select_nodes_kernel(SelectTreeNodesParams p) {
+  __shared__ unsigned long long first_bad;
+  const int64_t b = blockIdx.x, C = p.candidates, M = p.num_nodes;
+  const float* score = p.scores + b * C;
+  const int64_t* parent = p.parents + b * C;
+  int64_t* rank = p.scratch + b * 2 * C;
+  int64_t* node_of = rank + C;
+  if (threadIdx.x == 0) first_bad = ~0ull;
+  for (int64_t c = threadIdx.x; c < C; c += kBlock) {
+    int64_t r = 0;
+    for (int64_t o = 0; o < C; ++o) r += ranks_before(score[o], o, score[c], c);
+    rank[c] = r;
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < C; c += kBlock) {
+    int64_t n = 0;
+    if (rank[c] < M) {
+      n = 1;
+      for (int64_t o = 0; o < c; ++o) n += rank[o] < M;
+    }
+    node_of[c] = n;  // 0: not kept
+  }
+  __syncthreads();
+  int64_t* tokens = p.tree_tokens + b * (M + 1);
+  int64_t* parents = p.tree_parents + b * (M + 1);
+  for (int64_t c = threadIdx.x; c < C; c += kBlock) {
+    const int64_t n = node_of[c], up = parent[c];
+    if (n == 0) continue;
+    if (up != -1 && (up < 0 || up >= c || node_of[up] == 0)) {
+      atomicMin(&first_bad, static_cast<unsigned long long>(c));
+      continue;
+    }
+    tokens[n] = p.tokens[b * C + c];
+    parents[n] = up == -1 ? 0 : node_of[up];
+  }
+  __syncthreads();
+  if (first_bad == ~0ull) {
+    if (threadIdx.x == 0) {
+      tokens[0] = p.roots[b];
+      parents[0] = -1;
+      p.status[b] = RowStatus{kOk, 0, 0};
+    }
+    return;
+  }
+  const int64_t c = static_cast<int64_t>(first_bad);
+  if (threadIdx.x == 0) p.status[b] = RowStatus{kBadCandidateParent, c, parent[c]};
+  for (int64_t i = threadIdx.x; i <= M; i += kBlock) {
+    tokens[i] = -1;
+    parents[i] = -1;
+  }
+}
+
 }  // namespace
+
+void LaunchAdvanceTreeFrontier(const AdvanceTreeFrontierParams& p, cudaStream_t stream) {
+  if (p.batch <= 0 || p.num_select <= 0) return;
+  if (p.num_select > 65535) throw std::runtime_error("specdec_ext CUDA: advance_tree_frontier needs S <= 65535");
+  advance_frontier_kernel<<<dim3(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.num_select)), kBlock, 0,
+                            stream>>>(p);
+  check_launch("advance_tree_frontier");
+}
+
+void LaunchSelectTreeNodes(const SelectTreeNodesParams& p, cudaStream_t stream) {
+  if (p.batch <= 0) return;
+  select_nodes_kernel<<<static_cast<unsigned>(p.batch), kBlock, 0, stream>>>(p);
+  check_launch("select_tree_nodes");
+}
 
 void LaunchBuildTree(const BuildTreeParams& p, cudaStream_t stream) {
   if (p.batch <= 0 || p.num_nodes <= 0) return;
