@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specdec_ext import ops
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration
 from specdec_ext.drafters.trees import MC_SIM_7B_63, StaticTree, static_tree
@@ -270,15 +271,11 @@ class MedusaDrafter:
         if self.calibrate:
             self.calibration.predicted = lp[:, 0, 0].exp()  # head 0's best token: node 1 of every tree
         score = lp.reshape(B, D * K) @ self._path_matrix(tree, dev).T  # [B, S - 1]
-        M = min(self.max_nodes - 1, score.shape[1])
-        chosen = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :M].sort(dim=1).values
-        node_of = torch.zeros(B, tree.num_nodes, dtype=torch.int64, device=dev)  # superset node -> tree node
-        node_of.scatter_(1, chosen + 1, torch.arange(1, M + 1, device=dev).expand(B, M))
-        sup_parent = tree.parents_tensor(1, dev)[0, 1:]  # [S - 1]
-        parents = node_of.gather(1, sup_parent[chosen])  # the root's children: superset parent 0 -> node 0
-        tokens = ids.reshape(B, D * K).index_select(1, tree.gather_index_tensor(dev)).gather(1, chosen)
-        return DraftTree(torch.cat([root[:, None], tokens], 1),
-                         torch.cat([torch.full((B, 1), -1, dtype=torch.int64, device=dev), parents], 1), None)
+        # the superset's non-root nodes as candidates, parents first (a node scores at most its parent's score)
+        tokens = ids.reshape(B, D * K).index_select(1, tree.gather_index_tensor(dev))
+        tokens, parents = ops.select_tree_nodes(tokens, score, tree.candidate_parents_tensor(B, dev), root,
+                                                self.max_nodes - 1, validate=False)
+        return DraftTree(tokens, parents, None)
 
     @property
     def score_scale(self) -> float:

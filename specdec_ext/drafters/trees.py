@@ -63,6 +63,11 @@ class StaticTree:
     def gather_index_tensor(self, device: torch.device | str | None = None) -> torch.Tensor:
         return self._tensor("gather", self.gather_index, device)
 
+    def candidate_parents_tensor(self, batch: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """``[batch, N - 1]`` int64: the non-root nodes as candidates (node i is candidate i - 1), each one's parent
+        candidate, -1 for the root's children (:func:`specdec_ext.ops.select_tree_nodes`' input)."""
+        return self._tensor(("candidate_parents", batch), [[p - 1 for p in self.parents[1:]]] * batch, device)
+
     def _tensor(self, name: str, values, device) -> torch.Tensor:
         key = (name, str(torch.device(device) if device is not None else torch.device("cpu")))
         t = self._tensors.get(key)
