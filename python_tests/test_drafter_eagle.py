@@ -564,7 +564,7 @@ def _step_result(B: int, N: int, best_child_accepted: list[bool], live: list[boo
             accepted[b, 1] = 1
     accept_len = torch.tensor([(1 if ok else 0) if lv else -1 for ok, lv in zip(best_child_accepted, live)])
     return StepResult(accepted=accepted, accept_len=accept_len, next_token=torch.zeros(B, dtype=torch.int64),
-                      appended=[1] * B, hidden_states=(torch.zeros(B, N, H),))
+                      appended=[int(lv) for lv in live], hidden_states=(torch.zeros(B, N, H),))
 
 
 @torch.no_grad()

@@ -93,10 +93,13 @@ class ScoreCalibration:
         predicted, self.predicted = self.predicted, None
         if predicted is None or result.accepted.shape[1] < 2:
             return
-        live = result.accept_len >= 0
-        gap = (torch.where(live, (result.accepted[:, 1] == 1).float() - predicted, 0.0).sum()
-               / live.sum().clamp(min=1))
-        self.log_scale = (self.log_scale + self.rate * gap).clamp(_MIN_LOG_SCALE, _MAX_LOG_SCALE)
+        hit = (result.accepted[:, 1] == 1).float()
+        if all(result.appended):  # every row live (a frozen row appends nothing): a plain mean
+            gap = (hit - predicted).mean()
+        else:
+            live = result.accept_len >= 0
+            gap = torch.where(live, hit - predicted, 0.0).sum() / live.sum().clamp(min=1)
+        self.log_scale = torch.add(self.log_scale, gap, alpha=self.rate).clamp_(_MIN_LOG_SCALE, _MAX_LOG_SCALE)
 
 
 # level(d, tokens [B, k] target ids, parent [B, k] index into the previous frontier, mask [B, k, kv_len] bool,
