@@ -65,3 +65,21 @@ def test_bfloat16_eagle_drafts_for_the_float32_target():
         assert got[name]["mean_accepted_length"] >= floors[name], (name, got[name], floors[name])
     with pytest.raises(ValueError, match="eagle_dtype"):
         load_family(SHIPPED_DIR, eagle_dtype="int8")
+
+
+def test_eagle1_drafts_use_the_familys_frequent_ids(family):
+    """"draft_vocab": "frequent" reads eagle1/draft_vocab.json (the training data's most frequent ids); a family
+    without the file (built before it existed) falls back to the EAGLE-3 draft's vocabulary."""
+    import dataclasses
+    import json
+    import os
+
+    with open(os.path.join(family.path, "eagle1", "draft_vocab.json")) as f:
+        ids = json.load(f)["ids"]
+    assert len(ids) == family.card["spec"]["eagle1_vocab"] and ids == sorted(set(ids))
+    for name in ("eagle1", "eagle2"):
+        assert family.make_drafter(name).draft_vocab.tolist() == ids
+    older = dataclasses.replace(family, path="/nonexistent-family")
+    e3 = family.eagle3
+    want = e3.to_target_ids(torch.arange(e3.draft_vocab_size)).sort().values
+    assert torch.equal(older.make_drafter("eagle2").draft_vocab, want)

@@ -54,6 +54,12 @@ def target_config(spec: ZooSpec, tokenizer):
                        pad_token_id=eos)
 
 
+def write_draft_vocab(directory: str, ids: list[int]) -> None:
+    """``directory/draft_vocab.json``: the EAGLE-1 drafts' vocabulary (sorted target ids; see ``family.make_drafter``)."""
+    with open(os.path.join(directory, "draft_vocab.json"), "w") as f:
+        json.dump({"ids": sorted(ids), "source": "the most frequent token ids of the drafters' training chunks"}, f)
+
+
 def chunks(stream: list[int], length: int) -> list[list[int]]:
     """Non-overlapping windows of ``length`` tokens of the stream (the tail shorter than that is dropped)."""
     return [stream[i: i + length] for i in range(0, len(stream) - length + 1, length)]
@@ -251,6 +257,15 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     stages.run("draft", draft)
     stages.run("medusa", medusa)
     stages.run("eagle1", eagle(1, spec.eagle1_steps, ttt_steps=spec.eagle1_ttt_steps))
+
+    def eagle1_vocab():  # the drafts' vocabulary ("draft_vocab": "frequent" in the drafter shapes)
+        from specdec_ext.train.eagle import draft_vocab_ids
+
+        ids = draft_vocab_ids(seqs, spec.vocab_size, spec.eagle1_vocab).tolist()
+        write_draft_vocab(os.path.join(out, "eagle1"), ids)
+        return {"ids": len(ids)}
+
+    stages.run("eagle1_vocab", eagle1_vocab)
     stages.run("eagle3", eagle(3, spec.eagle3_steps, draft_vocab=spec.eagle3_vocab))
     # the card of a previous build must not decide the drafter shapes of this one
     spec_file = os.path.join(out, "card.json")

@@ -50,7 +50,9 @@ def render_card(card: dict) -> str:
                   f"{spec['max_positions']} positions",
         "draft": f"Llama draft LM, {spec['draft_layers']} layers, hidden {spec['draft_hidden']}, KL-distilled",
         "medusa": f"Medusa-1, {spec['medusa_heads']} heads (1 ResBlock each) sharing the target's lm_head",
-        "eagle1": "EAGLE-1: fc + 1 decoder layer; uses the target's embeddings and lm_head",
+        "eagle1": "EAGLE-1: fc + 1 decoder layer; uses the target's embeddings and lm_head"
+                  + (f"; drafts over the {spec['eagle1_vocab']} most frequent ids (draft_vocab.json)"
+                     if spec.get("eagle1_vocab") else ""),
         "eagle3": f"EAGLE-3: fused features of 3 target layers, training-time test, draft vocabulary "
                   f"{spec['eagle3_vocab']}",
     }

@@ -5,7 +5,7 @@ Layout of a family directory (every member in its official format)::
     target/   Llama causal LM + tokenizer (save_pretrained; bf16 safetensors)
     draft/    small Llama draft LM distilled from the target + the same tokenizer
     medusa/   Medusa-1 heads sharing the target's lm_head (config.json + medusa_lm_head.safetensors)
-    eagle1/   EAGLE-1 draft (config.json + model.safetensors)
+    eagle1/   EAGLE-1 draft (config.json + model.safetensors) and draft_vocab.json (the ids its drafts use)
     eagle3/   EAGLE-3 draft with a reduced vocabulary (d2t / t2d)
     card.json the model card's data: corpus, sizes, training, losses, accepted lengths and their test floors
     README.md the model card
@@ -70,7 +70,13 @@ def make_drafter(family: Family, name: str, **overrides):
     if name == "medusa":
         return MedusaDrafter(family.medusa_heads, **kw)
     if name in ("eagle1", "eagle2"):
-        if kw.get("draft_vocab") == "eagle3":  # the EAGLE-3 draft's vocabulary: the training data's frequent ids
+        vocab_file = os.path.join(family.path, "eagle1", "draft_vocab.json")
+        if kw.get("draft_vocab") == "frequent" and not os.path.isfile(vocab_file):
+            kw["draft_vocab"] = "eagle3"  # (a family built before the file existed)
+        if kw.get("draft_vocab") == "frequent":  # the training data's most frequent ids (zoo build, FR-Spec)
+            with open(vocab_file) as f:
+                kw["draft_vocab"] = torch.tensor(json.load(f)["ids"], dtype=torch.int64)
+        elif kw.get("draft_vocab") == "eagle3":  # the EAGLE-3 draft's vocabulary: also frequent ids, 2048 of them
             e3 = family.eagle3
             kw["draft_vocab"] = e3.to_target_ids(torch.arange(e3.draft_vocab_size, device=e3.fc.weight.device))
         return EagleDrafter(family.eagle1, target=family.target, **kw)

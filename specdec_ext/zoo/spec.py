@@ -32,10 +32,13 @@ DEFAULT_DRAFTERS = {
     # products 12 nodes (mean accepted length 2.29, where the best static tree, 8 nodes, reached 1.82) beat 6, 8,
     # 10, 16, 20 and 28; with the packed products, which make each verified node cheaper, 10 nodes lead (above).
     "medusa": {"max_nodes": 10, "dynamic": True},
-    # EAGLE-1 drafts over the EAGLE-3 draft's 2048-id vocabulary (the training data's most frequent ids; FR-Spec):
-    # the same accepted lengths, 2-4% (bf16) and 4-10% (fp32) faster than over all 4096 ids.
-    "eagle1": {"depth": 6, "top_k": 1, "total_tokens": 6, "draft_vocab": "eagle3"},  # EAGLE-1 network, chain
-    "eagle2": {"depth": 6, "top_k": 2, "total_tokens": 8, "draft_vocab": "eagle3"},  # EAGLE-2 dynamic tree
+    # EAGLE-1 drafts over the training data's most frequent ids (FR-Spec; "frequent": the family's
+    # eagle1/draft_vocab.json, ZooSpec.eagle1_vocab of them). Over the EAGLE-3 draft's 2048 ids they were 2-4% (bf16)
+    # and 4-10% (fp32) faster than over all 4096, with the same accepted lengths; with the draft level one op, 1024
+    # ids were another 2% faster (EAGLE-2 2.44x -> 2.50x and 2.37x -> 2.42x in two fp32 runs, mean accepted length
+    # 4.38 -> 4.39; 768 ids the same speed, 512 accepted less: 4.34).
+    "eagle1": {"depth": 6, "top_k": 1, "total_tokens": 6, "draft_vocab": "frequent"},  # EAGLE-1 network, chain
+    "eagle2": {"depth": 6, "top_k": 2, "total_tokens": 8, "draft_vocab": "frequent"},  # EAGLE-2 dynamic tree
     "eagle3": {"depth": 5, "top_k": 2, "total_tokens": 8},  # EAGLE-3 network, dynamic tree
 }
 
@@ -70,6 +73,7 @@ class ZooSpec:
     eagle1_ttt_steps: int = 3  # training-time test (EAGLE-1 as published: 1); 400 steps of 1 accepted 1-4% less
     eagle3_steps: int = 900  # 300 accepted 8% less (mean accepted length 3.66 vs 3.97 on the benchmark prompts)
     eagle3_vocab: int = 2048
+    eagle1_vocab: int = 1024  # the EAGLE-1 drafts' vocabulary: the training chunks' most frequent ids (FR-Spec)
     drafter_lr: float = 2e-3
     # evaluation on held-out files
     eval_prompts: int = 8
@@ -89,6 +93,7 @@ QUICK = replace(FULL, vocab_size=512, hidden_size=64, num_layers=4, intermediate
                 num_kv_heads=1, max_positions=512, target_seq_len=64, target_batch=4, target_steps=40,
                 target_warmup=5, drafter_seq_len=64, drafter_batch=4, draft_layers=1, draft_hidden=64,
                 draft_steps=15, medusa_heads=3, medusa_steps=15, eagle1_steps=15, eagle3_steps=15, eagle3_vocab=256,
+                eagle1_vocab=128,
                 eval_prompts=2, eval_prompt_len=16, eval_new_tokens=16, max_files=30,
                 drafters={**{k: dict(v) for k, v in DEFAULT_DRAFTERS.items()},
                           "eagle2": {"depth": 3, "top_k": 2, "total_tokens": 6},
