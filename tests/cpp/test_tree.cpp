@@ -1,4 +1,5 @@
-// build_tree and tree_ancestor_mask on small hand-made trees; expected values written out by hand.
+// build_tree and tree_ancestor_mask on small hand-made trees, and the dynamic-tree bookkeeping
+// (advance_tree_frontier, select_tree_nodes) on hand-made candidates; expected values written out by hand.
 #include <cstdint>
 #include <vector>
 
@@ -215,6 +216,63 @@ TEST_CASE("tree_ancestor_mask: dense only, and invalid rows are all false") {
   auto d = run_mask(parents, 3, 4, true, false);
   CHECK_VEC(std::vector<int>(d.dense.begin(), d.dense.begin() + 16), row0);
   CHECK_EQ(d.packed[0], 0x5a5a5a5a);
+}
+
+TEST_CASE("advance_tree_frontier: tokens, parents, ancestor rows and masks by hand") {
+  // one row, F = 2 frontier nodes, K = 2 candidates each, S = 2 selected; C = 6 columns, L = 5 positions
+  const V64 cand_tokens = {10, 11, 20, 21};
+  const std::vector<float> cand_scores = {-0.5f, -1.0f, -0.2f, -3.0f};
+  const V64 selected = {2, 0};  // node 1's first child, node 0's first child
+  const bool anc[] = {true, true, false, false, false, false,   // node 0: prefix + slot 0
+                      true, false, true, false, false, false};  // node 1: prefix + slot 1
+  const V64 column = {0, 0, 1, 2, 5};  // two prefix positions, slots 0 and 1, one position beyond the tree
+  V64 tokens(2), parents(2);
+  std::vector<float> scores(2);
+  bool anc_out[12], mask[10];
+  RowStatus st{99, 99, 99};
+  AdvanceTreeFrontierParams p{cand_tokens.data(), cand_scores.data(), selected.data(), anc, column.data(), 1, 2, 2,
+                              2, 6, 3, 5, tokens.data(), scores.data(), parents.data(), anc_out, mask, &st};
+  cpu::AdvanceTreeFrontier(p, 0, 1);
+  CHECK_EQ(st.code, int64_t{kOk});
+  CHECK_VEC(tokens, (V64{20, 10}));
+  CHECK_VEC(parents, (V64{1, 0}));
+  CHECK_EQ(scores[0], -0.2f);
+  CHECK_EQ(scores[1], -0.5f);
+  // new node 0 (child of 1): its parent's row plus column 3; new node 1 (child of 0): plus column 4
+  CHECK_VEC(std::vector<int>(anc_out, anc_out + 6), (std::vector<int>{1, 0, 1, 1, 0, 0}));
+  CHECK_VEC(std::vector<int>(anc_out + 6, anc_out + 12), (std::vector<int>{1, 1, 0, 0, 1, 0}));
+  CHECK_VEC(std::vector<int>(mask, mask + 5), (std::vector<int>{1, 1, 0, 1, 0}));
+  CHECK_VEC(std::vector<int>(mask + 5, mask + 10), (std::vector<int>{1, 1, 1, 0, 0}));
+  const V64 bad_column = {0, 0, 1, 6, 5};
+  p.column = bad_column.data();
+  cpu::AdvanceTreeFrontier(p, 0, 1);
+  CHECK_EQ(st.code, int64_t{kBadColumn});
+  CHECK_EQ(st.node, 3);
+  CHECK_EQ(st.value, 6);
+  CHECK_VEC(std::vector<int>(mask, mask + 10), std::vector<int>(10, 0));
+}
+
+TEST_CASE("select_tree_nodes: the best candidates in candidate order, ties to the lower index") {
+  // candidates: 0, 1 under the root; 2, 3 under 0; 4 under 1; scores with a tie between 1 and 2
+  const V64 tokens = {50, 51, 52, 53, 54};
+  const std::vector<float> scores = {-0.1f, -0.7f, -0.7f, -0.9f, -2.0f};
+  const V64 parents = {-1, -1, 0, 0, 1};
+  const V64 roots = {9};
+  V64 tree_tokens(4), tree_parents(4), scratch(10);
+  RowStatus st{99, 99, 99};
+  SelectTreeNodesParams p{tokens.data(), scores.data(), parents.data(), roots.data(), 1, 5, 3, tree_tokens.data(),
+                          tree_parents.data(), scratch.data(), &st};
+  cpu::SelectTreeNodes(p, 0, 1);
+  CHECK_EQ(st.code, int64_t{kOk});
+  CHECK_VEC(tree_tokens, (V64{9, 50, 51, 52}));  // candidates 0, 1, 2 (1 before 2 on the tie)
+  CHECK_VEC(tree_parents, (V64{-1, 0, 0, 1}));
+  const V64 bad_parents = {-1, -1, 3, 0, 1};  // candidate 2's parent is later
+  p.parents = bad_parents.data();
+  cpu::SelectTreeNodes(p, 0, 1);
+  CHECK_EQ(st.code, int64_t{kBadCandidateParent});
+  CHECK_EQ(st.node, 2);
+  CHECK_EQ(st.value, 3);
+  CHECK_VEC(tree_tokens, V64(4, -1));
 }
 
 SPECDEC_TEST_MAIN
