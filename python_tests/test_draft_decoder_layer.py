@@ -202,3 +202,25 @@ def test_eagle_layer_keeps_the_module_path_with_gradients():
             mask=torch.ones(B, T, 8, dtype=torch.bool), cache=cache, write_slots=torch.arange(T)[None], kv_len=8)
     out.sum().backward()
     assert m.fc.weight.grad is not None and m.layers[0].self_attn.q_proj.weight.grad is not None
+
+
+def test_eagle_layer_keeps_the_module_path_for_unusual_calls(monkeypatch):
+    """A float (additive) mask, a trainable parameter with gradients on, or no write slots: the module path runs
+    (the op takes bool masks and has no autograd), with its own results and errors."""
+    m = _eagle(1, torch.float32)
+    calls = []
+    real = E._draft_layer_op()
+    monkeypatch.setattr(E, "_draft_layer_op", lambda: lambda *a: calls.append(1) or real(*a))
+    B, T, S = 1, 2, 8
+    args = (torch.randn(B, T, 128), torch.randn(B, T, 128), torch.arange(T)[None])
+    cache = E.EagleKVCache(B, 2, S, 64, torch.float32, "cpu")
+    bool_mask = torch.ones(B, T, S, dtype=torch.bool)
+    with torch.no_grad():
+        m(*args, mask=bool_mask, cache=cache, write_slots=torch.arange(T)[None], kv_len=S)
+        assert len(calls) == 1
+        m(*args, mask=torch.zeros(B, T, S), cache=cache, write_slots=torch.arange(T)[None], kv_len=S)
+        assert len(calls) == 1
+    m.requires_grad_(False)
+    m.layers[0].mlp.down_proj.weight.requires_grad_(True)  # one trainable parameter, gradients on
+    out = m(*args, mask=bool_mask, cache=cache, write_slots=torch.arange(T)[None], kv_len=S)
+    assert len(calls) == 1 and out.requires_grad

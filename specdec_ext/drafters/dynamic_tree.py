@@ -8,7 +8,9 @@ node (cumulative log-probability) and keeps the best ``top_k`` as the next front
 ``total_tokens`` best candidates by cumulative score (ties: shallower / earlier first, so a node's parent always
 ranks before it) form the tree, in candidate order (parents first). The drafts are deterministic
 (``draft_probs = None``): lossless under greedy and sampling verification. Nothing here synchronises with the
-device.
+device. A level's bookkeeping (the next frontier's tokens, scores, parents, ancestor rows and masks) is one op,
+:func:`specdec_ext.ops.advance_tree_frontier`, and the final selection another,
+:func:`specdec_ext.ops.select_tree_nodes`: a tree step pays a few microseconds per small op, and these were ~25.
 
 Tree slots. Level d's frontier (d = 1 .. depth - 1) is fed at the drafter's cache slots ``valid[b] + (d - 1) *
 top_k + j``; the mask handed to ``level`` (``[B, top_k, kv_len]`` bool) allows the prefix (slots ``< valid[b]``)

@@ -284,18 +284,20 @@ def _native_layer(layer: nn.Module, h: torch.Tensor, position_ids: torch.Tensor,
     dtype the kernels do not serve. Inside a drafting step the layer was ~35 small framework ops around four
     few-row products, two thirds of its time; the op is one call. (Submodules and parameters are read from the
     modules' dicts: ``module.attr`` costs ~0.6 us a lookup, and this runs once per draft forward.)"""
-    cache, mask = attn.get("cache"), attn.get("mask")
+    cache, mask, slots, kv_len = attn.get("cache"), attn.get("mask"), attn.get("write_slots"), attn.get("kv_len")
     B, T, H = h.shape
     mods = layer._modules
     sa, mlp, norm = mods["self_attn"], mods["mlp"], mods["post_attention_layernorm"]
     attn_mods, mlp_mods = sa._modules, mlp._modules
     q_weight = attn_mods["q_proj"]._parameters["weight"]
-    if (cache is None or mask is None or B * T > NATIVE_LAYER_MAX_ROWS or h.is_cuda or sa.hd not in _NATIVE_HEAD_DIMS
-            or h.dtype is not q_weight.dtype or cache.k.dtype is not h.dtype):
+    # (anything unusual takes the module path, which also reports a caller's mistakes in its own words)
+    if (cache is None or mask is None or slots is None or B * T > NATIVE_LAYER_MAX_ROWS or h.is_cuda
+            or mask.dtype is not torch.bool or (kv_len is not None and kv_len != mask.shape[-1])
+            or sa.hd not in _NATIVE_HEAD_DIMS or h.dtype is not q_weight.dtype or cache.k.dtype is not h.dtype):
         return None
-    if torch.is_grad_enabled() and (h.requires_grad or q_weight.requires_grad
-                                    or (embeds is not None and embeds.requires_grad)):
-        return None
+    if torch.is_grad_enabled() and (h.requires_grad or (embeds is not None and embeds.requires_grad)
+                                    or any(p.requires_grad for p in layer.parameters())):
+        return None  # (the op has no autograd)
     qkv = packed_operand((attn_mods["q_proj"], attn_mods["k_proj"], attn_mods["v_proj"]))
     o = packed_operand((attn_mods["o_proj"],))
     gate_up = packed_operand((mlp_mods["gate_proj"], mlp_mods["up_proj"]))
@@ -313,7 +315,7 @@ def _native_layer(layer: nn.Module, h: torch.Tensor, position_ids: torch.Tensor,
         input_norm, segments = torch.cat((first._parameters["weight"], second._parameters["weight"])), 2
     return _draft_layer_op()(
         x, input_norm, segments, h, qkv[0], qkv[1], o[0], norm._parameters["weight"], gate_up[0], down[0],
-        position_ids, sa._modules["rotary"].inv_freq, cache.k, cache.v, attn.get("write_slots"), mask, sa.nH,
+        position_ids, sa._modules["rotary"].inv_freq, cache.k, cache.v, slots, mask, sa.nH,
         mlp_mods["down_proj"].in_features, norm.eps, True)
 
 
