@@ -540,7 +540,7 @@ def select_tree_nodes(tokens, scores, parents, roots, num_nodes: int, validate: 
         kept = sorted(sorted(range(C), key=lambda c: -sc[c])[:M])  # (Python's sort is stable: ties keep index order)
         node = {c: i + 1 for i, c in enumerate(kept)}
         par = parents[b].tolist()
-        bad = [c for c in kept if par[c] != -1 and par[c] not in node or (par[c] != -1 and par[c] >= c)]
+        bad = [c for c in kept if par[c] != -1 and (par[c] not in node or par[c] >= c)]  # kept and earlier
         if bad:
             errors.append((b, _RowError(BAD_CANDIDATE_PARENT, bad[0], par[bad[0]])))
             continue
