@@ -174,8 +174,8 @@ def test_eagle_layer_op_matches_module_path(monkeypatch, version, dtype):
     mask = torch.rand(B, T, kv, generator=g) < 0.6
     mask[torch.arange(B)[:, None], torch.arange(T)[None], slots] = True
     calls = []
-    real = E._draft_layer_op()
-    monkeypatch.setattr(E, "_draft_layer_op", lambda: lambda *a: calls.append(1) or real(*a))
+    real = E.draft_layer_op()
+    monkeypatch.setattr(E, "draft_layer_op", lambda: lambda *a: calls.append(1) or real(*a))
     results = []
     for rows in (E.NATIVE_LAYER_MAX_ROWS, 0):
         monkeypatch.setattr(E, "NATIVE_LAYER_MAX_ROWS", rows)
@@ -209,8 +209,8 @@ def test_eagle_layer_keeps_the_module_path_for_unusual_calls(monkeypatch):
     (the op takes bool masks and has no autograd), with its own results and errors."""
     m = _eagle(1, torch.float32)
     calls = []
-    real = E._draft_layer_op()
-    monkeypatch.setattr(E, "_draft_layer_op", lambda: lambda *a: calls.append(1) or real(*a))
+    real = E.draft_layer_op()
+    monkeypatch.setattr(E, "draft_layer_op", lambda: lambda *a: calls.append(1) or real(*a))
     B, T, S = 1, 2, 8
     args = (torch.randn(B, T, 128), torch.randn(B, T, 128), torch.arange(T)[None])
     cache = E.EagleKVCache(B, 2, S, 64, torch.float32, "cpu")

@@ -44,6 +44,7 @@ from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
+from specdec_ext.models.eagle_step import EagleStepOps
 from specdec_ext.models.fast_linear import Linear, tensor_version
 from specdec_ext.models.kv_cache import keep_batch_rows, write_rows
 
@@ -125,6 +126,7 @@ class EagleDrafter:
                 raise ValueError(f"EagleDrafter: EAGLE-3 reads three target layers, got aux_layers = {layers}")
             self.hidden_state_layers = layers
         self.cache: EagleKVCache | None = None
+        self._ops: EagleStepOps | None = None  # this step's draft network as op calls (None: the modules)
         self.forwards = 0
 
     @classmethod
@@ -198,6 +200,7 @@ class EagleDrafter:
         self._positions = torch.arange(S, device=dev)
         self.valid = [0] * B
         self.forwards = 0
+        self._ops = None  # (the prompt's catch-up is long: the modules' path)
         if prefill_hidden_states is not None:
             f = torch.cat([h.to(p.dtype) for h in prefill_hidden_states], -1)  # [B, P_max - 1, Hf]
             self.feats[:, : f.shape[1]] = f
@@ -217,9 +220,21 @@ class EagleDrafter:
         """Forgets the calibrated scale (back to 1.0)."""
         self.calibration.reset()
 
+    def _draft(self, hidden: torch.Tensor, ids: torch.Tensor, position_ids: torch.Tensor, **kw) -> torch.Tensor:
+        """The draft network's predicted features (see :meth:`EagleStepOps.forward` for the arguments): this step's
+        op calls when it has them, else the modules."""
+        self.forwards += 1
+        if self._ops is not None:
+            return self._ops.forward(hidden, ids, position_ids, **kw)
+        return self.model(hidden, self._embed_ids(ids), position_ids, cache=self.cache, **kw)
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits ``[..., Vd]``: over the draft vocabulary (EAGLE-3), ``draft_vocab`` or the whole target
         vocabulary (EAGLE-1)."""
+        if self._ops is not None:
+            logits = self._ops.logits(hidden)
+            if logits is not None:
+                return logits
         if self._lm_sub is None:
             return self.model.logits(hidden, self._lm_head)
         return self._lm_sub(hidden.to(self._lm_sub.weight.dtype))
@@ -264,9 +279,7 @@ class EagleDrafter:
         slots = torch.where(j < count_t[:, None], pos, S - 1)
         kv_len = max(s + c for s, c in zip(start, count))
         mask = torch.arange(kv_len, device=dev)[None, None, :] <= pos[:, :, None]
-        out = self.model(feat, self._embed_ids(tok), pos, from_target=True, mask=mask, cache=self.cache,
-                         write_slots=slots, kv_len=kv_len)
-        self.forwards += 1
+        out = self._draft(feat, tok, pos, from_target=True, mask=mask, write_slots=slots, kv_len=kv_len)
         root_h = out.gather(1, (count_t - 1)[:, None, None].expand(B, 1, out.shape[-1]))[:, 0]
         self.valid = valid
         return root_h, start_t + count_t - 1, valid_t
@@ -278,9 +291,8 @@ class EagleDrafter:
         B, dev, end = state.batch_size, state.device, start + count
         pos = self._positions[start:end].expand(B, count)
         mask = self._positions[:end][None, None, :] <= pos[:, :, None]
-        out = self.model(self.feats[:, start:end], self._embed_ids(state.tokens[:, start + 1: end + 1]), pos,
-                         from_target=True, mask=mask, cache=self.cache, write_slots=pos, kv_len=end)
-        self.forwards += 1
+        out = self._draft(self.feats[:, start:end], state.tokens[:, start + 1: end + 1], pos, from_target=True,
+                          mask=mask, write_slots=pos, kv_len=end)
         self.valid = valid
         return out[:, -1], pos[:, -1], to_device(valid, dev)
 
@@ -292,6 +304,8 @@ class EagleDrafter:
         if depth <= 0:
             return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
         m, k = self.model, self.top_k
+        lm = self._lm_sub if self._lm_sub is not None else self._lm_head if m.version == 1 else m.lm_head
+        self._ops = EagleStepOps.build(m, self.cache, self._embed_ids, lm)
         root_h, root_pos, valid = self._catch_up(state)
         if self.static is not None:
             return self._propose_static(state, self._static_for(depth), root, root_h, root_pos, valid)
@@ -311,9 +325,8 @@ class EagleDrafter:
         def level(d, tok, parent, mask, slots):
             front_h = last_h[0] if d == 1 else last_h[0].gather(1, parent[:, :, None].expand(B, k, H))
             pos = level_pos[:, d - 1: d].expand(B, k)
-            last_h[0] = m(front_h, self._embed_ids(tok), pos, from_target=False, mask=mask, cache=self.cache,
-                          write_slots=slots, kv_len=kv_len, rotary=lambda: level_rotary(d))
-            self.forwards += 1
+            last_h[0] = self._draft(front_h, tok, pos, from_target=False, mask=mask, write_slots=slots, kv_len=kv_len,
+                                    rotary=lambda: level_rotary(d))
             return self._logits(last_h[0])
 
         return grow_dynamic_tree(root, self._logits(root_h), level, depth=depth, top_k=k,
@@ -357,9 +370,8 @@ class EagleDrafter:
             mask = anc[idx][:, rel_c].permute(1, 0, 2) & in_tree[:, None, :]
             mask = mask | (rel < 0)[:, None, :]
             pos = (root_pos + d)[:, None].expand(B, len(nodes))
-            h = m(hid[:, par], self._embed_ids(tokens[:, idx]), pos, from_target=False, mask=mask,
-                  cache=self.cache, write_slots=valid[:, None] + idx - 1, kv_len=kv_len)
-            self.forwards += 1
+            h = self._draft(hid[:, par], tokens[:, idx], pos, from_target=False, mask=mask,
+                            write_slots=valid[:, None] + idx - 1, kv_len=kv_len)
             hid[:, idx] = h
             top[:, idx] = self._target_ids(self._logits(h).topk(k, dim=-1).indices)
         return DraftTree(tokens, par_all, None)

@@ -272,8 +272,49 @@ _NATIVE_HEAD_DIMS = (64, 80, 96, 128, 256)
 
 
 @functools.cache
-def _draft_layer_op():
+def draft_layer_op():
     return torch.ops.specdec_ext.draft_decoder_layer.default  # (resolved once: see ops.draft_decoder_layer)
+
+
+def layer_operands(layer: nn.Module) -> tuple | None:
+    """The weight operands of :func:`specdec_ext.ops.draft_decoder_layer` for the decoder layer ``layer`` (EAGLE-1's
+    or EAGLE-3's): ``(qkv packed, qkv bias, o packed, post-attention norm weight, gate_up packed, down packed)``, or
+    None where the packed kernel does not serve the weights or a bias the op has no operand for is present.
+    (Submodules and parameters are read from the modules' dicts: ``module.attr`` costs ~0.6 us a lookup.)"""
+    sa, mlp = layer._modules["self_attn"], layer._modules["mlp"]
+    attn_mods, mlp_mods = sa._modules, mlp._modules
+    qkv = packed_operand((attn_mods["q_proj"], attn_mods["k_proj"], attn_mods["v_proj"]))
+    o = packed_operand((attn_mods["o_proj"],))
+    gate_up = packed_operand((mlp_mods["gate_proj"], mlp_mods["up_proj"]))
+    down = packed_operand((mlp_mods["down_proj"],))
+    if qkv is None or o is None or gate_up is None or down is None or o[1] is not None or gate_up[1] is not None \
+            or down[1] is not None:
+        return None
+    return qkv[0], qkv[1], o[0], layer._modules["post_attention_layernorm"]._parameters["weight"], gate_up[0], down[0]
+
+
+def layer_constants(layer: nn.Module) -> tuple:
+    """The op's arguments after the cache tensors: ``(heads, intermediate size, norm eps)``."""
+    return (layer._modules["self_attn"].nH, layer._modules["mlp"]._modules["down_proj"].in_features,
+            layer._modules["post_attention_layernorm"].eps)
+
+
+def input_norm_weights(layer: Eagle3Layer) -> torch.Tensor | None:
+    """EAGLE-3's two input norms as the op's ``input_norm`` (``[2H]``: the embedding half first), or None where their
+    eps differ from the post-attention norm's (the op has one eps)."""
+    mods = layer._modules
+    first, second, norm = mods["input_layernorm"], mods["hidden_norm"], mods["post_attention_layernorm"]
+    if not first.eps == second.eps == norm.eps:
+        return None
+    return torch.cat((first._parameters["weight"], second._parameters["weight"]))
+
+
+def native_layer_serves(layer: nn.Module, dtype: torch.dtype, device: torch.device, cache) -> bool:
+    """Whether the op can run ``layer`` on inputs of ``dtype`` on ``device`` with ``cache`` at all: a CPU, a head
+    size it is compiled for, and one dtype for the input, the weights and the cache."""
+    sa = layer._modules["self_attn"]
+    return (device.type == "cpu" and sa.hd in _NATIVE_HEAD_DIMS
+            and dtype is sa._modules["q_proj"]._parameters["weight"].dtype and cache.k.dtype is dtype)
 
 
 def _native_layer(layer: nn.Module, h: torch.Tensor, position_ids: torch.Tensor, attn: dict,
@@ -282,41 +323,30 @@ def _native_layer(layer: nn.Module, h: torch.Tensor, position_ids: torch.Tensor,
     :func:`specdec_ext.ops.draft_decoder_layer` call over its packed weights, or None where the module's own path
     runs: no cache or mask, more than :data:`NATIVE_LAYER_MAX_ROWS` rows, gradients, CUDA tensors, a head dim or
     dtype the kernels do not serve. Inside a drafting step the layer was ~35 small framework ops around four
-    few-row products, two thirds of its time; the op is one call. (Submodules and parameters are read from the
-    modules' dicts: ``module.attr`` costs ~0.6 us a lookup, and this runs once per draft forward.)"""
+    few-row products, two thirds of its time; the op is one call."""
     cache, mask, slots, kv_len = attn.get("cache"), attn.get("mask"), attn.get("write_slots"), attn.get("kv_len")
     B, T, H = h.shape
-    mods = layer._modules
-    sa, mlp, norm = mods["self_attn"], mods["mlp"], mods["post_attention_layernorm"]
-    attn_mods, mlp_mods = sa._modules, mlp._modules
-    q_weight = attn_mods["q_proj"]._parameters["weight"]
     # (anything unusual takes the module path, which also reports a caller's mistakes in its own words)
-    if (cache is None or mask is None or slots is None or B * T > NATIVE_LAYER_MAX_ROWS or h.is_cuda
+    if (cache is None or mask is None or slots is None or B * T > NATIVE_LAYER_MAX_ROWS
             or mask.dtype is not torch.bool or (kv_len is not None and kv_len != mask.shape[-1])
-            or sa.hd not in _NATIVE_HEAD_DIMS or h.dtype is not q_weight.dtype or cache.k.dtype is not h.dtype):
+            or not native_layer_serves(layer, h.dtype, h.device, cache)):
         return None
     if torch.is_grad_enabled() and (h.requires_grad or (embeds is not None and embeds.requires_grad)
                                     or any(p.requires_grad for p in layer.parameters())):
         return None  # (the op has no autograd)
-    qkv = packed_operand((attn_mods["q_proj"], attn_mods["k_proj"], attn_mods["v_proj"]))
-    o = packed_operand((attn_mods["o_proj"],))
-    gate_up = packed_operand((mlp_mods["gate_proj"], mlp_mods["up_proj"]))
-    down = packed_operand((mlp_mods["down_proj"],))
-    if qkv is None or o is None or gate_up is None or down is None or o[1] is not None or gate_up[1] is not None \
-            or down[1] is not None:
+    weights = layer_operands(layer)
+    if weights is None:
         return None
     if embeds is None:
         x, input_norm, segments = h, None, 1
     else:
-        first, second = mods["input_layernorm"], mods["hidden_norm"]
-        if not first.eps == second.eps == norm.eps or embeds.dtype is not h.dtype:
+        input_norm = input_norm_weights(layer)
+        if input_norm is None or embeds.dtype is not h.dtype:
             return None
-        x = torch.cat((embeds, h), -1)
-        input_norm, segments = torch.cat((first._parameters["weight"], second._parameters["weight"])), 2
-    return _draft_layer_op()(
-        x, input_norm, segments, h, qkv[0], qkv[1], o[0], norm._parameters["weight"], gate_up[0], down[0],
-        position_ids, sa._modules["rotary"].inv_freq, cache.k, cache.v, slots, mask, sa.nH,
-        mlp_mods["down_proj"].in_features, norm.eps, True)
+        x, segments = torch.cat((embeds, h), -1), 2
+    return draft_layer_op()(x, input_norm, segments, h, *weights, position_ids,
+                            layer._modules["self_attn"]._modules["rotary"].inv_freq, cache.k, cache.v, slots, mask,
+                            *layer_constants(layer), True)
 
 
 class Eagle1Layer(nn.Module):

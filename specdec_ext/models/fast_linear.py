@@ -42,9 +42,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["Linear", "PackableLinear", "bfloat16_is_fast", "fused_linear", "in_packed_linears_block", "linear",
-           "module_linear", "pack_linears", "packed_enabled", "packed_linears", "packed_operand", "tensor_version",
-           "unpack_linears"]
+__all__ = ["Linear", "PackableLinear", "bfloat16_is_fast", "fused_linear", "in_packed_linears_block", "layer_operand",
+           "linear", "module_linear", "pack_linears", "packed_enabled", "packed_linears", "packed_operand",
+           "tensor_version", "unpack_linears"]
 
 _ENABLED = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
 _PACKED = WeakIdKeyDictionary()  # weight -> (version, data_ptr, kernel, packed weight)
@@ -202,11 +202,25 @@ def _concatenated(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tens
                                   for b, layer in zip(biases, layers)])
 
 
+def layer_operand(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(packed weight, bias)`` of one linear layer for ``specdec_ext::packed_linear``: the packed copy its own
+    products use (:func:`linear`'s cache, validated by the weight's version and address: a weight replaced or changed
+    in place is packed again), or None where that kernel does not serve it (see :func:`packed_operand`)."""
+    params = layer._parameters
+    w, bias = params["weight"], params.get("bias")
+    if not _ENABLED or w.device.type != "cpu" or _kernel_for(w.dtype) != _OURS:
+        return None
+    return _packed(w, _OURS), (bias.detach() if bias is not None else None)
+
+
 def packed_operand(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """``(packed weight, bias)`` of the layers' concatenation for ``specdec_ext::packed_linear`` (and ops built on
     it, :func:`specdec_ext.ops.draft_decoder_layer`), or None where that kernel does not serve them (CUDA weights,
-    a dtype or CPU without its vector path, ``SPECDEC_PACKED_LINEAR=0``). Remembered on the first layer as
-    :func:`fused_linear` remembers it (the same entry), so the weights are packed once."""
+    a dtype or CPU without its vector path, ``SPECDEC_PACKED_LINEAR=0``). One layer: :func:`layer_operand` (the copy
+    its own products use); several: remembered on the first layer as :func:`fused_linear` remembers it (the same
+    entry). Either way the weights are packed once."""
+    if len(layers) == 1:
+        return layer_operand(layers[0])
     first = layers[0]
     key = _fused_key(layers)
     hit = first.__dict__.get("_specdec_fused")

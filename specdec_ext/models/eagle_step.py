@@ -1,0 +1,124 @@
+"""An EAGLE draft's forward and logits as direct op calls: the drafting loop's hot path on CPUs.
+
+A drafting step runs the draft network ~6 times on 1-8 rows (the catch-up, then one tree level after another).
+Through the modules each forward is ~15 framework calls around its products: the embeddings' dtype cast, the
+concatenation, ``fc``'s and the layer's module calls, the layer's checks and four packed-operand lookups, then the
+vocabulary projection's module call. On the development CPU that was ~80 us of Python per level, as long as the
+:func:`specdec_ext.ops.draft_decoder_layer` op itself. :class:`EagleStepOps` looks the packed operands up once per
+drafting step (the lookups also validate them: a weight replaced or changed in place is packed again), and each
+forward is then the embedding lookup and cast, the concatenation, the ``fc`` product and the layer op; logits are
+one product. These are the calls the module path makes, in the same order and dtypes, so the results are the same
+bits (tested against the module path).
+
+:meth:`EagleStepOps.build` returns None, and the drafter keeps the module path, wherever that path could do
+something else: gradients, CUDA, a CPU or dtype without the packed kernel, forward hooks on the draft's modules (or
+global ones), subclasses of the draft's modules, a head size or dtype mix the op does not serve, or a bias it has no
+operand for. A single forward takes the module path for more than
+:data:`~specdec_ext.models.eagle.NATIVE_LAYER_MAX_ROWS` rows (a long prompt's catch-up) or an unusual mask.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.nn.modules import module as _module_hooks
+
+from specdec_ext.models import eagle as E
+from specdec_ext.models.fast_linear import Linear, PackableLinear, _packed_linear_op, layer_operand
+
+__all__ = ["EagleStepOps"]
+
+# The module types whose forwards the ops reproduce (a subclass may compute something else).
+_SHARED_TYPES = {E.Attention, E.MLP, E.RMSNorm, E.Rotary, Linear, nn.Embedding}
+_EAGLE1_TYPES = _SHARED_TYPES | {E.Eagle1Model, E.Eagle1Layer, nn.ModuleList}
+_EAGLE3_TYPES = _SHARED_TYPES | {E.Eagle3Model, E.Eagle3Layer}
+_PLAIN_LINEARS = (nn.Linear, Linear, PackableLinear)
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def _linear_operand(layer: nn.Module) -> tuple | None:
+    """``(packed weight, bias, out_features)`` of a plain linear layer without hooks, else None."""
+    if type(layer) not in _PLAIN_LINEARS or _hooked(layer):
+        return None
+    op = layer_operand(layer)
+    return None if op is None else (*op, layer.out_features)
+
+
+class EagleStepOps:
+    """The draft network of one drafting step as op calls (see the module doc). Build with :meth:`build`; valid
+    until the weights or the cache change (the drafter builds one per step)."""
+
+    def __init__(self, model: nn.Module, cache: E.EagleKVCache, embed_ids: Callable[[torch.Tensor], torch.Tensor],
+                 fc: tuple, layer: tuple, lm: tuple | None, lm_layer: nn.Module):
+        self.model, self.cache, self.embed_ids = model, cache, embed_ids
+        self.version = model.version
+        self.dtype = model.fc.weight.dtype
+        self._fc, self._layer, self._lm, self._lm_layer = fc, layer, lm, lm_layer
+        self._norm = model.norm if self.version == 3 else None
+
+    @classmethod
+    def build(cls, model: nn.Module, cache: E.EagleKVCache, embed_ids: Callable[[torch.Tensor], torch.Tensor],
+              lm_layer: nn.Module) -> "EagleStepOps | None":
+        """The step's operands, or None where the module path must run (module doc). ``embed_ids`` maps token ids
+        to embeddings as the drafter does; ``lm_layer`` is the vocabulary projection of :meth:`logits` (EAGLE-1:
+        the target's ``lm_head`` or the drafter's draft-vocabulary rows of it; EAGLE-3: the draft's ``lm_head``,
+        after its ``norm``)."""
+        if torch.is_grad_enabled() or cache is None or _module_hooks._global_forward_hooks \
+                or _module_hooks._global_forward_pre_hooks:
+            return None
+        allowed = _EAGLE1_TYPES if type(model) is E.Eagle1Model else _EAGLE3_TYPES \
+            if type(model) is E.Eagle3Model else None
+        if allowed is None or any(type(m) not in allowed or _hooked(m) for m in model.modules()):
+            return None
+        decoder = model.layers[0] if model.version == 1 else model.midlayer
+        fc = _linear_operand(model.fc)
+        weights = E.layer_operands(decoder)
+        w = model.fc.weight
+        if fc is None or weights is None or not E.native_layer_serves(decoder, w.dtype, w.device, cache):
+            return None
+        input_norm = None
+        if model.version == 3:
+            input_norm = E.input_norm_weights(decoder)
+            if input_norm is None:
+                return None
+        sa = decoder._modules["self_attn"]
+        layer = (input_norm, 1 if input_norm is None else 2, weights, sa._modules["rotary"].inv_freq,
+                 E.layer_constants(decoder))
+        return cls(model, cache, embed_ids, fc, layer, _linear_operand(lm_layer), lm_layer)
+
+    def forward(self, hidden: torch.Tensor, ids: torch.Tensor, position_ids: torch.Tensor, *, from_target: bool,
+                mask: torch.Tensor, write_slots: torch.Tensor, kv_len: int, rotary=None) -> torch.Tensor:
+        """The draft's forward: ``hidden[B, T, Hf]`` (target features, or with ``from_target=False`` the draft's
+        own outputs), ``ids[B, T]`` (the next tokens) -> predicted features ``[B, T, H]``; K/V written at
+        ``write_slots``, attention over cache slots ``[0, kv_len)`` under ``mask[B, T, kv_len]`` (bool)."""
+        B, T = ids.shape
+        if B * T > E.NATIVE_LAYER_MAX_ROWS or mask.dtype is not torch.bool or kv_len != mask.shape[-1]:
+            return self.model(hidden, self.embed_ids(ids), position_ids, from_target=from_target, mask=mask,
+                              cache=self.cache, write_slots=write_slots, kv_len=kv_len, rotary=rotary)
+        dt, linear = self.dtype, _packed_linear_op()
+        embeds, hidden = self.embed_ids(ids).to(dt), hidden.to(dt)
+        input_norm, segments, weights, inv_freq, constants = self._layer
+        if self.version == 1:  # fc(cat(embeds, hidden)), then the layer on it
+            h = linear(torch.cat((embeds, hidden), -1), *self._fc)
+            x = h
+        else:  # fc only on target features; the layer attends over cat(norm(embeds), norm(h))
+            h = linear(hidden, *self._fc) if from_target else hidden
+            x = torch.cat((embeds, h), -1)
+        return E.draft_layer_op()(x, input_norm, segments, h, *weights, position_ids, inv_freq, self.cache.k,
+                                  self.cache.v, write_slots, mask, *constants, True)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Draft logits of predicted features, or None where the projection is not a plain packed layer (the
+        drafter then calls its module)."""
+        lm = self._lm
+        if lm is None:
+            return None
+        x = hidden.to(lm[0].dtype) if self.version == 1 else self._norm.forward(hidden)
+        if x.dtype is not lm[0].dtype:
+            return None
+        return _packed_linear_op()(x, *lm)
