@@ -128,6 +128,11 @@ def test_module_path_where_the_modules_could_differ(version):
         drafter.propose(make_state([PROMPTS[2] + [5, 6]]), 3)
         assert calls  # ... which the module path ran
         handle.remove()
+        decoder = m.layers[0] if version == 1 else m.midlayer
+        for module in (m, decoder):
+            handle = module.register_forward_pre_hook(lambda mod, args: None)
+            assert _build(drafter) is None
+            handle.remove()
         handle = torch.nn.modules.module.register_module_forward_hook(lambda mod, args, out: None)
         try:
             assert _build(drafter) is None  # a global hook

@@ -11,9 +11,9 @@ one product. These are the calls the module path makes, in the same order and dt
 bits (tested against the module path).
 
 :meth:`EagleStepOps.build` returns None, and the drafter keeps the module path, wherever that path could do
-something else: gradients, CUDA, a CPU or dtype without the packed kernel, forward hooks on the draft's modules (or
-global ones), subclasses of the draft's modules, a head size or dtype mix the op does not serve, or a bias it has no
-operand for. A single forward takes the module path for more than
+something else: gradients, CUDA, a CPU or dtype without the packed kernel, forward hooks (global ones, or on a
+module whose call the ops replace: the draft, its ``fc``, its decoder layer, EAGLE-3's ``norm``), subclasses of
+those, a head size or dtype mix the op does not serve, or a bias it has no operand for. A single forward takes the module path for more than
 :data:`~specdec_ext.models.eagle.NATIVE_LAYER_MAX_ROWS` rows (a long prompt's catch-up) or an unusual mask.
 """
 
@@ -30,10 +30,8 @@ from specdec_ext.models.fast_linear import Linear, PackableLinear, _packed_linea
 
 __all__ = ["EagleStepOps"]
 
-# The module types whose forwards the ops reproduce (a subclass may compute something else).
-_SHARED_TYPES = {E.Attention, E.MLP, E.RMSNorm, E.Rotary, Linear, nn.Embedding}
-_EAGLE1_TYPES = _SHARED_TYPES | {E.Eagle1Model, E.Eagle1Layer, nn.ModuleList}
-_EAGLE3_TYPES = _SHARED_TYPES | {E.Eagle3Model, E.Eagle3Layer}
+# The models whose forwards the ops reproduce, and their decoder layers (a subclass may compute something else).
+_DECODERS = {E.Eagle1Model: E.Eagle1Layer, E.Eagle3Model: E.Eagle3Layer}
 _PLAIN_LINEARS = (nn.Linear, Linear, PackableLinear)
 
 
@@ -71,11 +69,15 @@ class EagleStepOps:
         if torch.is_grad_enabled() or cache is None or _module_hooks._global_forward_hooks \
                 or _module_hooks._global_forward_pre_hooks:
             return None
-        allowed = _EAGLE1_TYPES if type(model) is E.Eagle1Model else _EAGLE3_TYPES \
-            if type(model) is E.Eagle3Model else None
-        if allowed is None or any(type(m) not in allowed or _hooked(m) for m in model.modules()):
+        decoder_type = _DECODERS.get(type(model))
+        if decoder_type is None:
             return None
-        decoder = model.layers[0] if model.version == 1 else model.midlayer
+        decoder = model.layers[0] if decoder_type is E.Eagle1Layer else model.midlayer
+        # the modules whose calls the ops replace: their hooks would not run (fc's: _linear_operand)
+        called = (model, decoder, model.norm) if decoder_type is E.Eagle3Layer else (model, decoder)
+        if type(decoder) is not decoder_type or any(_hooked(m) for m in called) \
+                or (decoder_type is E.Eagle3Layer and type(model.norm) is not E.RMSNorm):
+            return None
         fc = _linear_operand(model.fc)
         weights = E.layer_operands(decoder)
         w = model.fc.weight
