@@ -401,17 +401,18 @@ def test_attention_function_metadata_routes():
 
 
 def test_long_prefill_takes_the_mask_route(monkeypatch):
-    """extend() of more than EXTEND_KERNEL_MAX_TOKENS tokens (a long prompt) runs the 4-D mask through SDPA, not
-    the tree kernel; logits equal a plain forward's, per row, for prompts of different lengths."""
-    from specdec_ext.models.tree_forward import EXTEND_KERNEL_MAX_TOKENS
+    """extend() of more than extend_kernel_max_tokens(device) tokens (a long prompt) runs the 4-D mask through SDPA,
+    not the tree kernel; logits equal a plain forward's, per row, for prompts of different lengths."""
+    from specdec_ext.models.tree_forward import extend_kernel_max_tokens
 
     gen = torch.Generator().manual_seed(21)
-    model = make_model("qwen3", seed=6, max_position_embeddings=256)
+    longest = extend_kernel_max_tokens("cpu")
+    model = make_model("qwen3", seed=6, max_position_embeddings=longest + 64)
     use_tree_attention(model)
-    lens = [EXTEND_KERNEL_MAX_TOKENS + 6, EXTEND_KERNEL_MAX_TOKENS - 10]
+    lens = [longest + 6, longest - 10]
     prompts, padded = random_prompts(gen, lens)
     counter = CountCalls(monkeypatch, "tree_attention")
-    cache = TreeKVCache(model.config, 2, 128)
+    cache = TreeKVCache(model.config, 2, longest + 32)
     with torch.no_grad():
         got = extend(model, cache, padded, torch.tensor(lens))
     assert counter.calls == 0 and cache.lengths.tolist() == lens

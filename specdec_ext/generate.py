@@ -58,7 +58,7 @@ from specdec_ext import ops
 from specdec_ext.drafters.base import DecodeState, DraftTree, SamplingParams, StepResult, to_device
 from specdec_ext.models import TreeKVCache, tree_forward, use_tree_attention
 from specdec_ext.models.fast_linear import packed_linears
-from specdec_ext.models.tree_forward import EXTEND_KERNEL_MAX_TOKENS
+from specdec_ext.models.tree_forward import extend_kernel_max_tokens
 
 __all__ = ["DecodeStats", "generate", "load_model"]
 
@@ -320,7 +320,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
         T = P - 1
         extra = {"logits_to_keep": 1} if _accepts(target, "logits_to_keep") else {}
         out = tree_forward(target, cache, state.tokens[:, :T], None, 0,
-                           use_kernel=False if T > EXTEND_KERNEL_MAX_TOKENS else None, validate=False,
+                           use_kernel=False if T > extend_kernel_max_tokens(device) else None, validate=False,
                            **hidden_kwargs, **extra)
         if layers:
             prefill_hidden = tuple(out.hidden_states[i] for i in layers)

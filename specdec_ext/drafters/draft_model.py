@@ -41,7 +41,7 @@ from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.models import TreeKVCache, masked_forward, tree_forward, use_tree_attention
 from specdec_ext.models.fast_linear import pack_linears, packed_linears
-from specdec_ext.models.tree_forward import EXTEND_KERNEL_MAX_TOKENS
+from specdec_ext.models.tree_forward import extend_kernel_max_tokens
 
 
 def _text_config(config):
@@ -142,7 +142,7 @@ class DraftModelDrafter:
     def _forward(self, tokens: torch.Tensor, prefix: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
         """Appends ``tokens[B, T]`` (row b's first ``num[b]``) after ``prefix[b]``; returns logits ``[B, T, V]``."""
         B, T = tokens.shape
-        use_kernel = False if T > EXTEND_KERNEL_MAX_TOKENS else None
+        use_kernel = False if T > extend_kernel_max_tokens(tokens.device) else None
         logits = tree_forward(self.model, self.cache, tokens, None, prefix,
                               use_kernel=use_kernel, validate=False)
         self.cache.rewind(prefix + num)

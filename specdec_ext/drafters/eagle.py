@@ -30,6 +30,11 @@ step consumes depends on the tree, so the same seed repeats the same tokens only
 Static tree (EAGLE-1's original mode, ``choices=``): a Medusa-style choices list (e.g.
 :data:`~specdec_ext.drafters.trees.MC_SIM_7B_63`, EAGLE-1's ``mc_sim_7b_63``); node ``(i, j)`` is the j-th best
 child of the i-th best child of the root, each level drafted by one forward over the previous level's nodes.
+
+Speed: on CPUs the draft network runs as direct op calls (:class:`~specdec_ext.models.eagle_step.EagleStepOps`),
+looked up at a generation's first :meth:`propose` and kept until the next :meth:`begin`; where they do not apply
+(hooks, gradients, CUDA, ...) the modules run. A draft whose weights change in the middle of a generation drafts
+with them from the next one; the outputs are exact either way (drafts are only proposals).
 """
 
 from __future__ import annotations
@@ -126,7 +131,9 @@ class EagleDrafter:
                 raise ValueError(f"EagleDrafter: EAGLE-3 reads three target layers, got aux_layers = {layers}")
             self.hidden_state_layers = layers
         self.cache: EagleKVCache | None = None
-        self._ops: EagleStepOps | None = None  # this step's draft network as op calls (None: the modules)
+        # the draft network as op calls for this generation (None: the modules), built at its first propose
+        self._ops: EagleStepOps | None = None
+        self._ops_built = False
         self.forwards = 0
 
     @classmethod
@@ -200,7 +207,7 @@ class EagleDrafter:
         self._positions = torch.arange(S, device=dev)
         self.valid = [0] * B
         self.forwards = 0
-        self._ops = None  # (the prompt's catch-up is long: the modules' path)
+        self._ops, self._ops_built = None, False  # (the prompt's catch-up below is long: the modules' path)
         if prefill_hidden_states is not None:
             f = torch.cat([h.to(p.dtype) for h in prefill_hidden_states], -1)  # [B, P_max - 1, Hf]
             self.feats[:, : f.shape[1]] = f
@@ -304,8 +311,9 @@ class EagleDrafter:
         if depth <= 0:
             return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
         m, k = self.model, self.top_k
-        lm = self._lm_sub if self._lm_sub is not None else self._lm_head if m.version == 1 else m.lm_head
-        self._ops = EagleStepOps.build(m, self.cache, self._embed_ids, lm)
+        if not self._ops_built:
+            lm = self._lm_sub if self._lm_sub is not None else self._lm_head if m.version == 1 else m.lm_head
+            self._ops, self._ops_built = EagleStepOps.build(m, self.cache, self._embed_ids, lm), True
         root_h, root_pos, valid = self._catch_up(state)
         if self.static is not None:
             return self._propose_static(state, self._static_for(depth), root, root_h, root_pos, valid)
