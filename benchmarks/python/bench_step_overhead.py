@@ -4,8 +4,8 @@ ops, cache compaction, tree building, sampling, the loop's bookkeeping) — per 
 Issue 4 asks that everything outside the target and draft forwards stay under 15% of step time. Forward times are
 taken by module hooks (host wall time inside the outermost hooked module: the target, the draft network, and the
 target's lm_head / embeddings when a drafter calls them itself; an EAGLE draft's forwards are its op calls,
-``EagleStepOps.forward``, timed directly, since hooks on its modules would switch it to the module path); the decode
-loop's time runs from the end of the
+``EagleStepOps.forward``, and the draft LM's, ``LlamaStepOps.forward`` and its ``forward``, are timed directly, since
+hooks on their modules would switch them to the module path); the decode loop's time runs from the end of the
 prefill and the drafter's begin() to the end of generate(). CPU only (on an asynchronous device host times do not
 bound device work).
 
@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.models.eagle_step import EagleStepOps  # noqa: E402
+from specdec_ext.models.llama_step import LlamaStepOps  # noqa: E402
 from specdec_ext.zoo import load_family  # noqa: E402
 
 
@@ -77,12 +78,15 @@ def measure(fam, name: str, prompts, max_new_tokens: int) -> dict:
         clock = ForwardClock()
         clock.hook(fam.target, "target")
         drafter = None if name == "plain" else fam.make_drafter(name)
-        nets = {"draft-model": [fam.draft_lm], "medusa": [fam.medusa_heads]}.get(name, [])
-        ops_forward = EagleStepOps.forward
+        nets = {"medusa": [fam.medusa_heads]}.get(name, [])
+        ops_forward = EagleStepOps.forward, LlamaStepOps.forward
         if name in ("eagle1", "eagle2", "eagle3"):
             # EAGLE drafters run their network as op calls (EagleStepOps), which hooks on its modules would turn
             # off: time those calls instead (a fallback to the modules happens inside them)
-            EagleStepOps.forward = clock.wrap(ops_forward, "draft")
+            EagleStepOps.forward = clock.wrap(ops_forward[0], "draft")
+        if name == "draft-model":  # the same for the draft LM (LlamaStepOps), plus its Hugging Face forwards (the
+            LlamaStepOps.forward = clock.wrap(ops_forward[1], "draft")  # prompt's, trees), timed by a wrapper too
+            drafter.model.forward = clock.wrap(drafter.model.forward, "draft")
         for net in nets:  # the network and its direct children (drafters call some of them, e.g. lm_head, alone),
             rotary = getattr(net, "rotary", None)  # and EAGLE's RoPE tables (a drafter computes a tree's at once)
             for mod in [net, *net.children(), *([rotary] if rotary is not None else [])]:
@@ -112,7 +116,9 @@ def measure(fam, name: str, prompts, max_new_tokens: int) -> dict:
             out, stats = generate(fam.target, drafter, torch.tensor(p), max_new_tokens=max_new_tokens,
                                   eos_token_id=[])
         finally:
-            EagleStepOps.forward = ops_forward
+            EagleStepOps.forward, LlamaStepOps.forward = ops_forward
+            if name == "draft-model":
+                del drafter.model.forward
         end = time.perf_counter()
         clock.remove()
         totals["loop"] += end - loop_start[0]

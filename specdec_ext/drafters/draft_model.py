@@ -40,7 +40,9 @@ from specdec_ext import ops
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.models import TreeKVCache, masked_forward, tree_forward, use_tree_attention
+from specdec_ext.models.eagle import NATIVE_LAYER_MAX_ROWS
 from specdec_ext.models.fast_linear import pack_linears, packed_linears
+from specdec_ext.models.llama_step import LlamaStepOps
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
 
 
@@ -101,6 +103,9 @@ class DraftModelDrafter:
         self.tree_attention = tree_attention
         self.packed_linears = bool(packed_linears)
         self.cache: TreeKVCache | None = None
+        # the draft model as op calls for this generation (None: its Hugging Face forward), built at its first propose
+        self._ops: LlamaStepOps | None = None
+        self._ops_built = False
         self.forwards = 0  # draft model forwards in the current generation
 
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None, *,
@@ -129,6 +134,7 @@ class DraftModelDrafter:
         self.valid = [0] * state.batch_size  # per row: context tokens the draft cache holds correctly
         self.fed = 0  # drafts fed in the last propose (their K/V sit after the context)
         self.forwards = 0
+        self._ops, self._ops_built = None, False  # (the prompt's prefill below is long: the Hugging Face forward)
         # Prefill the draft cache with each prompt but its last token (the first root) now, in the generation's
         # prefill: left to the first propose it would bill a whole prompt forward to the first decoding step.
         lengths = [n - 1 for n in state.prompt_lens]
@@ -142,6 +148,14 @@ class DraftModelDrafter:
     def _forward(self, tokens: torch.Tensor, prefix: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
         """Appends ``tokens[B, T]`` (row b's first ``num[b]``) after ``prefix[b]``; returns logits ``[B, T, V]``."""
         B, T = tokens.shape
+        if self._ops is not None and B * T <= NATIVE_LAYER_MAX_ROWS:
+            pos = prefix[:, None] + torch.arange(T, device=tokens.device)
+            kv_len = int(prefix.max()) + T if prefix.numel() > 1 else int(prefix[0]) + T
+            mask = torch.arange(kv_len, device=tokens.device)[None, None, :] <= pos[:, :, None]
+            logits = self._ops.forward(tokens, pos, pos, mask)
+            self.cache.rewind(prefix + num)
+            self.forwards += 1
+            return logits
         use_kernel = False if T > extend_kernel_max_tokens(tokens.device) else None
         logits = tree_forward(self.model, self.cache, tokens, None, prefix,
                               use_kernel=use_kernel, validate=False)
@@ -157,6 +171,9 @@ class DraftModelDrafter:
                                  validate=False)
 
     def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+        if not self._ops_built and self.cache is not None:
+            self._ops = LlamaStepOps.build(self.model, self.cache) if self.packed_linears else None
+            self._ops_built = True
         with packed_linears(self.packed_linears):
             return self._propose(state, max_depth)
 
@@ -230,8 +247,10 @@ class DraftModelDrafter:
 
         def level(d, tok, parent, mask, slots):
             self.forwards += 1
-            return masked_forward(self.model, self.cache, tok, (root_pos + d)[:, None].expand(B, w), slots[:, 0],
-                                  mask)
+            pos = (root_pos + d)[:, None].expand(B, w)
+            if self._ops is not None:  # (the level's w nodes sit at slots[:, 0] + j, as masked_forward writes them)
+                return self._ops.forward(tok, pos, slots, mask)
+            return masked_forward(self.model, self.cache, tok, pos, slots[:, 0], mask)
 
         tree = grow_dynamic_tree(root, last, level, depth=k, top_k=w, total_tokens=self.total_tokens, valid=valid,
                                  kv_len=max(len(t) for t in state.host_tokens) + (k - 1) * w,

@@ -1,0 +1,123 @@
+"""A small Hugging Face Llama-family LM (a draft model) run as op calls: the draft-model drafter's hot path on CPUs.
+
+A draft model drafts one token per forward, on 1-2 rows. For a small model the Hugging Face forward is mostly
+framework work: the family's 2-layer draft LM spent ~1 ms a forward in ~150 small calls around eight products, and
+its forwards were ~40% of a draft-model step. :class:`LlamaStepOps` runs the same network as one
+:func:`specdec_ext.ops.draft_decoder_layer` call per decoder layer (input RMSNorm, the qkv product, RoPE, the cache
+write, masked GQA attention over the cache, the o product and residual, RMSNorm, SwiGLU, the down product and
+residual), then the final norm and one vocabulary product, writing K/V straight into the drafter's
+:class:`~specdec_ext.models.TreeKVCache` at explicit slots.
+
+The results agree with the Hugging Face forward to the dtype's rounding, not bit for bit (RoPE is computed in
+float32 and rounded once, where Hugging Face rotates in the model's dtype). That is enough for a drafter: drafts are
+proposals, and the probabilities a sampled draft was drawn from are the ones computed here, so verification stays
+lossless; the generated tokens are the target's either way.
+
+:meth:`LlamaStepOps.build` returns None (the drafter keeps the Hugging Face forward) unless the model is one it
+reproduces: a Llama, Mistral or Qwen2 decoder (``model_type``) with SiLU MLPs, default RoPE, no sliding window
+shorter than the cache, one RMSNorm eps, a head size the op is compiled for, weights of one dtype on a CPU with the
+packed kernel, no forward hooks on any of its modules (or global ones), eval mode and no gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules import module as _module_hooks
+
+from specdec_ext.models.eagle import _NATIVE_HEAD_DIMS, draft_layer_op
+from specdec_ext.models.fast_linear import Linear, PackableLinear, _packed_linear_op, layer_operand, packed_operand
+from specdec_ext.models.kv_cache import TreeKVCache
+
+__all__ = ["LlamaStepOps"]
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_PLAIN_LINEARS = (nn.Linear, Linear, PackableLinear)
+
+
+def _rope_is_default(config) -> bool:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return params.get("rope_type", params.get("type", "default")) == "default"
+
+
+def _layer_args(layer: nn.Module, eps: float, dtype: torch.dtype) -> tuple | None:
+    """The op's operands for one decoder layer, or None where the layer is not the plain Llama layer."""
+    mods = layer._modules
+    sa, mlp = mods.get("self_attn"), mods.get("mlp")
+    norms = (mods.get("input_layernorm"), mods.get("post_attention_layernorm"))
+    if sa is None or mlp is None or any(n is None or getattr(n, "variance_epsilon", None) != eps for n in norms):
+        return None
+    attn, ff = sa._modules, mlp._modules
+    linears = [attn.get(n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
+              [ff.get(n) for n in ("gate_proj", "up_proj", "down_proj")]
+    if any(type(m) not in _PLAIN_LINEARS or m.weight.dtype is not dtype for m in linears):
+        return None
+    q, k, v, o, gate, up, down = linears
+    qkv, o_op = packed_operand((q, k, v)), packed_operand((o,))
+    gate_up, down_op = packed_operand((gate, up)), packed_operand((down,))
+    if qkv is None or o_op is None or gate_up is None or down_op is None or o_op[1] is not None \
+            or gate_up[1] is not None or down_op[1] is not None:
+        return None
+    return (norms[0].weight, qkv[0], qkv[1], o_op[0], norms[1].weight, gate_up[0], down_op[0],
+            down.in_features)
+
+
+class LlamaStepOps:
+    """The model as op calls (see the module doc). Build with :meth:`build`; it serves the weights and the cache
+    object it was built with (the cache's tensors are read at each call) and the hooks present then."""
+
+    def __init__(self, model: nn.Module, cache: TreeKVCache, embed: torch.Tensor, layers: list[tuple],
+                 inv_freq: torch.Tensor, num_heads: int, eps: float, norm: nn.Module, lm: tuple):
+        self.model, self.cache = model, cache
+        self._embed, self._layers, self._inv_freq = embed, layers, inv_freq
+        self._num_heads, self._eps, self._norm, self._lm = num_heads, eps, norm, lm
+
+    @classmethod
+    def build(cls, model: nn.Module, cache: TreeKVCache) -> "LlamaStepOps | None":
+        """The operands, or None where the Hugging Face forward must run (module doc)."""
+        if torch.is_grad_enabled() or model.training or _module_hooks._global_forward_hooks \
+                or _module_hooks._global_forward_pre_hooks:
+            return None
+        cfg = model.config
+        if getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES or getattr(cfg, "hidden_act", None) != "silu" \
+                or not _rope_is_default(cfg) or getattr(cfg, "pretraining_tp", 1) != 1:
+            return None
+        if cache.sliding_window is not None and cache.sliding_window < cache.max_len:
+            return None
+        if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+            return None
+        base = getattr(model, "model", None)
+        lm_head = getattr(model, "lm_head", None)
+        if base is None or type(lm_head) not in _PLAIN_LINEARS:
+            return None
+        embed, layers, norm, rotary = (getattr(base, n, None) for n in ("embed_tokens", "layers", "norm", "rotary_emb"))
+        if type(embed) is not nn.Embedding or embed.max_norm is not None or layers is None or norm is None \
+                or rotary is None or getattr(rotary, "attention_scaling", 1.0) != 1.0:
+            return None
+        dtype, device = embed.weight.dtype, embed.weight.device
+        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        if device.type != "cpu" or cache.dtype is not dtype or head_dim not in _NATIVE_HEAD_DIMS \
+                or heads % kv_heads or getattr(cfg, "attention_dropout", 0.0):
+            return None
+        eps = getattr(norm, "variance_epsilon", None)
+        args = [_layer_args(layer, eps, dtype) for layer in layers]
+        lm = layer_operand(lm_head)
+        if eps is None or any(a is None for a in args) or lm is None or lm_head.weight.dtype is not dtype:
+            return None
+        # (Hugging Face rotates with the buffer as float32, whatever dtype the model was cast to)
+        return cls(model, cache, embed.weight, args, rotary.inv_freq.float(), heads, eps, norm,
+                   (*lm, lm_head.out_features))
+
+    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor, write_slots: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, T, V]`` of ``tokens[B, T]`` at ``position_ids[B, T]``; their K/V are written at cache slots
+        ``write_slots[B, T]`` of every layer and token t attends to the slots s < kv_len with ``mask[b, t, s]``
+        (bool ``[B, T, kv_len]``). The cache's lengths are left to the caller."""
+        h = F.embedding(tokens, self._embed)
+        op, views = draft_layer_op(), self.cache.layers
+        for layer, (in_norm, qkv, qkv_bias, o, post_norm, gate_up, down, inter) in zip(views, self._layers):
+            h = op(h, in_norm, 1, h, qkv, qkv_bias, o, post_norm, gate_up, down, position_ids, self._inv_freq,
+                   layer.keys, layer.values, write_slots, mask, self._num_heads, inter, self._eps, True)
+        return _packed_linear_op()(self._norm.forward(h), *self._lm)
