@@ -27,13 +27,12 @@ from torch import nn
 from torch.nn.modules import module as _module_hooks
 
 from specdec_ext.models import eagle as E
-from specdec_ext.models.fast_linear import Linear, PackableLinear, _packed_linear_op, layer_operand
+from specdec_ext.models.fast_linear import PLAIN_LINEAR_TYPES, _packed_linear_op, layer_operand
 
 __all__ = ["EagleStepOps"]
 
 # The models whose forwards the ops reproduce, and their decoder layers (a subclass may compute something else).
 _DECODERS = {E.Eagle1Model: E.Eagle1Layer, E.Eagle3Model: E.Eagle3Layer}
-_PLAIN_LINEARS = (nn.Linear, Linear, PackableLinear)
 
 
 def _hooked(module: nn.Module) -> bool:
@@ -42,7 +41,7 @@ def _hooked(module: nn.Module) -> bool:
 
 def _linear_operand(layer: nn.Module) -> tuple | None:
     """``(packed weight, bias, out_features)`` of a plain linear layer without hooks, else None."""
-    if type(layer) not in _PLAIN_LINEARS or _hooked(layer):
+    if type(layer) not in PLAIN_LINEAR_TYPES or _hooked(layer):
         return None
     op = layer_operand(layer)
     return None if op is None else (*op, layer.out_features)

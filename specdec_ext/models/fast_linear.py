@@ -42,9 +42,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["Linear", "PackableLinear", "bfloat16_is_fast", "fused_linear", "in_packed_linears_block", "layer_operand",
-           "linear", "module_linear", "pack_linears", "packed_enabled", "packed_linears", "packed_operand",
-           "tensor_version", "unpack_linears"]
+__all__ = ["Linear", "PLAIN_LINEAR_TYPES", "PackableLinear", "bfloat16_is_fast", "fused_linear",
+           "in_packed_linears_block", "layer_operand", "linear", "module_linear", "pack_linears", "packed_enabled",
+           "packed_linears", "packed_operand", "tensor_version", "unpack_linears"]
 
 _ENABLED = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
 _PACKED = WeakIdKeyDictionary()  # weight -> (version, data_ptr, kernel, packed weight)
@@ -267,7 +267,7 @@ def module_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` for a linear layer that is not ours (a target's ``lm_head``): the fast path when it is a plain
     ``nn.Linear`` without hooks, else the module's own call (its subclass's forward, its hooks)."""
     kind = type(module)
-    if kind in (nn.Linear, Linear, PackableLinear) and not (module._forward_hooks or module._forward_pre_hooks):
+    if kind in PLAIN_LINEAR_TYPES and not (module._forward_hooks or module._forward_pre_hooks):
         return linear(x, module.weight, module.bias) if kind is nn.Linear else _module_forward(module, x)
     return module(x)
 
@@ -319,6 +319,10 @@ class PackableLinear(_RemembersPacked, nn.Linear):
         if _IN_BLOCK.get():
             return _module_forward(self, x)
         return F.linear(x, self.weight, self.bias)
+
+
+# The linear layers whose forward is exactly F.linear on the fast path (subclasses may compute something else).
+PLAIN_LINEAR_TYPES = (nn.Linear, Linear, PackableLinear)
 
 
 def pack_linears(model: nn.Module) -> int:

@@ -27,13 +27,12 @@ from torch import nn
 from torch.nn.modules import module as _module_hooks
 
 from specdec_ext.models.eagle import _NATIVE_HEAD_DIMS, draft_layer_op
-from specdec_ext.models.fast_linear import Linear, PackableLinear, _packed_linear_op, layer_operand, packed_operand
+from specdec_ext.models.fast_linear import PLAIN_LINEAR_TYPES, _packed_linear_op, layer_operand, packed_operand
 from specdec_ext.models.kv_cache import TreeKVCache
 
 __all__ = ["LlamaStepOps"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-_PLAIN_LINEARS = (nn.Linear, Linear, PackableLinear)
 
 
 def _rope_is_default(config) -> bool:
@@ -51,7 +50,7 @@ def _layer_args(layer: nn.Module, eps: float, dtype: torch.dtype) -> tuple | Non
     attn, ff = sa._modules, mlp._modules
     linears = [attn.get(n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
               [ff.get(n) for n in ("gate_proj", "up_proj", "down_proj")]
-    if any(type(m) not in _PLAIN_LINEARS or m.weight.dtype is not dtype for m in linears):
+    if any(type(m) not in PLAIN_LINEAR_TYPES or m.weight.dtype is not dtype for m in linears):
         return None
     q, k, v, o, gate, up, down = linears
     qkv, o_op = packed_operand((q, k, v)), packed_operand((o,))
@@ -89,7 +88,7 @@ class LlamaStepOps:
             return None
         base = getattr(model, "model", None)
         lm_head = getattr(model, "lm_head", None)
-        if base is None or type(lm_head) not in _PLAIN_LINEARS:
+        if base is None or type(lm_head) not in PLAIN_LINEAR_TYPES:
             return None
         embed, layers, norm, rotary = (getattr(base, n, None) for n in ("embed_tokens", "layers", "norm", "rotary_emb"))
         if type(embed) is not nn.Embedding or embed.max_norm is not None or layers is None or norm is None \
