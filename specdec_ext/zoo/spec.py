@@ -24,7 +24,9 @@ DRAFTER_NAMES = ("ngram", "draft-model", "medusa", "eagle1", "eagle2", "eagle3")
 # which makes deeper drafts pay (8 prompts x 128 tokens, side by side with plain decoding): the EAGLE-1 chain of 6
 # 2.21x fp32 / 2.25x bf16 where 3 gave 2.00x / 1.99x (5: 2.17x / 2.19x, 7: 2.17x fp32); EAGLE-2 depth 6 with 8
 # drafts 2.33-2.35x fp32 / 2.18x bf16 where depth 5 gave 2.28-2.33x / 2.15x (6/2/10 within 1%, 7/2/10 and 4/2/8
-# behind); EAGLE-3 stays at depth 5 (depth 6: 2.06x vs 2.11x, 1.96x vs 2.01x in two fp32 runs).
+# behind); EAGLE-3 stays at depth 5 (depth 6: 2.06x vs 2.11x, 1.96x vs 2.01x in two fp32 runs). Re-checked
+# 2026-11-30 after the draft network became op calls (EagleStepOps), two fp32 runs: EAGLE-2 6/2/8 2.55-2.62x still
+# ahead of 7/2/8 (2.48-2.52x), 6/2/10 (2.45-2.52x), 7/2/10 (2.42-2.47x), 8/2/10 and 6/3/10 (2.38-2.50x).
 DEFAULT_DRAFTERS = {
     "ngram": {"num_pred_tokens": 6, "max_ngram_size": 3},
     "draft-model": {"num_draft_tokens": 4},
