@@ -153,17 +153,14 @@ class DraftModelDrafter:
     def _forward(self, tokens: torch.Tensor, prefix: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
         """Appends ``tokens[B, T]`` (row b's first ``num[b]``) after ``prefix[b]``; returns logits ``[B, T, V]``."""
         B, T = tokens.shape
-        if self._ops is not None and B * T <= NATIVE_LAYER_MAX_ROWS:
+        if self._ops is not None and B * T <= NATIVE_LAYER_MAX_ROWS:  # (a CPU: reading prefix's maximum is free)
             pos = prefix[:, None] + torch.arange(T, device=tokens.device)
-            kv_len = int(prefix.max()) + T if prefix.numel() > 1 else int(prefix[0]) + T
-            mask = torch.arange(kv_len, device=tokens.device)[None, None, :] <= pos[:, :, None]
+            mask = torch.arange(int(prefix.max()) + T, device=tokens.device)[None, None, :] <= pos[:, :, None]
             logits = self._ops.forward(tokens, pos, pos, mask)
-            self.cache.rewind(prefix + num)
-            self.forwards += 1
-            return logits
-        use_kernel = False if T > extend_kernel_max_tokens(tokens.device) else None
-        logits = tree_forward(self.model, self.cache, tokens, None, prefix,
-                              use_kernel=use_kernel, validate=False)
+        else:
+            use_kernel = False if T > extend_kernel_max_tokens(tokens.device) else None
+            logits = tree_forward(self.model, self.cache, tokens, None, prefix,
+                                  use_kernel=use_kernel, validate=False)
         self.cache.rewind(prefix + num)
         self.forwards += 1
         return logits

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec_ext.models.attention import TREE_KERNEL_HEAD_DIMS
 from specdec_ext.models.fast_linear import Linear, fused_linear, module_linear, packed_operand
 from specdec_ext.models.kv_cache import copy_rows, flat_row_index
 
@@ -268,7 +269,6 @@ class Attention(nn.Module):
 # The draft layer runs as one specdec_ext::draft_decoder_layer op for at most this many rows (B * T): the tree levels
 # and the catch-ups of decoding. A whole prompt's catch-up takes the module's path (SDPA's blocked attention).
 NATIVE_LAYER_MAX_ROWS = 64
-_NATIVE_HEAD_DIMS = (64, 80, 96, 128, 256)
 
 
 @functools.cache
@@ -313,7 +313,7 @@ def native_layer_serves(layer: nn.Module, dtype: torch.dtype, device: torch.devi
     """Whether the op can run ``layer`` on inputs of ``dtype`` on ``device`` with ``cache`` at all: a CPU, a head
     size it is compiled for, and one dtype for the input, the weights and the cache."""
     sa = layer._modules["self_attn"]
-    return (device.type == "cpu" and sa.hd in _NATIVE_HEAD_DIMS
+    return (device.type == "cpu" and sa.hd in TREE_KERNEL_HEAD_DIMS
             and dtype is sa._modules["q_proj"]._parameters["weight"].dtype and cache.k.dtype is dtype)
 
 

@@ -52,11 +52,11 @@ class EagleStepOps:
     cache object it was built with (the cache's tensors are read at each call) and the hooks present then."""
 
     def __init__(self, model: nn.Module, cache: E.EagleKVCache, embed_ids: Callable[[torch.Tensor], torch.Tensor],
-                 fc: tuple, layer: tuple, lm: tuple | None, lm_layer: nn.Module):
+                 fc: tuple, layer: tuple, lm: tuple | None):
         self.model, self.cache, self.embed_ids = model, cache, embed_ids
         self.version = model.version
         self.dtype = model.fc.weight.dtype
-        self._fc, self._layer, self._lm, self._lm_layer = fc, layer, lm, lm_layer
+        self._fc, self._layer, self._lm = fc, layer, lm
         self._norm = model.norm if self.version == 3 else None
 
     @classmethod
@@ -91,7 +91,7 @@ class EagleStepOps:
         sa = decoder._modules["self_attn"]
         layer = (input_norm, 1 if input_norm is None else 2, weights, sa._modules["rotary"].inv_freq,
                  E.layer_constants(decoder))
-        return cls(model, cache, embed_ids, fc, layer, _linear_operand(lm_layer), lm_layer)
+        return cls(model, cache, embed_ids, fc, layer, _linear_operand(lm_layer))
 
     def forward(self, hidden: torch.Tensor, ids: torch.Tensor, position_ids: torch.Tensor, *, from_target: bool,
                 mask: torch.Tensor, write_slots: torch.Tensor, kv_len: int, rotary=None) -> torch.Tensor:

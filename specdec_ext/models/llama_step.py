@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_hooks
 
-from specdec_ext.models.eagle import _NATIVE_HEAD_DIMS, draft_layer_op
-from specdec_ext.models.fast_linear import PLAIN_LINEAR_TYPES, _packed_linear_op, layer_operand, packed_operand
+from specdec_ext.models.attention import TREE_KERNEL_HEAD_DIMS
+from specdec_ext.models.eagle import draft_layer_op, layer_operands
+from specdec_ext.models.fast_linear import PLAIN_LINEAR_TYPES, _packed_linear_op, layer_operand
 from specdec_ext.models.kv_cache import TreeKVCache
 
 __all__ = ["LlamaStepOps"]
@@ -52,23 +53,17 @@ def _layer_args(layer: nn.Module, eps: float, dtype: torch.dtype) -> tuple | Non
               [ff.get(n) for n in ("gate_proj", "up_proj", "down_proj")]
     if any(type(m) not in PLAIN_LINEAR_TYPES or m.weight.dtype is not dtype for m in linears):
         return None
-    q, k, v, o, gate, up, down = linears
-    qkv, o_op = packed_operand((q, k, v)), packed_operand((o,))
-    gate_up, down_op = packed_operand((gate, up)), packed_operand((down,))
-    if qkv is None or o_op is None or gate_up is None or down_op is None or o_op[1] is not None \
-            or gate_up[1] is not None or down_op[1] is not None:
-        return None
-    return (norms[0].weight, qkv[0], qkv[1], o_op[0], norms[1].weight, gate_up[0], down_op[0],
-            down.in_features)
+    weights = layer_operands(layer)  # (the EAGLE layers' operands: a Llama layer has the same submodule names)
+    return None if weights is None else (norms[0].weight, *weights, linears[-1].in_features)
 
 
 class LlamaStepOps:
     """The model as op calls (see the module doc). Build with :meth:`build`; it serves the weights and the cache
     object it was built with (the cache's tensors are read at each call) and the hooks present then."""
 
-    def __init__(self, model: nn.Module, cache: TreeKVCache, embed: torch.Tensor, layers: list[tuple],
-                 inv_freq: torch.Tensor, num_heads: int, eps: float, norm: nn.Module, lm: tuple):
-        self.model, self.cache = model, cache
+    def __init__(self, cache: TreeKVCache, embed: torch.Tensor, layers: list[tuple], inv_freq: torch.Tensor,
+                 num_heads: int, eps: float, norm: nn.Module, lm: tuple):
+        self.cache = cache
         self._embed, self._layers, self._inv_freq = embed, layers, inv_freq
         self._num_heads, self._eps, self._norm, self._lm = num_heads, eps, norm, lm
 
@@ -97,7 +92,7 @@ class LlamaStepOps:
         dtype, device = embed.weight.dtype, embed.weight.device
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        if device.type != "cpu" or cache.dtype is not dtype or head_dim not in _NATIVE_HEAD_DIMS \
+        if device.type != "cpu" or cache.dtype is not dtype or head_dim not in TREE_KERNEL_HEAD_DIMS \
                 or heads % kv_heads or getattr(cfg, "attention_dropout", 0.0):
             return None
         eps = getattr(norm, "variance_epsilon", None)
@@ -106,7 +101,7 @@ class LlamaStepOps:
         if eps is None or any(a is None for a in args) or lm is None or lm_head.weight.dtype is not dtype:
             return None
         # (Hugging Face rotates with the buffer as float32, whatever dtype the model was cast to)
-        return cls(model, cache, embed.weight, args, rotary.inv_freq.float(), heads, eps, norm,
+        return cls(cache, embed.weight, args, rotary.inv_freq.float(), heads, eps, norm,
                    (*lm, lm_head.out_features))
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor, write_slots: torch.Tensor,
