@@ -60,6 +60,81 @@ def test_bad_input(model):
     assert isinstance(NgramDrafter(), Drafter) and isinstance(DraftModelDrafter(other, 2), Drafter)
 
 
+class _Partial:
+    """A drafter with one member missing or wrong (see the tests below)."""
+
+    max_nodes = 3
+    hidden_state_layers = ()
+
+    def begin(self, target, state, prefill_hidden_states=None):
+        pass
+
+    def propose(self, state, max_depth):
+        raise AssertionError("never reached: the drafter is refused before the generation starts")
+
+
+def test_non_drafters_are_refused_naming_the_argument(model):
+    """Item 10: a model (or anything else) where a drafter is expected is a ValueError at the start, not an
+    AttributeError from inside the loop."""
+    ids = torch.tensor([1, 2, 3])
+    with pytest.raises(ValueError, match=r"generate: drafter must be a drafter \(max_nodes, hidden_state_layers, "
+                                         r"begin\(\), propose\(\), observe\(\).*got LlamaForCausalLM without "
+                                         r"max_nodes, hidden_state_layers, begin, propose, observe.*"
+                                         r"DraftModelDrafter\(model\)"):
+        generate(model, model, ids)
+    with pytest.raises(ValueError, match="got str without max_nodes"):
+        generate(model, "ngram", ids)
+    with pytest.raises(ValueError, match="got _Partial without observe$"):
+        generate(model, _Partial(), ids)
+    for attr, value, msg in (("max_nodes", 0, r"drafter.max_nodes must be an integer >= 1, got 0"),
+                             ("max_nodes", 2.5, r"drafter.max_nodes must be an integer >= 1, got 2.5"),
+                             ("hidden_state_layers", None, r"hidden_state_layers must be a sequence of integers"),
+                             ("hidden_state_layers", (-1.0,), r"hidden_state_layers must be a sequence of integers")):
+        bad = _Partial()
+        bad.observe = lambda *a: None
+        setattr(bad, attr, value)
+        with pytest.raises(ValueError, match=msg):
+            generate(model, bad, ids)
+    # arguments swapped: the drafter where the target goes
+    with pytest.raises(ValueError, match=r"target must be a Hugging Face causal LM .*got NgramDrafter"):
+        generate(NgramDrafter(), model, ids)
+
+
+def test_prompts_must_be_integer_token_ids(model):
+    """Item 10: a float prompt tensor was silently accepted (rounded to ids); any non-integer prompt is a
+    ValueError that says what it got."""
+    with pytest.raises(ValueError, match=r"input_ids must hold integer token ids .*dtype torch.float32"):
+        generate(model, None, torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match=r"input_ids must hold integer token ids .*dtype torch.bool"):
+        generate(model, None, torch.tensor([[True, False]]))
+    with pytest.raises(ValueError, match=r"input_ids\[1\] must hold integer token ids .*dtype torch.float16"):
+        generate(model, None, [torch.tensor([1, 2]), torch.tensor([3.0], dtype=torch.float16)])
+    with pytest.raises(ValueError, match=r"input_ids\[0\] must be a list of integer token ids .*got float 1.5"):
+        generate(model, None, [1.5, 2.0])
+    with pytest.raises(ValueError, match=r"input_ids\[0\] .*got a list holding 2.5 \(float\)"):
+        generate(model, None, [[1, 2.5]])
+    with pytest.raises(ValueError, match=r"input_ids\[0\] must be a 1-D tensor of token ids, got shape \(1, 2\)"):
+        generate(model, None, [torch.tensor([[1, 2]])])
+    with pytest.raises(ValueError, match="input_ids must be a tensor or a list of prompts, got str"):
+        generate(model, None, "1 2 3")
+    with pytest.raises(ValueError, match=r"eos_token_id must be a token id, a list of them or None, got 1.5"):
+        generate(model, None, torch.tensor([1, 2]), eos_token_id=1.5)
+    with pytest.raises(ValueError, match=r"streamer must have put\(\) and end\(\).*got object"):
+        generate(model, None, torch.tensor([1, 2]), streamer=object())
+    with pytest.raises(ValueError, match="generator must be a torch.Generator, got int"):
+        generate(model, None, torch.tensor([1, 2]), temperature=1.0, generator=3)
+    with pytest.raises(ValueError, match="seed must be an integer, got 0.5"):
+        generate(model, None, torch.tensor([1, 2]), temperature=1.0, seed=0.5)
+    with pytest.raises(ValueError, match="max_cache_len must be an integer, got 40.0"):
+        generate(model, None, torch.tensor([1, 2]), max_cache_len=40.0)
+    # integer ids of any integer type are token ids: the same tokens as int64
+    want, _ = generate(model, NgramDrafter(), torch.tensor([5, 6, 7, 5, 6]), max_new_tokens=6, eos_token_id=[])
+    for ids in (torch.tensor([5, 6, 7, 5, 6], dtype=torch.int32), [5, 6, 7, 5, 6], [[5, 6, 7, 5, 6]]):
+        got, _ = generate(model, NgramDrafter(), ids, max_new_tokens=6, eos_token_id=[])
+        got = got[0] if isinstance(got, list) else got
+        assert got.tolist() == want.tolist()
+
+
 def test_sliding_window_models_are_refused_past_the_window():
     """Tree verification applies no sliding-window mask: a generation that could reach past the window is an error
     (never wrong tokens); one that fits runs and equals HF."""

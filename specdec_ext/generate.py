@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 import os
 import time
 from dataclasses import dataclass, field
@@ -55,7 +56,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import DecodeState, DraftTree, SamplingParams, StepResult, to_device
+from specdec_ext.drafters.base import (DecodeState, DraftTree, SamplingParams, StepResult, check_drafter, serving,
+                                       to_device)
 from specdec_ext.models import TreeKVCache, tree_forward, use_tree_attention
 from specdec_ext.models.fast_linear import packed_linears
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
@@ -138,20 +140,50 @@ def load_model(path_or_model, dtype: torch.dtype | str | None = None, device: to
     return model.eval()
 
 
+def _is_token(t) -> bool:
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
+
+
+def _check_ids_tensor(t: torch.Tensor, what: str) -> None:
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"generate: {what} must hold integer token ids (e.g. torch.int64), got a tensor of dtype "
+                         f"{t.dtype}")
+
+
 def _prompts(input_ids) -> tuple[list[list[int]], str]:
     """Prompts as lists of ints, and the input form ("1d", "2d" or "list") the output mirrors."""
     if isinstance(input_ids, torch.Tensor):
+        _check_ids_tensor(input_ids, "input_ids")
         if input_ids.dim() == 1:
             return [input_ids.tolist()], "1d"
         if input_ids.dim() == 2:
             return input_ids.tolist(), "2d"
         raise ValueError(f"generate: input_ids must be [P] or [B, P], got shape {tuple(input_ids.shape)}")
     if isinstance(input_ids, (list, tuple)):
-        if input_ids and all(isinstance(t, int) for t in input_ids):
-            return [list(input_ids)], "1d"
-        rows = [t.tolist() if isinstance(t, torch.Tensor) else list(t) for t in input_ids]
+        if input_ids and all(_is_token(t) for t in input_ids):
+            return [[int(t) for t in input_ids]], "1d"
+        rows = []
+        for b, row in enumerate(input_ids):
+            if isinstance(row, torch.Tensor):
+                _check_ids_tensor(row, f"input_ids[{b}]")
+                if row.dim() != 1:
+                    raise ValueError(f"generate: input_ids[{b}] must be a 1-D tensor of token ids, got shape "
+                                     f"{tuple(row.shape)}")
+                rows.append(row.tolist())
+            elif isinstance(row, (list, tuple)) and all(_is_token(t) for t in row):
+                rows.append([int(t) for t in row])
+            else:
+                raise ValueError(f"generate: input_ids[{b}] must be a list of integer token ids or a 1-D integer "
+                                 f"tensor, got {_describe(row)}")
         return rows, "list"
-    raise TypeError(f"generate: input_ids must be a tensor or a list of prompts, got {type(input_ids).__name__}")
+    raise ValueError(f"generate: input_ids must be a tensor or a list of prompts, got {type(input_ids).__name__}")
+
+
+def _describe(value) -> str:
+    if isinstance(value, (list, tuple)):
+        odd = next((t for t in value if not _is_token(t)), None)
+        return f"a {type(value).__name__} holding {odd!r} ({type(odd).__name__})"
+    return f"{type(value).__name__} {value!r}"[:120]
 
 
 def attention_window(config) -> int | None:
@@ -208,10 +240,13 @@ def _eos_list(eos_token_id, target) -> list[int]:
     if eos_token_id is None:
         return []
     if isinstance(eos_token_id, torch.Tensor):
+        _check_ids_tensor(eos_token_id, "eos_token_id")
         return [int(x) for x in eos_token_id.flatten().tolist()]
-    if isinstance(eos_token_id, int):
-        return [eos_token_id]
-    return [int(x) for x in eos_token_id]
+    if _is_token(eos_token_id):
+        return [int(eos_token_id)]
+    if isinstance(eos_token_id, (list, tuple)) and all(_is_token(x) for x in eos_token_id):
+        return [int(x) for x in eos_token_id]
+    raise ValueError(f"generate: eos_token_id must be a token id, a list of them or None, got {eos_token_id!r}")
 
 
 def _in_packed_linears_block(fn):
@@ -222,6 +257,22 @@ def _in_packed_linears_block(fn):
     return wrapper
 
 
+def _one_generation_per_drafter(fn):
+    """Checks the target and the drafter, then holds the drafter for the call (``drafters.base.serving``): a
+    drafter's state belongs to one generation."""
+    @functools.wraps(fn)
+    def wrapper(target=None, drafter=None, *args, **kwargs):
+        if not isinstance(target, torch.nn.Module) or getattr(target, "config", None) is None:
+            raise ValueError(f"generate: target must be a Hugging Face causal LM (a torch.nn.Module with a config), "
+                             f"got {type(target).__name__}")
+        if drafter is not None:
+            check_drafter("generate", drafter)
+        with serving(drafter, "generate"):
+            return fn(target, drafter, *args, **kwargs)
+    return wrapper
+
+
+@_one_generation_per_drafter
 @_in_packed_linears_block
 @torch.no_grad()
 def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_tokens: int | list[int] = 32,
@@ -248,6 +299,11 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     Returns ``(tokens, stats)``: prompt + generated tokens in the input's form (a ``[B, P + n]`` tensor padded
     with ``pad_token_id`` (default: the first EOS, else 0) for a 2-D input, a 1-D tensor for a 1-D input, a list of
     1-D tensors for a list) and a :class:`DecodeStats`.
+
+    Every argument error is a ``ValueError`` raised before anything runs (a generation that would reach past a
+    sliding attention window: ``NotImplementedError``). A drafter serves one generation at a time: a call with a
+    drafter that another generation holds is a ``ValueError`` (one drafter per concurrent generation; the target
+    may be shared).
     """
     t_start = time.perf_counter()
     # ---- validate everything once --------------------------------------------------------------------------------
@@ -276,9 +332,17 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     B = len(prompts)
     if streamer is not None and B != 1:
         raise ValueError("generate: a streamer needs batch size 1")
-    max_nodes = int(drafter.max_nodes) if drafter is not None else 1
-    if max_nodes < 1:
-        raise ValueError(f"generate: drafter.max_nodes must be >= 1, got {max_nodes}")
+    if streamer is not None and not all(callable(getattr(streamer, m, None)) for m in ("put", "end")):
+        raise ValueError(f"generate: streamer must have put() and end() (Hugging Face's streamer protocol), got "
+                         f"{type(streamer).__name__}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generate: generator must be a torch.Generator, got {type(generator).__name__}")
+    if seed is not None and not _is_token(seed):
+        raise ValueError(f"generate: seed must be an integer, got {seed!r}")
+    for arg, value in (("pad_token_id", pad_token_id), ("max_cache_len", max_cache_len)):
+        if value is not None and not _is_token(value):
+            raise ValueError(f"generate: {arg} must be an integer, got {value!r}")
+    max_nodes = drafter.max_nodes if drafter is not None else 1  # checked by _one_generation_per_drafter
     P = max(len(p) for p in prompts)
     needed = max(len(p) + n for p, n in zip(prompts, budgets))
     limit = getattr(cfg, "max_position_embeddings", None)

@@ -45,10 +45,19 @@ generation).
 the loop's older behaviour: finished rows are *frozen* — they ride along in the batch until every row has finished,
 their context and cache stay as they are, their results are ignored (``result.accept_len[b] = -1``,
 ``result.appended[b] = 0``) and ``state.done[b]`` is True. A drafter with ``retire`` only ever sees live rows.
+
+One generation at a time. A drafter's caches and counters belong to the generation it serves, so
+:func:`~specdec_ext.generate.generate` holds it (:func:`serving`) from start to end, and a second generation that
+asks for a busy drafter — from another thread, or from a streamer callback — gets a ``ValueError`` at once instead
+of corrupting the first one. Create one drafter per concurrent generation (they may share read-only weights, such
+as one draft model or one set of heads). A drafter that wraps another exposes it as ``inner``
+(:class:`~specdec_ext.adaptive.AdaptiveDrafter`): the wrapped drafter is held too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -194,6 +203,58 @@ class Drafter(Protocol):
         """After :meth:`observe`, when some rows finished: keep only the rows ``keep`` (CPU int64 ``[B']``, distinct,
         in the loop's order), which become rows ``0 .. B' - 1`` of every later call. Optional (see the module doc): without
         it, finished rows stay in the batch, frozen."""
+
+
+REQUIRED_MEMBERS = ("max_nodes", "hidden_state_layers", "begin", "propose", "observe")  # retire is optional
+
+
+def check_drafter(name: str, drafter) -> None:
+    """A ``ValueError`` naming ``name`` unless ``drafter`` has the protocol's required members (:class:`Drafter`,
+    ``retire`` aside) with a ``max_nodes`` >= 1 and integer ``hidden_state_layers``."""
+    missing = [m for m in REQUIRED_MEMBERS if not hasattr(drafter, m)]
+    missing += [m for m in ("begin", "propose", "observe") if m not in missing and not callable(getattr(drafter, m))]
+    if missing:
+        hint = (" (to draft with a model, wrap it: DraftModelDrafter(model), or MedusaDrafter / EagleDrafter for "
+                "their heads)" if isinstance(drafter, torch.nn.Module) else "")
+        raise ValueError(f"{name}: drafter must be a drafter (max_nodes, hidden_state_layers, begin(), propose(), "
+                         f"observe(): the protocol of specdec_ext.drafters.Drafter), got {type(drafter).__name__} "
+                         f"without {', '.join(missing)}{hint}")
+    n = drafter.max_nodes
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name}: drafter.max_nodes must be an integer >= 1, got {n!r}")
+    layers = drafter.hidden_state_layers
+    try:
+        ok = all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}: drafter.hidden_state_layers must be a sequence of integers, got {layers!r}")
+
+
+_SERVING: set[int] = set()  # id() of every drafter a generation holds (held objects stay alive, ids stay unique)
+_SERVING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def serving(drafter, name: str = "generate"):
+    """Holds ``drafter`` (and the drafters it wraps, through ``inner``) for one generation; a ``ValueError`` at once
+    if another generation holds one of them (see the module doc). ``None`` holds nothing."""
+    chain = []
+    while drafter is not None and all(d is not drafter for d in chain):
+        chain.append(drafter)
+        drafter = getattr(drafter, "inner", None)
+    ids = [id(d) for d in chain]
+    with _SERVING_LOCK:  # a test-and-set, never a wait: a busy drafter is an error, not a queue
+        busy = [d for d in chain if id(d) in _SERVING]
+        if busy:
+            raise ValueError(f"{name}: this {type(busy[0]).__name__} is in use by another generation; a drafter "
+                             "serves one generation at a time: create one drafter per concurrent generation")
+        _SERVING.update(ids)
+    try:
+        yield
+    finally:
+        with _SERVING_LOCK:
+            _SERVING.difference_update(ids)
 
 
 def to_device(values, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
