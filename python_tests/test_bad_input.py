@@ -38,76 +38,76 @@ def _typical(x, **over):
 # (id, callable, exception type, regex the message must match)
 CASES = [
     # shapes
-    ("parents_1d", lambda x: ops.build_tree(x["parents"][0]), RuntimeError, r"build_tree: parents must have 2 dimensions"),
-    ("parents_3d_mask", lambda x: ops.tree_ancestor_mask(x["parents"][None]), RuntimeError,
+    ("parents_1d", lambda x: ops.build_tree(x["parents"][0]), ValueError, r"build_tree: parents must have 2 dimensions"),
+    ("parents_3d_mask", lambda x: ops.tree_ancestor_mask(x["parents"][None]), ValueError,
      r"parents must have 2 dimensions"),
     ("prefix_wrong_shape", lambda x: ops.build_tree(x["parents"], torch.zeros(3, dtype=torch.int64)), ValueError,
      r"prefix_lens must be a number or a tensor of shape \[2\]"),
-    ("logits_2d", lambda x: _greedy(x, logits=x["logits"][0]), RuntimeError, r"logits must have 3 dimensions"),
-    ("tokens_wrong_shape", lambda x: _greedy(x, tokens=x["tokens"][:, :4]), RuntimeError,
+    ("logits_2d", lambda x: _greedy(x, logits=x["logits"][0]), ValueError, r"logits must have 3 dimensions"),
+    ("tokens_wrong_shape", lambda x: _greedy(x, tokens=x["tokens"][:, :4]), ValueError,
      r"tokens must have shape \[B, N\]"),
-    ("parents_wrong_shape", lambda x: _greedy(x, parents=x["parents"][:1]), RuntimeError,
+    ("parents_wrong_shape", lambda x: _greedy(x, parents=x["parents"][:1]), ValueError,
      r"parents must have shape \[B, N\]"),
-    ("uniforms_wrong_shape", lambda x: _sampling(x, u=x["u"][:, :3]), RuntimeError,
+    ("uniforms_wrong_shape", lambda x: _sampling(x, u=x["u"][:, :3]), ValueError,
      r"uniforms must have shape \[B, N\]"),
-    ("draft_probs_wrong_shape", lambda x: _sampling(x, q=x["q"][:, :, :5]), RuntimeError,
+    ("draft_probs_wrong_shape", lambda x: _sampling(x, q=x["q"][:, :, :5]), ValueError,
      r"draft_probs must have shape \[B, N, V\]"),
-    ("typical_uniforms_2d", lambda x: _typical(x, u1=x["u"]), RuntimeError, r"uniforms must have shape \[B\]"),
+    ("typical_uniforms_2d", lambda x: _typical(x, u1=x["u"]), ValueError, r"uniforms must have shape \[B\]"),
     ("parent_scores_wrong_shape", lambda x: ops.expand_tree_step(x["logits"], x["scores"][:, :2], 2, 2),
-     RuntimeError, r"parent_scores must have shape \[B, F\]"),
-    ("sample_logits_3d", lambda x: ops.sample_tokens(x["logits"], x["u"][:, 0]), RuntimeError,
+     ValueError, r"parent_scores must have shape \[B, F\]"),
+    ("sample_logits_3d", lambda x: ops.sample_tokens(x["logits"], x["u"][:, 0]), ValueError,
      r"logits must have 2 dimensions"),
-    ("sample_uniforms_wrong_shape", lambda x: ops.sample_tokens(x["logits"][0], x["u"][0, :2]), RuntimeError,
+    ("sample_uniforms_wrong_shape", lambda x: ops.sample_tokens(x["logits"][0], x["u"][0, :2]), ValueError,
      r"uniforms must have shape \[B\]"),
     # dtypes
-    ("int32_tokens", lambda x: _greedy(x, tokens=x["tokens"].int()), RuntimeError, r"tokens must be Long"),
-    ("int32_parents", lambda x: ops.build_tree(x["parents"].int()), RuntimeError, r"parents must be Long"),
-    ("float_parents_mask", lambda x: ops.tree_ancestor_mask(x["parents"].float()), RuntimeError,
+    ("int32_tokens", lambda x: _greedy(x, tokens=x["tokens"].int()), ValueError, r"tokens must be Long"),
+    ("int32_parents", lambda x: ops.build_tree(x["parents"].int()), ValueError, r"parents must be Long"),
+    ("float_parents_mask", lambda x: ops.tree_ancestor_mask(x["parents"].float()), ValueError,
      r"parents must be Long"),
-    ("float64_logits", lambda x: _greedy(x, logits=x["logits"].double()), RuntimeError,
+    ("float64_logits", lambda x: _greedy(x, logits=x["logits"].double()), ValueError,
      r"logits must be float32, float16 or bfloat16, got Double"),
-    ("int_logits_sample", lambda x: ops.sample_tokens(x["logits"][0].long(), x["u"][0]), RuntimeError,
+    ("int_logits_sample", lambda x: ops.sample_tokens(x["logits"][0].long(), x["u"][0]), ValueError,
      r"logits must be float32, float16 or bfloat16"),
-    ("float64_uniforms", lambda x: _sampling(x, u=x["u"].double()), RuntimeError, r"uniforms must be Float"),
-    ("float16_draft_probs", lambda x: _sampling(x, q=x["q"].half()), RuntimeError, r"draft_probs must be Float"),
+    ("float64_uniforms", lambda x: _sampling(x, u=x["u"].double()), ValueError, r"uniforms must be Float"),
+    ("float16_draft_probs", lambda x: _sampling(x, q=x["q"].half()), ValueError, r"draft_probs must be Float"),
     ("float64_parent_scores", lambda x: ops.expand_tree_step(x["logits"], x["scores"].double(), 2, 2),
-     RuntimeError, r"parent_scores must be Float"),
+     ValueError, r"parent_scores must be Float"),
     # layouts
-    ("logits_vocab_stride", lambda x: _greedy(x, logits=torch.randn(B, N, 2 * V)[..., ::2]), RuntimeError,
+    ("logits_vocab_stride", lambda x: _greedy(x, logits=torch.randn(B, N, 2 * V)[..., ::2]), ValueError,
      r"logits must have unit stride in its last dimension"),
-    ("draft_probs_vocab_stride", lambda x: _sampling(x, q=torch.rand(B, N, 2 * V)[..., ::2]), RuntimeError,
+    ("draft_probs_vocab_stride", lambda x: _sampling(x, q=torch.rand(B, N, 2 * V)[..., ::2]), ValueError,
      r"draft_probs must have unit stride in its last dimension"),
     ("sample_logits_vocab_stride", lambda x: ops.sample_tokens(x["logits"][:, 0].t().contiguous().t(),
-                                                                x["u"][0]), RuntimeError,
+                                                                x["u"][0]), ValueError,
      r"logits must have unit stride in its last dimension"),
     ("expand_logits_vocab_stride", lambda x: ops.expand_tree_step(x["logits"].transpose(1, 2).contiguous()
                                                                   .transpose(1, 2), x["scores"], 2, 2),
-     RuntimeError, r"logits must have unit stride in its last dimension"),
+     ValueError, r"logits must have unit stride in its last dimension"),
     # empty tensors
-    ("empty_batch_tree", lambda x: ops.build_tree(torch.empty(0, 4, dtype=torch.int64)), RuntimeError,
+    ("empty_batch_tree", lambda x: ops.build_tree(torch.empty(0, 4, dtype=torch.int64)), ValueError,
      r"parents must be non-empty"),
-    ("empty_nodes_mask", lambda x: ops.tree_ancestor_mask(torch.empty(3, 0, dtype=torch.int64)), RuntimeError,
+    ("empty_nodes_mask", lambda x: ops.tree_ancestor_mask(torch.empty(3, 0, dtype=torch.int64)), ValueError,
      r"parents must be non-empty"),
     ("empty_nodes_greedy", lambda x: ops.verify_tree_greedy(torch.empty(2, 0, V), torch.empty(2, 0).long(),
-                                                            torch.empty(2, 0).long()), RuntimeError,
+                                                            torch.empty(2, 0).long()), ValueError,
      r"logits must be non-empty"),
-    ("empty_vocab_sampling", lambda x: _sampling({**x, "q": None}, logits=torch.empty(B, N, 0)), RuntimeError,
+    ("empty_vocab_sampling", lambda x: _sampling({**x, "q": None}, logits=torch.empty(B, N, 0)), ValueError,
      r"logits must be non-empty"),
-    ("empty_rows_sample", lambda x: ops.sample_tokens(torch.empty(0, V), torch.empty(0)), RuntimeError,
+    ("empty_rows_sample", lambda x: ops.sample_tokens(torch.empty(0, V), torch.empty(0)), ValueError,
      r"logits must be non-empty"),
     ("empty_frontier_expand", lambda x: ops.expand_tree_step(torch.empty(B, 0, V), torch.empty(B, 0), 2, 1),
-     RuntimeError, r"logits must be non-empty"),
+     ValueError, r"logits must be non-empty"),
     # ranges of non-tensor arguments
-    ("expand_top_k_zero", lambda x: ops.expand_tree_step(x["logits"], x["scores"], 0, 1), RuntimeError,
+    ("expand_top_k_zero", lambda x: ops.expand_tree_step(x["logits"], x["scores"], 0, 1), ValueError,
      r"top_k must be in \[1, V = 11\], got 0"),
-    ("expand_top_k_too_big", lambda x: ops.expand_tree_step(x["logits"], x["scores"], V + 1, 1), RuntimeError,
+    ("expand_top_k_too_big", lambda x: ops.expand_tree_step(x["logits"], x["scores"], V + 1, 1), ValueError,
      r"top_k must be in \[1, V = 11\], got 12"),
-    ("expand_num_select_zero", lambda x: ops.expand_tree_step(x["logits"], x["scores"], 2, 0), RuntimeError,
+    ("expand_num_select_zero", lambda x: ops.expand_tree_step(x["logits"], x["scores"], 2, 0), ValueError,
      r"num_select must be in \[1, F \* top_k = 10\], got 0"),
-    ("expand_num_select_too_big", lambda x: ops.expand_tree_step(x["logits"], x["scores"], 2, 11), RuntimeError,
+    ("expand_num_select_too_big", lambda x: ops.expand_tree_step(x["logits"], x["scores"], 2, 11), ValueError,
      r"num_select must be in \[1, F \* top_k = 10\], got 11"),
-    ("typical_threshold_range", lambda x: _typical(x, thr=1.5), RuntimeError, r"posterior_threshold must be in"),
-    ("typical_alpha_range", lambda x: _typical(x, alpha=-0.1), RuntimeError, r"posterior_alpha must be in"),
+    ("typical_threshold_range", lambda x: _typical(x, thr=1.5), ValueError, r"posterior_threshold must be in"),
+    ("typical_alpha_range", lambda x: _typical(x, alpha=-0.1), ValueError, r"posterior_alpha must be in"),
     # Python-level wrapper errors (_per_row)
     ("temperature_wrong_shape", lambda x: _sampling(x, temperature=torch.ones(3)), ValueError,
      r"temperature must be a number or a tensor of shape \[2\], got \(3,\)"),
@@ -129,7 +129,7 @@ def test_bad_argument(case):
 
 
 def test_messages_name_the_op():
-    with pytest.raises(RuntimeError, match=r"^verify_tree_sampling: draft_probs must be Float"):
+    with pytest.raises(ValueError, match=r"^verify_tree_sampling: draft_probs must be Float"):
         _sampling(_x(), q=_x()["q"].double())
 
 
@@ -164,7 +164,7 @@ def test_wrong_device(moved):
     x = _x("cuda")
     x[moved] = x[moved].cpu()
     name = {"u": "uniforms", "q": "draft_probs"}.get(moved, moved)
-    with pytest.raises(RuntimeError, match=rf"{name} is on cpu but logits is on cuda"):
+    with pytest.raises(ValueError, match=rf"{name} is on cpu but logits is on cuda"):
         _sampling(x, temperature=torch.ones(2, device="cuda"), top_k=torch.zeros(2, dtype=torch.long, device="cuda"),
                   top_p=torch.ones(2, device="cuda"))
 
@@ -172,9 +172,9 @@ def test_wrong_device(moved):
 @pytest.mark.skipif(CUDA_SKIP_REASON is not None, reason=CUDA_SKIP_REASON or "")
 def test_wrong_device_prefix_and_params():
     x = _x("cuda")
-    with pytest.raises(RuntimeError, match=r"prefix_lens is on cpu but parents is on cuda"):
+    with pytest.raises(ValueError, match=r"prefix_lens is on cpu but parents is on cuda"):
         torch.ops.specdec_ext.build_tree(x["parents"], torch.zeros(2, dtype=torch.long), True)
-    with pytest.raises(RuntimeError, match=r"temperature is on cpu but logits is on cuda"):
+    with pytest.raises(ValueError, match=r"temperature is on cpu but logits is on cuda"):
         torch.ops.specdec_ext.sample_tokens(x["logits"][:, 0], x["u"][:, 0].contiguous(), torch.ones(2),
                                             torch.zeros(2, dtype=torch.long, device="cuda"),
                                             torch.ones(2, device="cuda"), True)
@@ -183,11 +183,11 @@ def test_wrong_device_prefix_and_params():
 def test_raw_op_dtype_of_parameters():
     """Calling torch.ops directly bypasses the wrappers' conversions: parameter dtypes are checked by name."""
     x = _x()
-    with pytest.raises(RuntimeError, match=r"top_k must be Long"):
+    with pytest.raises(ValueError, match=r"top_k must be Long"):
         torch.ops.specdec_ext.sample_tokens(x["logits"][:, 0], x["u"][:, 0].contiguous(), torch.ones(2),
                                             torch.zeros(2), torch.ones(2), True)
-    with pytest.raises(RuntimeError, match=r"prefix_lens must be Long"):
+    with pytest.raises(ValueError, match=r"prefix_lens must be Long"):
         torch.ops.specdec_ext.build_tree(x["parents"], torch.zeros(2), True)
-    with pytest.raises(RuntimeError, match=r"temperature must be Float"):
+    with pytest.raises(ValueError, match=r"temperature must be Float"):
         torch.ops.specdec_ext.verify_tree_typical(x["logits"], x["tokens"], x["parents"], x["u"][:, 0].contiguous(),
                                                   torch.ones(2, dtype=torch.float64), 0.09, 0.3, True)

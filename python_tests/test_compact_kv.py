@@ -152,23 +152,23 @@ def test_bad_arguments():
     src, dst, n = torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), torch.ones(2,
                                                                                                       dtype=torch.int64)
     op = torch.ops.specdec_ext.compact_kv
-    with pytest.raises(RuntimeError, match="caches must hold at least one tensor"):
+    with pytest.raises(ValueError, match="caches must hold at least one tensor"):
         op([], src, dst, n, 2)
-    with pytest.raises(RuntimeError, match=r"seq_dim must be in \[1, 3\]"):
+    with pytest.raises(ValueError, match=r"seq_dim must be in \[1, 3\]"):
         op([c], src, dst, n, 0)
-    with pytest.raises(RuntimeError, match=r"every cache must have caches\[0\]'s shape"):
+    with pytest.raises(ValueError, match=r"every cache must have caches\[0\]'s shape"):
         op([c, torch.zeros(2, 3, 11, 4)], src, dst, n, 2)
-    with pytest.raises(RuntimeError, match=r"every cache must have caches\[0\]'s shape"):
+    with pytest.raises(ValueError, match=r"every cache must have caches\[0\]'s shape"):
         op([c, c.half()], src, dst, n, 2)
-    with pytest.raises(RuntimeError, match=r"caches\[0\] must be contiguous"):
+    with pytest.raises(ValueError, match=r"caches\[0\] must be contiguous"):
         op([c.transpose(1, 2)], src, dst, n, 1)
-    with pytest.raises(RuntimeError, match="caches must be floating point"):
+    with pytest.raises(ValueError, match="caches must be floating point"):
         op([c.long()], src, dst, n, 2)
-    with pytest.raises(RuntimeError, match=r"src_positions must have shape \[B, L\]"):
+    with pytest.raises(ValueError, match=r"src_positions must have shape \[B, L\]"):
         op([c], src[:1], dst, n, 2)
-    with pytest.raises(RuntimeError, match="src_positions must be Long"):
+    with pytest.raises(ValueError, match="src_positions must be Long"):
         op([c], src.int(), dst, n, 2)
-    with pytest.raises(RuntimeError, match=r"lengths must have shape \[B\]"):
+    with pytest.raises(ValueError, match=r"lengths must have shape \[B\]"):
         op([c], src, dst, n[:1], 2)
-    with pytest.raises(RuntimeError, match="dst_start must be Long"):
+    with pytest.raises(ValueError, match="dst_start must be Long"):
         op([c], src, dst.float(), n, 2)

@@ -127,7 +127,7 @@ def test_bad_write_slot(device):
 def test_bad_arguments_name_the_argument(device, change, message):
     c = _case(torch.float32)
     change(c)
-    with pytest.raises((ValueError, RuntimeError), match=message):
+    with pytest.raises(ValueError, match=message):
         _run(c, device)
 
 
@@ -135,7 +135,7 @@ def test_cuda_inputs_must_share_a_device():
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU to mix devices")
     c = _case(torch.float32)
-    with pytest.raises(RuntimeError, match="all tensors must be on one device"):
+    with pytest.raises(ValueError, match="all tensors must be on one device"):
         ops.draft_decoder_layer(c["x"].cuda(), c["residual"], c["packed"]["qkv"], c["packed"]["o"], c["norm_weight"],
                                 c["packed"]["gate_up"], c["packed"]["down"], c["position_ids"], c["inv_freq"],
                                 c["k_cache"], c["v_cache"], c["write_slots"], c["mask"], 4, 80, 1e-5)
@@ -208,6 +208,10 @@ def test_eagle_layer_keeps_the_module_path_for_unusual_calls(monkeypatch):
     """A float (additive) mask, a trainable parameter with gradients on, or no write slots: the module path runs
     (the op takes bool masks and has no autograd), with its own results and errors."""
     m = _eagle(1, torch.float32)
+    from specdec_ext.models.fast_linear import packed_operand
+
+    if packed_operand((m.fc,)) is None:
+        pytest.skip("no packed float32 kernel path on this CPU: the layer takes the module path only")
     calls = []
     real = E.draft_layer_op()
     monkeypatch.setattr(E, "draft_layer_op", lambda: lambda *a: calls.append(1) or real(*a))

@@ -113,5 +113,5 @@ def test_bad_arguments_name_the_argument(case):
         "int_weight": (lambda: ops.pack_linear_weight(torch.ones(4, 4, dtype=torch.int32)), "weight must be float"),
     }
     fn, message = calls[case]
-    with pytest.raises(RuntimeError, match=message):
+    with pytest.raises(ValueError, match=message):
         fn()

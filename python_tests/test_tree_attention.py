@@ -222,5 +222,5 @@ BAD = [
 @pytest.mark.parametrize("name,over,pattern", BAD, ids=[b[0] for b in BAD])
 def test_bad_arguments(name, over, pattern):
     a = _args(**over)
-    with pytest.raises(RuntimeError, match=pattern):
+    with pytest.raises(ValueError, match=pattern):
         torch.ops.specdec_ext.tree_attention(a["q"], a["k"], a["v"], a["prefix"], a["mask"], a["scale"])

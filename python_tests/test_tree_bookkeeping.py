@@ -69,7 +69,7 @@ def test_advance_bad_indices(device, bad, row, message):
 def test_advance_bad_arguments(device, change, message):
     c = _frontier_case()
     change(c)
-    with pytest.raises((ValueError, RuntimeError), match=message):
+    with pytest.raises(ValueError, match=message):
         ops.advance_tree_frontier(**_on(device, c))
 
 
@@ -135,5 +135,5 @@ def test_select_bad_parent(device):
     assert (got[0][1] == -1).all() and (got[1][1] == -1).all()
     good = ops.select_tree_nodes(tokens[:1], scores[:1], parents[:1], roots[:1], 30)
     assert torch.equal(got[0][0].cpu(), good[0][0]) and torch.equal(got[1][0].cpu(), good[1][0])
-    with pytest.raises((ValueError, RuntimeError), match=r"num_nodes must be >= 0"):
+    with pytest.raises(ValueError, match=r"num_nodes must be >= 0"):
         ops.select_tree_nodes(tokens.to(device), scores.to(device), parents.to(device), roots.to(device), -1)

@@ -38,7 +38,7 @@ using at::Tensor;
         return __VA_ARGS__();                                                    \
       }                                                                          \
       default:                                                                   \
-        TORCH_CHECK(false, op, ": unsupported float dtype ", dtype);             \
+        SPECDEC_CHECK(false, op, ": unsupported float dtype ", dtype);           \
     }                                                                            \
   }()
 
@@ -68,8 +68,8 @@ inline Tensor checked_row_vector(const char* op, const char* name, const Tensor&
 inline void check_tree_args(const char* op, const Tensor& parents) {
   check_dim(op, "parents", parents, 2, "[B, N]");
   check_dtype(op, "parents", parents, at::kLong);
-  TORCH_CHECK(parents.size(0) >= 1 && parents.size(1) >= 1, op, ": parents must be non-empty [B, N], got ",
-              shape_str(parents));
+  SPECDEC_CHECK(parents.size(0) >= 1 && parents.size(1) >= 1, op, ": parents must be non-empty [B, N], got ",
+                shape_str(parents));
 }
 
 // Tree topology -------------------------------------------------------------------------------------------------
@@ -129,8 +129,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> advance_tree_frontier_impl(co
   check_dim(op, "cand_tokens", cand_tokens_in, 3, "[B, F, K]");
   check_dtype(op, "cand_tokens", cand_tokens_in, at::kLong);
   const int64_t B = cand_tokens_in.size(0), F = cand_tokens_in.size(1), K = cand_tokens_in.size(2);
-  TORCH_CHECK(B >= 1 && F >= 1 && K >= 1, op, ": cand_tokens must be non-empty [B, F, K], got ",
-              shape_str(cand_tokens_in));
+  SPECDEC_CHECK(B >= 1 && F >= 1 && K >= 1, op, ": cand_tokens must be non-empty [B, F, K], got ",
+                shape_str(cand_tokens_in));
   check_dtype(op, "cand_scores", cand_scores_in, at::kFloat);
   check_same_device(op, "cand_scores", cand_scores_in, cand_tokens_in, "cand_tokens");
   check_shape(op, "cand_scores", cand_scores_in, {B, F, K}, "[B, F, K]");
@@ -138,23 +138,24 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> advance_tree_frontier_impl(co
   check_same_device(op, "selected", selected_in, cand_tokens_in, "cand_tokens");
   check_dim(op, "selected", selected_in, 2, "[B, S]");
   const int64_t S = selected_in.size(1);
-  TORCH_CHECK(selected_in.size(0) == B && S >= 1, op, ": selected must have shape [B, S] with B = ", B,
-              " and S >= 1, got ", shape_str(selected_in));
+  SPECDEC_CHECK(selected_in.size(0) == B && S >= 1, op, ": selected must have shape [B, S] with B = ", B,
+                " and S >= 1, got ", shape_str(selected_in));
   check_dtype(op, "ancestors", ancestors_in, at::kBool);
   check_same_device(op, "ancestors", ancestors_in, cand_tokens_in, "cand_tokens");
   check_dim(op, "ancestors", ancestors_in, 3, "[B, F, C]");
   const int64_t C = ancestors_in.size(2);
-  TORCH_CHECK(ancestors_in.size(0) == B && ancestors_in.size(1) == F && C >= 1, op,
-              ": ancestors must have shape [B, F, C] with B = ", B, ", F = ", F, " and C >= 1, got ",
-              shape_str(ancestors_in));
-  TORCH_CHECK(self_column >= 0 && self_column + S <= C, op, ": self_column must be in [0, C - S] = [0, ", C - S,
-              "] (the new frontier's own columns self_column .. self_column + S - 1), got ", self_column);
+  SPECDEC_CHECK(ancestors_in.size(0) == B && ancestors_in.size(1) == F && C >= 1, op,
+                ": ancestors must have shape [B, F, C] with B = ", B, ", F = ", F, " and C >= 1, got ",
+                shape_str(ancestors_in));
+  // (self_column <= C - S, not self_column + S <= C: the sum wraps for self_column near 2^63)
+  SPECDEC_CHECK(S <= C && self_column >= 0 && self_column <= C - S, op, ": self_column must be in [0, C - S] = [0, ",
+                C - S, "] (the new frontier's own columns self_column .. self_column + S - 1), got ", self_column);
   check_dtype(op, "column", column_in, at::kLong);
   check_same_device(op, "column", column_in, cand_tokens_in, "cand_tokens");
   check_dim(op, "column", column_in, 2, "[B, L]");
   const int64_t L = column_in.size(1);
-  TORCH_CHECK(column_in.size(0) == B, op, ": column must have shape [B, L] with B = ", B, ", got ",
-              shape_str(column_in));
+  SPECDEC_CHECK(column_in.size(0) == B, op, ": column must have shape [B, L] with B = ", B, ", got ",
+                shape_str(column_in));
   const Tensor cand_tokens = cand_tokens_in.contiguous(), cand_scores = cand_scores_in.contiguous();
   const Tensor selected = selected_in.contiguous(), ancestors = ancestors_in.contiguous();
   const Tensor column = column_in.contiguous();
@@ -187,13 +188,13 @@ std::tuple<Tensor, Tensor> select_tree_nodes_impl(const Tensor& tokens_in, const
   check_dim(op, "tokens", tokens_in, 2, "[B, C]");
   check_dtype(op, "tokens", tokens_in, at::kLong);
   const int64_t B = tokens_in.size(0), C = tokens_in.size(1);
-  TORCH_CHECK(B >= 1, op, ": tokens must have shape [B, C] with B >= 1, got ", shape_str(tokens_in));
+  SPECDEC_CHECK(B >= 1, op, ": tokens must have shape [B, C] with B >= 1, got ", shape_str(tokens_in));
   check_dtype(op, "scores", scores_in, at::kFloat);
   check_same_device(op, "scores", scores_in, tokens_in, "tokens");
   check_shape(op, "scores", scores_in, {B, C}, "[B, C]");
   const Tensor parents = checked_index_matrix(op, "parents", parents_in, B, C, tokens_in, "tokens");
   const Tensor roots = checked_row_vector(op, "roots", roots_in, B, at::kLong, tokens_in, "tokens");
-  TORCH_CHECK(num_nodes >= 0, op, ": num_nodes must be >= 0, got ", num_nodes);
+  SPECDEC_CHECK(num_nodes >= 0, op, ": num_nodes must be >= 0, got ", num_nodes);
   const int64_t M = std::min(num_nodes, C);
   const Tensor tokens = tokens_in.contiguous(), scores = scores_in.contiguous();
   c10::OptionalDeviceGuard guard(tokens.device());
@@ -234,7 +235,7 @@ inline VerifyArgs check_verify_args(const char* op, const Tensor& logits, const 
   check_float(op, "logits", logits);
   check_unit_last_stride(op, "logits", logits);
   const int64_t B = logits.size(0), N = logits.size(1), V = logits.size(2);
-  TORCH_CHECK(B >= 1 && N >= 1 && V >= 1, op, ": logits must be non-empty [B, N, V], got ", shape_str(logits));
+  SPECDEC_CHECK(B >= 1 && N >= 1 && V >= 1, op, ": logits must be non-empty [B, N, V], got ", shape_str(logits));
   VerifyArgs a;
   a.B = B;
   a.N = N;
@@ -335,10 +336,10 @@ std::tuple<Tensor, Tensor, Tensor> verify_tree_typical_impl(const Tensor& logits
   const Tensor uniforms = checked_row_vector(op, "uniforms", uniforms_in, a.B, at::kFloat, logits, "logits");
   const Tensor temperature =
       checked_row_vector(op, "temperature", temperature_in, a.B, at::kFloat, logits, "logits");
-  TORCH_CHECK(posterior_threshold >= 0 && posterior_threshold <= 1, op,
-              ": posterior_threshold must be in [0, 1], got ", posterior_threshold);
-  TORCH_CHECK(posterior_alpha >= 0 && posterior_alpha <= 1, op, ": posterior_alpha must be in [0, 1], got ",
-              posterior_alpha);
+  SPECDEC_CHECK(posterior_threshold >= 0 && posterior_threshold <= 1, op,
+                ": posterior_threshold must be in [0, 1], got ", posterior_threshold);
+  SPECDEC_CHECK(posterior_alpha >= 0 && posterior_alpha <= 1, op, ": posterior_alpha must be in [0, 1], got ",
+                posterior_alpha);
   c10::OptionalDeviceGuard guard(logits.device());
   SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
     VerifyTreeTypicalParams<scalar_t> p{float_ptr<scalar_t>(logits),
@@ -371,7 +372,7 @@ std::tuple<Tensor, Tensor> sample_tokens_impl(const Tensor& logits, const Tensor
   check_float(op, "logits", logits);
   check_unit_last_stride(op, "logits", logits);
   const int64_t R = logits.size(0), V = logits.size(1);
-  TORCH_CHECK(R >= 1 && V >= 1, op, ": logits must be non-empty [R, V], got ", shape_str(logits));
+  SPECDEC_CHECK(R >= 1 && V >= 1, op, ": logits must be non-empty [R, V], got ", shape_str(logits));
   const Tensor uniforms = checked_row_vector(op, "uniforms", uniforms_in, R, at::kFloat, logits, "logits");
   Tensor temperature = temperature_in, top_k = top_k_in, top_p = top_p_in;
   const SamplingParams sampling = checked_sampling(op, temperature, top_k, top_p, R, logits);
@@ -397,13 +398,13 @@ std::tuple<Tensor, Tensor, Tensor> expand_tree_step_impl(const Tensor& logits, c
   check_float(op, "logits", logits);
   check_unit_last_stride(op, "logits", logits);
   const int64_t B = logits.size(0), F = logits.size(1), V = logits.size(2);
-  TORCH_CHECK(B >= 1 && F >= 1 && V >= 1, op, ": logits must be non-empty [B, F, V], got ", shape_str(logits));
+  SPECDEC_CHECK(B >= 1 && F >= 1 && V >= 1, op, ": logits must be non-empty [B, F, V], got ", shape_str(logits));
   check_dtype(op, "parent_scores", parent_scores_in, at::kFloat);
   check_same_device(op, "parent_scores", parent_scores_in, logits, "logits");
   check_shape(op, "parent_scores", parent_scores_in, {B, F}, "[B, F]");
-  TORCH_CHECK(top_k >= 1 && top_k <= V, op, ": top_k must be in [1, V = ", V, "], got ", top_k);
-  TORCH_CHECK(num_select >= 1 && num_select <= F * top_k, op, ": num_select must be in [1, F * top_k = ",
-              F * top_k, "], got ", num_select);
+  SPECDEC_CHECK(top_k >= 1 && top_k <= V, op, ": top_k must be in [1, V = ", V, "], got ", top_k);
+  SPECDEC_CHECK(num_select >= 1 && num_select <= F * top_k, op, ": num_select must be in [1, F * top_k = ",
+                F * top_k, "], got ", num_select);
   const Tensor parent_scores = parent_scores_in.contiguous();
   c10::OptionalDeviceGuard guard(logits.device());
   Tensor cand_tokens = at::empty({B, F, top_k}, logits.options().dtype(at::kLong));
@@ -440,7 +441,7 @@ std::tuple<Tensor, Tensor, Tensor> expand_tree_step_impl(const Tensor& logits, c
 // The packed layout's shape for weight[N, K] of `dtype` (common/params.h): [ceil(N / 32), ceil(K / P), 32, P].
 inline std::vector<int64_t> packed_linear_shape(const char* op, at::ScalarType dtype, int64_t N, int64_t K) {
   const int64_t P = SPECDEC_DISPATCH_FLOAT(dtype, op, [&] { return linear_pack_pair<scalar_t>(); });
-  return {(N + kLinearPanel - 1) / kLinearPanel, (K + P - 1) / P, kLinearPanel, P};
+  return {ceil_div(N, kLinearPanel), ceil_div(K, P), kLinearPanel, P};
 }
 
 template <class Backend>
@@ -449,8 +450,8 @@ Tensor pack_linear_weight_impl(const Tensor& weight_in) {
   check_dim(op, "weight", weight_in, 2, "[out_features, in_features]");
   check_float(op, "weight", weight_in);
   const int64_t N = weight_in.size(0), K = weight_in.size(1);
-  TORCH_CHECK(N >= 1 && K >= 1, op, ": weight must be non-empty [out_features, in_features], got ",
-              shape_str(weight_in));
+  SPECDEC_CHECK(N >= 1 && K >= 1, op, ": weight must be non-empty [out_features, in_features], got ",
+                shape_str(weight_in));
   const Tensor weight = weight_in.contiguous();
   c10::OptionalDeviceGuard guard(weight.device());
   Tensor packed = at::empty(packed_linear_shape(op, weight.scalar_type(), N, K), weight.options());
@@ -466,20 +467,20 @@ template <class Backend>
 Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const std::optional<Tensor>& bias_in,
                           int64_t out_features) {
   constexpr const char* op = "packed_linear";
-  TORCH_CHECK(x_in.dim() >= 1, op, ": x must have shape [..., in_features], got a scalar");
+  SPECDEC_CHECK(x_in.dim() >= 1, op, ": x must have shape [..., in_features], got a scalar");
   check_float(op, "x", x_in);
   const int64_t K = x_in.size(-1), N = out_features;
-  TORCH_CHECK(K >= 1, op, ": x must have in_features >= 1 in its last dimension, got shape ", shape_str(x_in));
-  TORCH_CHECK(N >= 1, op, ": out_features must be >= 1, got ", N);
-  TORCH_CHECK(packed_weight.scalar_type() == x_in.scalar_type(), op, ": packed_weight must have x's dtype ",
-              x_in.scalar_type(), ", got ", packed_weight.scalar_type());
+  SPECDEC_CHECK(K >= 1, op, ": x must have in_features >= 1 in its last dimension, got shape ", shape_str(x_in));
+  SPECDEC_CHECK(N >= 1, op, ": out_features must be >= 1, got ", N);
+  SPECDEC_CHECK(packed_weight.scalar_type() == x_in.scalar_type(), op, ": packed_weight must have x's dtype ",
+                x_in.scalar_type(), ", got ", packed_weight.scalar_type());
   check_same_device(op, "packed_weight", packed_weight, x_in, "x");
   const std::vector<int64_t> want = packed_linear_shape(op, x_in.scalar_type(), N, K);
-  TORCH_CHECK(packed_weight.sizes().equals(want), op, ": packed_weight must have shape [ceil(out_features / 32), "
-              "ceil(in_features / P), 32, P] = ", at::IntArrayRef(want), " for out_features = ", N,
-              ", in_features = ", K, " (x's last dimension) and ", x_in.scalar_type(),
-              " (pack_linear_weight's output), got ", shape_str(packed_weight));
-  TORCH_CHECK(packed_weight.is_contiguous(), op, ": packed_weight must be contiguous (pack_linear_weight's output)");
+  SPECDEC_CHECK(packed_weight.sizes().equals(want), op, ": packed_weight must have shape [ceil(out_features / 32), "
+                "ceil(in_features / P), 32, P] = ", at::IntArrayRef(want), " for out_features = ", N,
+                ", in_features = ", K, " (x's last dimension) and ", x_in.scalar_type(),
+                " (pack_linear_weight's output), got ", shape_str(packed_weight));
+  SPECDEC_CHECK(packed_weight.is_contiguous(), op, ": packed_weight must be contiguous (pack_linear_weight's output)");
   Tensor bias;
   if (bias_in.has_value()) {
     bias = *bias_in;

@@ -6,6 +6,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "../kernels/common/dtype.h"
@@ -17,8 +18,8 @@ namespace specdec::glue {
 // A K/V cache [B, Hkv, S, D] of q's dtype and device, unit stride in D.
 inline void check_kv_cache(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q) {
   check_dim(op, name, t, 4, "[B, Hkv, S, D]");
-  TORCH_CHECK(t.scalar_type() == q.scalar_type(), op, ": ", name, " must have q's dtype ", q.scalar_type(), ", got ",
-              t.scalar_type());
+  SPECDEC_CHECK(t.scalar_type() == q.scalar_type(), op, ": ", name, " must have q's dtype ", q.scalar_type(), ", got ",
+                t.scalar_type());
   check_same_device(op, name, t, q, "q");
   check_unit_last_stride(op, name, t);
 }
@@ -32,27 +33,28 @@ at::Tensor tree_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, c
   check_float(op, "q", q);
   check_unit_last_stride(op, "q", q);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
-  TORCH_CHECK(B >= 1 && H >= 1 && N >= 1, op, ": q must be non-empty [B, H, N, D], got ", shape_str(q));
-  TORCH_CHECK(tree_attention_head_dim_supported(D), op, ": head dim D = ", D,
-              " is not supported (supported: 64, 80, 96, 128, 256)");
+  SPECDEC_CHECK(B >= 1 && H >= 1 && N >= 1, op, ": q must be non-empty [B, H, N, D], got ", shape_str(q));
+  SPECDEC_CHECK(tree_attention_head_dim_supported(D), op, ": head dim D = ", D,
+                " is not supported (supported: 64, 80, 96, 128, 256)");
   check_kv_cache(op, "k_cache", k_cache, q);
   check_kv_cache(op, "v_cache", v_cache, q);
   const int64_t Hkv = k_cache.size(1), S = k_cache.size(2);
-  TORCH_CHECK(k_cache.size(0) == B && k_cache.size(3) == D && Hkv >= 1, op,
-              ": k_cache must have shape [B, Hkv, S, D] with q's B = ", B, " and D = ", D, ", got ",
-              shape_str(k_cache));
-  TORCH_CHECK(v_cache.sizes().equals(k_cache.sizes()), op, ": v_cache must have k_cache's shape ",
-              shape_str(k_cache), ", got ", shape_str(v_cache));
-  TORCH_CHECK(H % Hkv == 0, op, ": the number of query heads H = ", H,
-              " must be a multiple of the number of key/value heads Hkv = ", Hkv);
-  TORCH_CHECK(S >= N, op, ": the cache holds S = ", S, " positions, fewer than the N = ", N,
-              " tree nodes it must hold after the prefix");
+  SPECDEC_CHECK(k_cache.size(0) == B && k_cache.size(3) == D && Hkv >= 1, op,
+                ": k_cache must have shape [B, Hkv, S, D] with q's B = ", B, " and D = ", D, ", got ",
+                shape_str(k_cache));
+  SPECDEC_CHECK(v_cache.sizes().equals(k_cache.sizes()), op, ": v_cache must have k_cache's shape ",
+                shape_str(k_cache), ", got ", shape_str(v_cache));
+  SPECDEC_CHECK(H % Hkv == 0, op, ": the number of query heads H = ", H,
+                " must be a multiple of the number of key/value heads Hkv = ", Hkv);
+  SPECDEC_CHECK(S >= N, op, ": the cache holds S = ", S, " positions, fewer than the N = ", N,
+                " tree nodes it must hold after the prefix");
+  SPECDEC_CHECK(std::isfinite(scale), op, ": scale must be a finite number, got ", scale);
   const at::Tensor prefix_lens = checked_row_vector(op, "prefix_lens", prefix_lens_in, B, at::kLong, q, "q");
   check_same_device(op, "tree_mask", tree_mask_in, q, "q");
   const bool packed = tree_mask_in.scalar_type() == at::kInt;
-  TORCH_CHECK(packed || tree_mask_in.scalar_type() == at::kBool, op,
-              ": tree_mask must be bool [B, N, N] (dense) or int32 [B, N, ceil(N/32)] (bit-packed), got ",
-              tree_mask_in.scalar_type());
+  SPECDEC_CHECK(packed || tree_mask_in.scalar_type() == at::kBool, op,
+                ": tree_mask must be bool [B, N, N] (dense) or int32 [B, N, ceil(N/32)] (bit-packed), got ",
+                tree_mask_in.scalar_type());
   if (packed) {
     check_shape(op, "tree_mask", tree_mask_in, {B, N, packed_mask_words(N)}, "[B, N, ceil(N/32)]");
   } else {
@@ -103,29 +105,29 @@ template <class Backend>
 void compact_kv_impl(at::TensorList caches, const at::Tensor& src_positions_in, const at::Tensor& dst_start_in,
                      const at::Tensor& lengths_in, int64_t seq_dim, bool validate) {
   constexpr const char* op = "compact_kv";
-  TORCH_CHECK(!caches.empty(), op, ": caches must hold at least one tensor");
+  SPECDEC_CHECK(!caches.empty(), op, ": caches must hold at least one tensor");
   const at::Tensor& c0 = caches[0];
-  TORCH_CHECK(c0.dim() >= 2, op, ": caches[0] must have at least 2 dimensions [B, ..., S, ...], got shape ",
-              shape_str(c0));
-  TORCH_CHECK(seq_dim >= 1 && seq_dim < c0.dim(), op, ": seq_dim must be in [1, ", c0.dim() - 1, "], got ", seq_dim);
-  TORCH_CHECK(c0.is_floating_point(), op, ": caches must be floating point tensors, got ", c0.scalar_type());
+  SPECDEC_CHECK(c0.dim() >= 2, op, ": caches[0] must have at least 2 dimensions [B, ..., S, ...], got shape ",
+                shape_str(c0));
+  SPECDEC_CHECK(seq_dim >= 1 && seq_dim < c0.dim(), op, ": seq_dim must be in [1, ", c0.dim() - 1, "], got ", seq_dim);
+  SPECDEC_CHECK(c0.is_floating_point(), op, ": caches must be floating point tensors, got ", c0.scalar_type());
   for (size_t c = 0; c < caches.size(); ++c) {
     const at::Tensor& t = caches[c];
-    TORCH_CHECK(t.sizes().equals(c0.sizes()) && t.scalar_type() == c0.scalar_type() && t.device() == c0.device(),
-                op, ": every cache must have caches[0]'s shape ", shape_str(c0), ", dtype ", c0.scalar_type(),
-                " and device ", c0.device(), "; caches[", c, "] has ", shape_str(t), ", ", t.scalar_type(), ", ",
-                t.device());
-    TORCH_CHECK(t.is_contiguous(), op, ": caches[", c, "] must be contiguous");
+    SPECDEC_CHECK(t.sizes().equals(c0.sizes()) && t.scalar_type() == c0.scalar_type() && t.device() == c0.device(),
+                  op, ": every cache must have caches[0]'s shape ", shape_str(c0), ", dtype ", c0.scalar_type(),
+                  " and device ", c0.device(), "; caches[", c, "] has ", shape_str(t), ", ", t.scalar_type(), ", ",
+                  t.device());
+    SPECDEC_CHECK(t.is_contiguous(), op, ": caches[", c, "] must be contiguous");
   }
   const int64_t B = c0.size(0), S = c0.size(seq_dim);
-  TORCH_CHECK(B >= 1, op, ": caches must have B >= 1 rows, got shape ", shape_str(c0));
+  SPECDEC_CHECK(B >= 1, op, ": caches must have B >= 1 rows, got shape ", shape_str(c0));
   check_dtype(op, "src_positions", src_positions_in, at::kLong);
   check_same_device(op, "src_positions", src_positions_in, c0, "caches");
   check_dim(op, "src_positions", src_positions_in, 2, "[B, L]");
-  TORCH_CHECK(src_positions_in.size(0) == B, op, ": src_positions must have shape [B, L] with B = ", B, ", got ",
-              shape_str(src_positions_in));
+  SPECDEC_CHECK(src_positions_in.size(0) == B, op, ": src_positions must have shape [B, L] with B = ", B, ", got ",
+                shape_str(src_positions_in));
   const int64_t L = src_positions_in.size(1);
-  TORCH_CHECK(L <= 32768, op, ": src_positions may hold at most 32768 positions per row (L), got ", L);
+  SPECDEC_CHECK(L <= 32768, op, ": src_positions may hold at most 32768 positions per row (L), got ", L);
   const at::Tensor src_positions = src_positions_in.contiguous();
   const at::Tensor dst_start = checked_row_vector(op, "dst_start", dst_start_in, B, at::kLong, c0, "caches");
   const at::Tensor lengths = checked_row_vector(op, "lengths", lengths_in, B, at::kLong, c0, "caches");

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <cmath>
 #include <optional>
 #include <vector>
 
@@ -17,13 +18,13 @@ namespace specdec::glue {
 // A packed weight for out_features x in_features of x's dtype and device (pack_linear_weight's output).
 inline void check_packed_weight(const char* op, const char* name, const at::Tensor& w, const at::Tensor& x,
                                 int64_t N, int64_t K, const char* what) {
-  TORCH_CHECK(w.scalar_type() == x.scalar_type(), op, ": ", name, " must have x's dtype ", x.scalar_type(),
-              ", got ", w.scalar_type());
+  SPECDEC_CHECK(w.scalar_type() == x.scalar_type(), op, ": ", name, " must have x's dtype ", x.scalar_type(),
+                ", got ", w.scalar_type());
   check_same_device(op, name, w, x, "x");
   const std::vector<int64_t> want = packed_linear_shape(op, x.scalar_type(), N, K);
-  TORCH_CHECK(w.sizes().equals(want) && w.is_contiguous(), op, ": ", name, " must be pack_linear_weight's output for ",
-              what, " = [", N, ", ", K, "], of shape ", at::IntArrayRef(want), ", got ", shape_str(w),
-              w.is_contiguous() ? "" : " (not contiguous)");
+  SPECDEC_CHECK(w.sizes().equals(want) && w.is_contiguous(), op, ": ", name, " must be pack_linear_weight's output for ",
+                what, " = [", N, ", ", K, "], of shape ", at::IntArrayRef(want), ", got ", shape_str(w),
+                w.is_contiguous() ? "" : " (not contiguous)");
 }
 
 // A [n] vector of x's dtype and device, returned contiguous.
@@ -31,7 +32,7 @@ inline at::Tensor checked_weight_vector(const char* op, const char* name, const 
                                         const at::Tensor& x) {
   check_dtype(op, name, t, x.scalar_type());
   check_same_device(op, name, t, x, "x");
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == n, op, ": ", name, " must have shape [", n, "], got ", shape_str(t));
+  SPECDEC_CHECK(t.dim() == 1 && t.size(0) == n, op, ": ", name, " must have shape [", n, "], got ", shape_str(t));
   return t.contiguous();
 }
 
@@ -49,49 +50,51 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
   check_dim(op, "x", x_in, 3, "[B, T, Din]");
   check_float(op, "x", x_in);
   const int64_t B = x_in.size(0), T = x_in.size(1), Din = x_in.size(2);
-  TORCH_CHECK(B >= 1 && T >= 1 && Din >= 1, op, ": x must be non-empty [B, T, Din], got ", shape_str(x_in));
+  SPECDEC_CHECK(B >= 1 && T >= 1 && Din >= 1, op, ": x must be non-empty [B, T, Din], got ", shape_str(x_in));
   check_dim(op, "residual", residual_in, 3, "[B, T, H]");
   check_dtype(op, "residual", residual_in, x_in.scalar_type());
   check_same_device(op, "residual", residual_in, x_in, "x");
   const int64_t H = residual_in.size(2);
-  TORCH_CHECK(residual_in.size(0) == B && residual_in.size(1) == T && H >= 1, op,
-              ": residual must have shape [B, T, H] with x's B = ", B, " and T = ", T, ", got ",
-              shape_str(residual_in));
+  SPECDEC_CHECK(residual_in.size(0) == B && residual_in.size(1) == T && H >= 1, op,
+                ": residual must have shape [B, T, H] with x's B = ", B, " and T = ", T, ", got ",
+                shape_str(residual_in));
   check_dim(op, "k_cache", k_cache, 4, "[B, nKV, S, D]");
   check_dtype(op, "k_cache", k_cache, x_in.scalar_type());
   check_same_device(op, "k_cache", k_cache, x_in, "x");
-  TORCH_CHECK(k_cache.is_contiguous(), op, ": k_cache must be contiguous");
-  TORCH_CHECK(v_cache.sizes().equals(k_cache.sizes()) && v_cache.scalar_type() == k_cache.scalar_type() &&
+  SPECDEC_CHECK(k_cache.is_contiguous(), op, ": k_cache must be contiguous");
+  SPECDEC_CHECK(v_cache.sizes().equals(k_cache.sizes()) && v_cache.scalar_type() == k_cache.scalar_type() &&
                   v_cache.device() == k_cache.device() && v_cache.is_contiguous(),
-              op, ": v_cache must be a contiguous tensor of k_cache's shape ", shape_str(k_cache), " and dtype, got ",
-              shape_str(v_cache), " ", v_cache.scalar_type());
+                op, ": v_cache must be a contiguous tensor of k_cache's shape ", shape_str(k_cache), " and dtype, got ",
+                shape_str(v_cache), " ", v_cache.scalar_type());
   const int64_t nKV = k_cache.size(1), S = k_cache.size(2), D = k_cache.size(3);
-  TORCH_CHECK(k_cache.size(0) == B && nKV >= 1 && S >= 1, op, ": k_cache must have shape [B, nKV, S, D] with B = ",
-              B, ", got ", shape_str(k_cache));
-  TORCH_CHECK(tree_attention_head_dim_supported(D), op, ": head dim D = ", D,
-              " (k_cache's last dimension) is not supported (supported: 64, 80, 96, 128, 256)");
-  TORCH_CHECK(num_heads >= 1 && num_heads % nKV == 0, op, ": num_heads must be a positive multiple of the number of ",
-              "key/value heads nKV = ", nKV, " (k_cache's dimension 1), got ", num_heads);
-  TORCH_CHECK(intermediate_size >= 1, op, ": intermediate_size must be >= 1, got ", intermediate_size);
-  TORCH_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
-  const int64_t Q = (num_heads + 2 * nKV) * D;
+  SPECDEC_CHECK(k_cache.size(0) == B && nKV >= 1 && S >= 1, op, ": k_cache must have shape [B, nKV, S, D] with B = ",
+                B, ", got ", shape_str(k_cache));
+  SPECDEC_CHECK(tree_attention_head_dim_supported(D), op, ": head dim D = ", D,
+                " (k_cache's last dimension) is not supported (supported: 64, 80, 96, 128, 256)");
+  SPECDEC_CHECK(num_heads >= 1 && num_heads % nKV == 0, op, ": num_heads must be a positive multiple of the number of ",
+                "key/value heads nKV = ", nKV, " (k_cache's dimension 1), got ", num_heads);
+  SPECDEC_CHECK(intermediate_size >= 1, op, ": intermediate_size must be >= 1, got ", intermediate_size);
+  SPECDEC_CHECK(eps >= 0 && std::isfinite(eps), op, ": eps must be a finite number >= 0, got ", eps);
+  // Sizes from the scalar arguments, overflow-checked: the weights' shape checks below then bound them.
+  const int64_t heads_d = checked_mul(op, "num_heads * D", num_heads, D);
+  const int64_t Q = checked_add(op, "(num_heads + 2 nKV) * D", heads_d, 2 * nKV * D);
+  const int64_t I2 = checked_mul(op, "2 * intermediate_size", 2, intermediate_size);
   check_packed_weight(op, "qkv_weight", qkv_weight, x_in, Q, Din, "[(num_heads + 2 nKV) D, Din]");
-  check_packed_weight(op, "o_weight", o_weight, x_in, H, num_heads * D, "[H, num_heads D]");
-  check_packed_weight(op, "gate_up_weight", gate_up_weight, x_in, 2 * intermediate_size, H,
-                      "[2 intermediate_size, H]");
+  check_packed_weight(op, "o_weight", o_weight, x_in, H, heads_d, "[H, num_heads D]");
+  check_packed_weight(op, "gate_up_weight", gate_up_weight, x_in, I2, H, "[2 intermediate_size, H]");
   check_packed_weight(op, "down_weight", down_weight, x_in, H, intermediate_size, "[H, intermediate_size]");
   at::Tensor qkv_bias, input_norm_weight;
   if (qkv_bias_in.has_value()) qkv_bias = checked_weight_vector(op, "qkv_bias", *qkv_bias_in, Q, x_in);
   if (input_norm_weight_in.has_value()) {
     input_norm_weight = checked_weight_vector(op, "input_norm_weight", *input_norm_weight_in, Din, x_in);
-    TORCH_CHECK(input_norm_segments >= 1 && Din % input_norm_segments == 0, op,
-                ": input_norm_segments must be >= 1 and divide Din = ", Din, ", got ", input_norm_segments);
+    SPECDEC_CHECK(input_norm_segments >= 1 && Din % input_norm_segments == 0, op,
+                  ": input_norm_segments must be >= 1 and divide Din = ", Din, ", got ", input_norm_segments);
   }
   const at::Tensor norm_weight = checked_weight_vector(op, "norm_weight", norm_weight_in, H, x_in);
   check_dtype(op, "inv_freq", inv_freq_in, at::kFloat);
   check_same_device(op, "inv_freq", inv_freq_in, x_in, "x");
-  TORCH_CHECK(inv_freq_in.dim() == 1 && inv_freq_in.size(0) == D / 2, op, ": inv_freq must have shape [D / 2] = [",
-              D / 2, "], got ", shape_str(inv_freq_in));
+  SPECDEC_CHECK(inv_freq_in.dim() == 1 && inv_freq_in.size(0) == D / 2, op, ": inv_freq must have shape [D / 2] = [",
+                D / 2, "], got ", shape_str(inv_freq_in));
   const at::Tensor inv_freq = inv_freq_in.contiguous();
   const at::Tensor position_ids = checked_index_matrix(op, "position_ids", position_ids_in, B, T, x_in, "x");
   const at::Tensor write_slots = checked_index_matrix(op, "write_slots", write_slots_in, B, T, x_in, "x");
@@ -99,25 +102,26 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
   check_same_device(op, "mask", mask_in, x_in, "x");
   check_dim(op, "mask", mask_in, 3, "[B, T, kv_len]");
   const int64_t kv_len = mask_in.size(2);
-  TORCH_CHECK(mask_in.size(0) == B && mask_in.size(1) == T && kv_len >= 1 && kv_len <= S, op,
-              ": mask must have shape [B, T, kv_len] with B = ", B, ", T = ", T, " and 1 <= kv_len <= S = ", S,
-              " (the cache's positions), got ", shape_str(mask_in));
+  SPECDEC_CHECK(mask_in.size(0) == B && mask_in.size(1) == T && kv_len >= 1 && kv_len <= S, op,
+                ": mask must have shape [B, T, kv_len] with B = ", B, ", T = ", T, " and 1 <= kv_len <= S = ", S,
+                " (the cache's positions), got ", shape_str(mask_in));
   const at::Tensor mask = mask_in.contiguous(), x = x_in.contiguous(), residual = residual_in.contiguous();
 
   c10::OptionalDeviceGuard guard(x.device());
   const int64_t rows = B * T, I = intermediate_size;
   // The stages' buffers in one allocation: normed_input, qkv, heads, attn, h1, normed, gate_up, act, down.
-  const std::vector<int64_t> sizes = {input_norm_weight.defined() ? rows * Din : 0,
-                                      rows * Q,
-                                      rows * num_heads * D,
-                                      rows * num_heads * D,
-                                      rows * H,
-                                      rows * H,
-                                      rows * 2 * I,
-                                      rows * I,
-                                      rows * H};
+  auto rows_times = [&](int64_t width) { return checked_mul(op, "a stage buffer's size", rows, width); };
+  const std::vector<int64_t> sizes = {input_norm_weight.defined() ? rows_times(Din) : 0,
+                                      rows_times(Q),
+                                      rows_times(heads_d),
+                                      rows_times(heads_d),
+                                      rows_times(H),
+                                      rows_times(H),
+                                      rows_times(I2),
+                                      rows_times(I),
+                                      rows_times(H)};
   int64_t total = 0;
-  for (int64_t n : sizes) total += n;
+  for (int64_t n : sizes) total = checked_add(op, "the stage buffers' size", total, n);
   at::Tensor buffers = at::empty({total}, x.options());
   at::Tensor out = at::empty({B, T, H}, x.options());
   at::Tensor status = new_status(2 * B, x);  // rows [0, B): the layer's; [B, 2B): the attention's (always ok)

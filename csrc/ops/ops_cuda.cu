@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <stdexcept>
+
 #include "../kernels/cuda/kernels.cuh"
 #include "op_glue.h"
 
@@ -13,33 +15,48 @@ namespace {
 
 cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
+// Runs a launcher; its std::invalid_argument (sizes beyond the kernel's grid limits) is an argument error, raised
+// as ValueError like every other (checks.h).
+template <typename Launch>
+void launch(Launch&& run) {
+  try {
+    run();
+  } catch (const std::invalid_argument& e) {
+    SPECDEC_CHECK(false, e.what());
+  }
+}
+
 struct CudaBackend {
   static constexpr bool kExpandNeedsNodeStatus = false;
-  static void build_tree(const BuildTreeParams& p) { cuda::LaunchBuildTree(p, current_stream()); }
-  static void tree_ancestor_mask(const TreeMaskParams& p) { cuda::LaunchTreeAncestorMask(p, current_stream()); }
-  static void advance_tree_frontier(const AdvanceTreeFrontierParams& p) {
-    cuda::LaunchAdvanceTreeFrontier(p, current_stream());
+  static void build_tree(const BuildTreeParams& p) { launch([&] { cuda::LaunchBuildTree(p, current_stream()); }); }
+  static void tree_ancestor_mask(const TreeMaskParams& p) {
+    launch([&] { cuda::LaunchTreeAncestorMask(p, current_stream()); });
   }
-  static void select_tree_nodes(const SelectTreeNodesParams& p) { cuda::LaunchSelectTreeNodes(p, current_stream()); }
+  static void advance_tree_frontier(const AdvanceTreeFrontierParams& p) {
+    launch([&] { cuda::LaunchAdvanceTreeFrontier(p, current_stream()); });
+  }
+  static void select_tree_nodes(const SelectTreeNodesParams& p) {
+    launch([&] { cuda::LaunchSelectTreeNodes(p, current_stream()); });
+  }
   template <typename T>
   static void verify_tree_greedy(const VerifyTreeGreedyParams<T>& p) {
-    cuda::LaunchVerifyTreeGreedy<T>(p, current_stream());
+    launch([&] { cuda::LaunchVerifyTreeGreedy<T>(p, current_stream()); });
   }
   template <typename T>
   static void verify_tree_sampling(const VerifyTreeSamplingParams<T>& p) {
-    cuda::LaunchVerifyTreeSampling<T>(p, current_stream());
+    launch([&] { cuda::LaunchVerifyTreeSampling<T>(p, current_stream()); });
   }
   template <typename T>
   static void verify_tree_typical(const VerifyTreeTypicalParams<T>& p) {
-    cuda::LaunchVerifyTreeTypical<T>(p, current_stream());
+    launch([&] { cuda::LaunchVerifyTreeTypical<T>(p, current_stream()); });
   }
   template <typename T>
   static void sample_tokens(const SampleTokensParams<T>& p) {
-    cuda::LaunchSampleTokens<T>(p, current_stream());
+    launch([&] { cuda::LaunchSampleTokens<T>(p, current_stream()); });
   }
   template <typename T>
   static void expand_tree_step(const ExpandTreeStepParams<T>& p) {
-    cuda::LaunchExpandTreeStep<T>(p, current_stream());
+    launch([&] { cuda::LaunchExpandTreeStep<T>(p, current_stream()); });
   }
   static int64_t tree_attention_workspace_floats(int64_t B, int64_t H, int64_t Hkv, int64_t N, int64_t D,
                                                  int64_t S) {
@@ -47,33 +64,35 @@ struct CudaBackend {
   }
   template <typename T>
   static void tree_attention(const TreeAttentionParams<T>& p) {
-    cuda::LaunchTreeAttention<T>(p, current_stream());
+    launch([&] { cuda::LaunchTreeAttention<T>(p, current_stream()); });
   }
-  static void compact_kv(const CompactKvParams& p) { cuda::LaunchCompactKv(p, current_stream()); }
+  static void compact_kv(const CompactKvParams& p) { launch([&] { cuda::LaunchCompactKv(p, current_stream()); }); }
   template <typename T>
   static void pack_linear_weight(const PackLinearWeightParams<T>& p) {
-    cuda::LaunchPackLinearWeight<T>(p, current_stream());
+    launch([&] { cuda::LaunchPackLinearWeight<T>(p, current_stream()); });
   }
   template <typename T>
   static void packed_linear(const PackedLinearParams<T>& p) {
-    cuda::LaunchPackedLinear<T>(p, current_stream());
+    launch([&] { cuda::LaunchPackedLinear<T>(p, current_stream()); });
   }
   // The stages of DraftLayerParams in order on the current stream (the products through packed_linear's kernel, the
   // attention through tree_attention's).
   template <typename T>
   static void draft_decoder_layer(const DraftLayerParams<T>& p, const TreeAttentionParams<T>& attention) {
     const cudaStream_t s = current_stream();
-    if (p.input_norm_weight != nullptr) cuda::LaunchDraftLayerInputNorm<T>(p, s);
-    cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftQkv), s);
-    cuda::LaunchDraftLayerRopeCache<T>(p, s);
-    cuda::LaunchTreeAttention<T>(attention, s);
-    cuda::LaunchDraftLayerGatherHeads<T>(p, s);
-    cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftO), s);
-    cuda::LaunchDraftLayerAddNorm<T>(p, s);
-    cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftGateUp), s);
-    cuda::LaunchDraftLayerSwiGlu<T>(p, s);
-    cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftDown), s);
-    cuda::LaunchDraftLayerResidual<T>(p, s);
+    launch([&] {
+      if (p.input_norm_weight != nullptr) cuda::LaunchDraftLayerInputNorm<T>(p, s);
+      cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftQkv), s);
+      cuda::LaunchDraftLayerRopeCache<T>(p, s);
+      cuda::LaunchTreeAttention<T>(attention, s);
+      cuda::LaunchDraftLayerGatherHeads<T>(p, s);
+      cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftO), s);
+      cuda::LaunchDraftLayerAddNorm<T>(p, s);
+      cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftGateUp), s);
+      cuda::LaunchDraftLayerSwiGlu<T>(p, s);
+      cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftDown), s);
+      cuda::LaunchDraftLayerResidual<T>(p, s);
+    });
   }
 };
 

@@ -312,7 +312,8 @@ void launch_tree_attention(const TreeAttentionParams<T>& p, cudaStream_t stream)
   if (p.workspace == nullptr || p.workspace_floats < plan.splits * rows_total * (D + 2))
     throw std::runtime_error("specdec_ext CUDA: tree_attention workspace too small");
   if (p.num_kv_heads > 65535 || p.batch * plan.query_tiles > 65535 || plan.splits > 0x7fffffff)
-    throw std::runtime_error("specdec_ext CUDA: tree_attention grid too large (B * query tiles <= 65535)");
+    throw std::invalid_argument(
+        "specdec_ext CUDA: tree_attention grid too large (B * query tiles <= 65535)");
   constexpr size_t smem = attention_smem_bytes<D>();
   // 16-byte loads when every K / V row starts 16-byte aligned.
   const auto aligned = [](const void* ptr, int64_t sb, int64_t sh, int64_t ss) {
@@ -397,15 +398,16 @@ void LaunchTreeAttention(const TreeAttentionParams<T>& p, cudaStream_t stream) {
     case 256:
       return launch_tree_attention<T, 256>(p, stream);
     default:
-      throw std::runtime_error("specdec_ext CUDA: tree_attention: unsupported head dim " +
-                               std::to_string(p.head_dim));
+      throw std::invalid_argument("specdec_ext CUDA: tree_attention: unsupported head dim " +
+                                  std::to_string(p.head_dim));
   }
 }
 
 void LaunchCompactKv(const CompactKvParams& p, cudaStream_t stream) {
   if (p.num_caches <= 0 || p.batch <= 0 || p.outer <= 0) return;
   if (p.batch > 65535 || p.outer > 65535)
-    throw std::runtime_error("specdec_ext CUDA: compact_kv supports B <= 65535 and outer dims <= 65535");
+    throw std::invalid_argument(
+        "specdec_ext CUDA: compact_kv supports B <= 65535 and outer dims <= 65535");
   // The widest copy unit dividing the row and aligned in every cache; the snapshot must hold one unit per position.
   uintptr_t align = 16;
   for (int64_t c = 0; c < p.num_caches; ++c) {
@@ -414,7 +416,8 @@ void LaunchCompactKv(const CompactKvParams& p, cudaStream_t stream) {
   }
   while (align > 1 && p.max_len * static_cast<int64_t>(align) > kCompactSmemBytes) align /= 2;
   if (p.max_len > kCompactSmemBytes)
-    throw std::runtime_error("specdec_ext CUDA: compact_kv supports at most 32768 positions per row (L)");
+    throw std::invalid_argument(
+        "specdec_ext CUDA: compact_kv supports at most 32768 positions per row (L)");
   const dim3 grid(static_cast<unsigned>(p.num_caches), static_cast<unsigned>(p.batch),
                   static_cast<unsigned>(p.outer));
   switch (align) {

@@ -1,6 +1,8 @@
 // CUDA kernel launchers: raw device pointers (no torch), enqueued on `stream`, no host synchronisation.
 // Semantics: common/params.h; executable specification: specdec_ext/ops/reference.py. Every launcher handles
-// B >= 1 and any N, V the CPU kernels handle, and never reads or writes out of bounds whatever the data.
+// B >= 1 and any N, V the CPU kernels handle, and never reads or writes out of bounds whatever the data. Sizes
+// beyond a launcher's grid limits throw std::invalid_argument (the glue raises it as a ValueError); CUDA runtime
+// failures throw std::runtime_error.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -244,12 +244,12 @@ template <typename T>
 void LaunchExpandTreeStep(const ExpandTreeStepParams<T>& p, cudaStream_t stream) {
   if (p.batch <= 0 || p.frontier <= 0) return;
   if (p.top_k < 1 || p.top_k > p.vocab || p.num_select < 1 || p.num_select > p.frontier * p.top_k) {
-    throw std::runtime_error("specdec_ext CUDA: expand_tree_step needs 1 <= top_k <= V and "
-                             "1 <= num_select <= F * top_k");
+    throw std::invalid_argument("specdec_ext CUDA: expand_tree_step needs 1 <= top_k <= V and "
+                                "1 <= num_select <= F * top_k");
   }
   if (p.batch * p.frontier > INT32_MAX || p.vocab > UINT32_MAX || p.frontier * p.top_k > UINT32_MAX) {
-    throw std::runtime_error("specdec_ext CUDA: expand_tree_step sizes too large (B * F < 2^31, V and F * top_k "
-                             "< 2^32)");
+    throw std::invalid_argument("specdec_ext CUDA: expand_tree_step sizes too large (B * F < 2^31, V and "
+                                "F * top_k < 2^32)");
   }
   expand_candidates_kernel<kBlock, T><<<static_cast<unsigned>(p.batch * p.frontier), kBlock, 0, stream>>>(p);
   check_launch("expand_tree_step (candidates)");

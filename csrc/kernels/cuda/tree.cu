@@ -232,7 +232,8 @@ __global__ void __launch_bounds__(kBlock) select_nodes_kernel(SelectTreeNodesPar
 
 void LaunchAdvanceTreeFrontier(const AdvanceTreeFrontierParams& p, cudaStream_t stream) {
   if (p.batch <= 0 || p.num_select <= 0) return;
-  if (p.num_select > 65535) throw std::runtime_error("specdec_ext CUDA: advance_tree_frontier needs S <= 65535");
+  if (p.num_select > 65535)
+    throw std::invalid_argument("specdec_ext CUDA: advance_tree_frontier needs S <= 65535");
   advance_frontier_kernel<<<dim3(static_cast<unsigned>(p.batch), static_cast<unsigned>(p.num_select)), kBlock, 0,
                             stream>>>(p);
   check_launch("advance_tree_frontier");
