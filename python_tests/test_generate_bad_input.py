@@ -219,17 +219,10 @@ def test_cli_generate_ngram_and_draft_model(model_dir, capsys):
 
 def test_cli_generate_text_prompt_with_a_local_tokenizer(model, tmp_path, capsys):
     """A word-level tokenizer ("w0" .. "w100") saved next to the model: --prompt text in, text streamed out."""
-    tokenizers = pytest.importorskip("tokenizers")
-    from transformers import PreTrainedTokenizerFast
+    from test_cli_errors import word_tokenizer
 
-    vocab = {f"w{i}": i for i in range(101)}
-    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="w0"))
-    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    backend.decoder = tokenizers.decoders.WordPiece(prefix="##")
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0")
-    tok.chat_template = ("{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
-                         "{% if add_generation_prompt %}w3{% endif %}")
-    tok.save_pretrained(tmp_path)
+    word_tokenizer("{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
+                   "{% if add_generation_prompt %}w3{% endif %}").save_pretrained(tmp_path)
     model.save_pretrained(tmp_path)
     prompt = "w5 w6 w7 w8 w5 w6 w7"
     assert cli.main(["generate", "--model", str(tmp_path), "--ngram", "--prompt", prompt, "--max-new-tokens", "9",

@@ -16,9 +16,45 @@ summary line (tokens/s, mean accepted length, target forwards, time split).
 from __future__ import annotations
 
 import argparse
+import os
+import pickle
 import sys
 
 import torch
+
+from specdec_ext.devices import check_device
+
+try:
+    from safetensors import SafetensorError
+except ImportError:  # safetensors comes with transformers; without it no such error can arise
+    SafetensorError = ValueError
+
+# Errors that mean bad input (a file, an argument, the machine): printed as the message alone. Anything else is
+# printed with its type as an unexpected error; both as one line, the traceback only with --debug.
+USER_ERRORS = (ValueError, OSError, NotImplementedError, SafetensorError, pickle.UnpicklingError,
+               torch.OutOfMemoryError)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors, and the (sub)command's name recorded for main's error lines."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        if getattr(ns, "command_name", None) is None:  # the innermost subcommand parses first and wins
+            ns.command_name = self.prog
+        return ns, rest
+
+
+def error_line(command: str, err: BaseException) -> str:
+    """``err`` as the one line ``specdec <command>: ...`` (the traceback is for --debug)."""
+    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    if isinstance(err, USER_ERRORS):
+        return f"{command}: {text or type(err).__name__}"
+    return (f"{command}: unexpected {type(err).__name__}{': ' + text if text else ''} (run with "
+            f"specdec --debug for the traceback)")
 
 
 class _IdStreamer:
@@ -39,14 +75,16 @@ class _IdStreamer:
 
 
 def _load_tokenizer(path: str, required: bool):
+    if required and not os.path.isdir(path):
+        raise FileNotFoundError(f"--model {path!r} is not a local directory")
     try:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as err:  # noqa: BLE001  (any failure: no usable tokenizer in the directory)
         if required:
-            raise SystemExit(f"specdec generate: no tokenizer could be loaded from {path!r} ({type(err).__name__}: "
-                             f"{err}); pass --prompt-ids instead of --prompt") from None
+            raise ValueError(f"no tokenizer could be loaded from {path!r} ({type(err).__name__}: {err}); pass "
+                             "--prompt-ids instead of --prompt") from None
         return None
 
 
@@ -57,71 +95,74 @@ def generate_cmd(args: argparse.Namespace) -> int:
     from specdec_ext.models.fast_linear import pack_linears
 
     if (args.prompt is None) == (args.prompt_ids is None):
-        raise SystemExit("specdec generate: pass exactly one of --prompt and --prompt-ids")
+        raise ValueError("pass exactly one of --prompt and --prompt-ids")
+    if args.chat and args.prompt is None:
+        raise ValueError("--chat wraps --prompt text in the chat template; drop it with --prompt-ids")
     if sum(map(bool, (args.ngram, args.draft_model, args.medusa, args.eagle))) > 1:
-        raise SystemExit("specdec generate: choose one drafter (--ngram, --draft-model, --medusa or --eagle)")
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    try:
-        target = load_model(args.model, dtype=dtype, device=args.device)
-        if not args.no_packed_linears:
-            pack_linears(target)
-        drafter = None
-        if args.draft_model:
-            drafter = DraftModelDrafter(load_model(args.draft_model, dtype=dtype, device=args.device),
-                                        num_draft_tokens=args.num_draft_tokens, tree_width=args.tree_width,
-                                        total_tokens=args.tree_total_tokens,
-                                        confidence_threshold=args.confidence_threshold,
-                                        packed_linears=not args.no_packed_linears)
-        elif args.ngram:
-            drafter = NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
-        elif args.medusa:
-            drafter = MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device,
-                                                    max_nodes=args.medusa_nodes, dynamic=args.medusa_dynamic)
-        elif args.eagle:
-            tdtype = next(p.dtype for p in target.parameters() if p.is_floating_point())
-            drafter = EagleDrafter.from_pretrained(args.eagle, target=target, depth=args.eagle_depth,
-                                                   top_k=args.eagle_top_k, total_tokens=args.eagle_total_tokens,
-                                                   dtype=resolve_eagle_dtype(args.eagle_dtype, tdtype, args.device))
-    except (FileNotFoundError, OSError, ValueError) as err:
-        raise SystemExit(f"specdec generate: {err}") from None
-    tokenizer = _load_tokenizer(args.model, required=args.prompt is not None)
-    if args.prompt is not None:
-        if args.chat and getattr(tokenizer, "chat_template", None):
+        raise ValueError("choose one drafter (--ngram, --draft-model, --medusa or --eagle)")
+    ids = None
+    if args.prompt_ids is not None:
+        try:
+            ids = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
+        except ValueError:
+            raise ValueError(f"--prompt-ids must be integers, got {args.prompt_ids!r}") from None
+    # the tokenizer first (text in or out needs it; ids in and out do not): its errors come before a model loads
+    tokenizer = None if ids is not None and args.print_ids else _load_tokenizer(args.model, required=ids is None)
+    if ids is None:
+        if args.chat:
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError(f"--chat: the tokenizer in {args.model!r} has no chat template; drop --chat to "
+                                 "use the prompt as it is")
             ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
                                                 tokenize=True)
             ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
         else:
             ids = tokenizer(args.prompt)["input_ids"]
-    else:
-        try:
-            ids = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
-        except ValueError:
-            raise SystemExit(f"specdec generate: --prompt-ids must be integers, got {args.prompt_ids!r}") from None
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    target = load_model(args.model, dtype=dtype, device=args.device)
+    if not args.no_packed_linears:
+        pack_linears(target)
+    drafter = None
+    if args.draft_model:
+        drafter = DraftModelDrafter(load_model(args.draft_model, dtype=dtype, device=args.device),
+                                    num_draft_tokens=args.num_draft_tokens, tree_width=args.tree_width,
+                                    total_tokens=args.tree_total_tokens,
+                                    confidence_threshold=args.confidence_threshold,
+                                    packed_linears=not args.no_packed_linears)
+    elif args.ngram:
+        drafter = NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
+    elif args.medusa:
+        drafter = MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device,
+                                                max_nodes=args.medusa_nodes, dynamic=args.medusa_dynamic)
+    elif args.eagle:
+        tdtype = next(p.dtype for p in target.parameters() if p.is_floating_point())
+        drafter = EagleDrafter.from_pretrained(args.eagle, target=target, depth=args.eagle_depth,
+                                               top_k=args.eagle_top_k, total_tokens=args.eagle_total_tokens,
+                                               dtype=resolve_eagle_dtype(args.eagle_dtype, tdtype, args.device))
+    decoder = None if args.print_ids else tokenizer  # output as text, or as ids
     streamer = None
     if not args.no_stream:
-        if tokenizer is not None:
+        if decoder is not None:
             from transformers import TextStreamer
 
-            streamer = TextStreamer(tokenizer, skip_prompt=True)
+            streamer = TextStreamer(decoder, skip_prompt=True)
         else:
             streamer = _IdStreamer()
-    try:
-        tokens, stats = generate(target, drafter, torch.tensor(ids, dtype=torch.int64),
-                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                 top_p=args.top_p, seed=args.seed, streamer=streamer,
-                                 eos_token_id=None if args.eos_id is None else args.eos_id,
-                                 acceptance="typical" if args.typical else "exact")
-    except ValueError as err:
-        raise SystemExit(f"specdec generate: {err}") from None
+    tokens, stats = generate(target, drafter, torch.tensor(ids, dtype=torch.int64),
+                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                             top_p=args.top_p, seed=args.seed, streamer=streamer,
+                             eos_token_id=None if args.eos_id is None else args.eos_id,
+                             acceptance="typical" if args.typical else "exact")
     if args.no_stream:
         new = tokens[len(ids):]
-        print(tokenizer.decode(new) if tokenizer is not None else " ".join(str(int(t)) for t in new))
+        print(decoder.decode(new) if decoder is not None else " ".join(str(int(t)) for t in new))
     print(stats.summary())
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="specdec", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="on an error, show its traceback (default: one line)")
     sub = parser.add_subparsers(dest="command", required=True)
     from specdec_ext.demo import add_demo_command
     from specdec_ext.ops_tour import add_ops_tour_command
@@ -169,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="dtype of the EAGLE draft (default: the target's; auto: bfloat16 for a float32 target "
                             "where bfloat16 products are fast, e.g. CPUs with AVX512-BF16)")
     p_gen.add_argument("--no-stream", action="store_true", help="print the output at the end instead of streaming")
+    p_gen.add_argument("--print-ids", action="store_true",
+                       help="print the output as token ids, not text (the default where --model has no tokenizer)")
     p_gen.add_argument("--no-packed-linears", action="store_true",
                        help="multiply with aten's products (default: the target and draft model multiply with "
                             "weights packed once for few-row products, which costs a copy of their weights)")
@@ -183,7 +226,21 @@ def main(argv: list[str] | None = None) -> int:
 
     add_zoo_command(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    command = args.command_name
+    # The one place errors become lines: commands raise, they never print-and-exit (SystemExit passes through).
+    try:
+        if getattr(args, "device", None) is not None:
+            check_device(args.device, "--device")
+        return args.func(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"{command}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except Exception as err:  # noqa: BLE001  (every error is one line; --debug shows the traceback)
+        if args.debug:
+            raise
+        raise SystemExit(error_line(command, err)) from None
 
 
 if __name__ == "__main__":

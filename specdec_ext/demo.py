@@ -77,23 +77,20 @@ def demo(args: argparse.Namespace) -> int:
     from specdec_ext.zoo.evaluate import heldout_prompts
 
     if args.threads < 0:
-        raise SystemExit(f"specdec demo: --threads must be >= 0 (0 = torch's choice), got {args.threads}")
+        raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     for name, val in (("--max-new-tokens", args.max_new_tokens), ("--prompts", args.prompts),
                       ("--prompt-tokens", args.prompt_tokens)):
         if val < 1:
-            raise SystemExit(f"specdec demo: {name} must be >= 1, got {val}")
+            raise ValueError(f"{name} must be >= 1, got {val}")
     t_start = time.perf_counter()
-    try:
-        fam = load_family(args.family, dtype=getattr(torch, args.dtype), eagle_dtype=args.eagle_dtype)
-    except (FileNotFoundError, OSError, ValueError) as err:
-        raise SystemExit(f"specdec demo: {err}") from None
+    fam = load_family(args.family, dtype=getattr(torch, args.dtype), eagle_dtype=args.eagle_dtype)
     names = fam.drafter_names if not args.drafters else tuple(args.drafters.split(","))
     unknown = [n for n in names if n not in fam.drafter_names]
     if unknown or (args.stream_with not in fam.drafter_names):
         bad = unknown[0] if unknown else args.stream_with
-        raise SystemExit(f"specdec demo: unknown drafter {bad!r}; choose from {', '.join(fam.drafter_names)}")
+        raise ValueError(f"unknown drafter {bad!r}; choose from {', '.join(fam.drafter_names)}")
     card = fam.card
     n_params = sum(p.numel() for p in fam.target.parameters())
     print(f"specdec_ext {specdec_ext.__version__} | torch {torch.__version__} ({torch.get_num_threads()} threads, "

@@ -18,6 +18,9 @@ import os
 import sys
 import time
 
+import specdec_ext
+from specdec_ext.devices import check_device
+
 SUITES = ("e2e", "batch", "context")
 
 # (full, --quick)
@@ -144,8 +147,11 @@ def check_args(args: argparse.Namespace) -> dict:
     methods = _csv(args.methods, "--methods") if args.methods else None
     if args.threads < 0:
         raise BenchError(f"--threads must be >= 0, got {args.threads}")
-    if args.device is not None and args.device.split(":")[0] not in ("cpu", "cuda"):
-        raise BenchError(f"--device must be cpu or cuda, got {args.device!r}")
+    if args.device is not None:
+        try:
+            check_device(args.device, "--device")
+        except ValueError as err:
+            raise BenchError(str(err)) from None
     st.update(suites=suites, temperatures=temps, context_lengths=lengths, methods=methods)
     return st
 
@@ -221,9 +227,7 @@ def run(args: argparse.Namespace, log=print) -> tuple[dict, list[str]]:
             batch_fn = err
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise BenchError("--device cuda but no CUDA device is available")
+    device = args.device or ("cuda" if torch.cuda.is_available() and specdec_ext.built_with_cuda() else "cpu")
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else None)
     try:
         models = load_models(args, device, dtype)

@@ -17,22 +17,16 @@ def zoo_build_cmd(args) -> int:
 
         spec = replace(spec, seed=args.seed)
     if args.threads is not None and args.threads < 1:
-        raise SystemExit(f"specdec zoo build: --threads must be >= 1, got {args.threads}")
-    try:
-        build_zoo(args.out, spec, resume=args.resume, progress=not args.no_progress, corpus_root=args.corpus,
-                  threads=args.threads)
-    except FileNotFoundError as err:
-        raise SystemExit(f"specdec zoo build: {err}") from None
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    build_zoo(args.out, spec, resume=args.resume, progress=not args.no_progress, corpus_root=args.corpus,
+              threads=args.threads)
     return 0
 
 
 def zoo_evaluate_cmd(args) -> int:
     from specdec_ext.zoo.build import reevaluate_family
 
-    try:
-        reevaluate_family(args.out, threads=args.threads)
-    except (FileNotFoundError, ValueError) as err:
-        raise SystemExit(f"specdec zoo evaluate: {err}") from None
+    reevaluate_family(args.out, threads=args.threads)
     return 0
 
 
