@@ -1,0 +1,230 @@
+"""Fuzz specs of the attention-side ops: tree_attention, compact_kv, draft_decoder_layer."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from fuzz.compare import close
+from fuzz.spec import FLOAT_DTYPES, Arg, OpSpec, dtype_of
+from helpers import make_gen, per_row, random_parents
+from specdec_ext import ops
+from specdec_ext.ops import reference as ref
+from test_tree_attention import ATOL as ATTENTION_ATOL  # |ours - ref_f32| <= 2 |ref_lowp - ref_f32| + ATOL
+
+R = torch.ops.specdec_ext
+SEED = st.integers(0, 2**31 - 1)
+# draft_decoder_layer (test_draft_decoder_layer's _assert_matches_reference): output atol per unit of scale, cache atol
+LAYER_ATOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+CACHE_ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def _pack_mask(dense: torch.Tensor) -> torch.Tensor:
+    """Bit-packed int32 words [B, N, ceil(N/32)] of a dense bool mask (bit j % 32 of word j // 32)."""
+    B, N, _ = dense.shape
+    W = (N + 31) // 32
+    padded = torch.zeros(B, N, W * 32, dtype=torch.int64)
+    padded[..., :N] = dense.to(torch.int64)
+    words = (padded.view(B, N, W, 32) << torch.arange(32)).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+# tree_attention --------------------------------------------------------------------------------------------------
+
+
+def _attention_case(r) -> dict:
+    g = make_gen(r["seed"])
+    B, N, D = r["B"], r["N"], r["D"]
+    H, Hkv = r["heads"]
+    S = r["prefix"] + N + r["extra"]
+    dt = dtype_of(r["dtype"])
+    if r["mask"] in ("ancestor", "ancestor_packed"):
+        dense = ref.tree_ancestor_mask(random_parents(B, N, g, "random"))
+    else:
+        dense = torch.rand(B, N, N, generator=g) < 0.5
+    prefix = r["prefix"] if r["number"] and not r["raw"] else torch.randint(0, r["prefix"] + 1, (B,), generator=g)
+    scale = r["scale"] if r["scale"] is not None or not r["raw"] else D**-0.5
+    return {"q": torch.randn(B, H, N, D, generator=g).to(dt), "k_cache": torch.randn(B, Hkv, S, D, generator=g).to(dt),
+            "v_cache": torch.randn(B, Hkv, S, D, generator=g).to(dt), "prefix_lens": prefix,
+            "tree_mask": _pack_mask(dense) if r["mask"].endswith("packed") else dense, "scale": scale}
+
+
+def _attention_kinds(r) -> dict:
+    S = r["prefix"] + r["N"] + r["extra"]
+    return {"q": Arg("float"), "k_cache": Arg("float"), "v_cache": Arg("float"),
+            "prefix_lens": Arg("row_i", (0, S - r["N"], S)),
+            "tree_mask": Arg("index" if r["mask"].endswith("packed") else "mask"), "scale": Arg("real")}
+
+
+def _attention_ref(a, validate, compute_dtype=torch.float32, to_float=False):
+    q, k, v = (a[n].float() if to_float else a[n] for n in ("q", "k_cache", "v_cache"))
+    scale = a["scale"] if a["scale"] is not None else a["q"].shape[-1] ** -0.5
+    return ref.tree_attention(q, k, v, per_row(a["prefix_lens"], a["q"].shape[0], torch.int64), a["tree_mask"],
+                              scale, validate, compute_dtype=compute_dtype)
+
+
+def _compare_attention(got, want, a, rerun, validate=True):
+    """Flash-attention's rule (test_tree_attention): the float32 reference on the same rounded inputs, and the
+    reference's own error when it computes in the inputs' low precision."""
+    dt = a["q"].dtype
+    assert got.dtype == want.dtype and got.shape == want.shape, f"output {got.dtype} {tuple(got.shape)}"
+    got = got.cpu().float()
+    want32 = _attention_ref(a, False, to_float=True)
+    ref_err = 0.0
+    if dt != torch.float32:
+        low = _attention_ref(a, False, compute_dtype=dt).float()
+        fin = low.isfinite() & want32.isfinite()
+        ref_err = float((low[fin] - want32[fin]).abs().max()) if bool(fin.any()) else 0.0
+    close(got, want32, 2 * ref_err + ATTENTION_ATOL[dt], 0.0, "output")
+
+
+def _attention_call(fn):
+    return lambda a, v: fn(a["q"], a["k_cache"], a["v_cache"], a["prefix_lens"], a["tree_mask"], a["scale"], v)
+
+
+TREE_ATTENTION = OpSpec(
+    name="tree_attention",
+    base=st.fixed_dictionaries({
+        "B": st.integers(1, 2), "heads": st.sampled_from([(1, 1), (2, 1), (2, 2), (4, 2), (4, 1)]),
+        "N": st.sampled_from([1, 2, 3, 4, 5, 6, 33]), "D": st.sampled_from([64, 64, 80, 96, 128, 256]),
+        "dtype": st.sampled_from(FLOAT_DTYPES), "prefix": st.integers(0, 8), "extra": st.integers(0, 3),
+        "mask": st.sampled_from(["ancestor", "ancestor_packed", "random", "random_packed"]),
+        "scale": st.sampled_from([None, None, 0.125, 1.0]), "number": st.booleans(), "seed": SEED}),
+    kinds=_attention_kinds,
+    build=_attention_case,
+    raw=_attention_call(R.tree_attention),
+    wrapper=_attention_call(ops.tree_attention),
+    reference=_attention_ref,
+    compare=_compare_attention,
+)
+
+# compact_kv ------------------------------------------------------------------------------------------------------
+
+
+def _compact_case(r) -> dict:
+    g = make_gen(r["seed"])
+    B, S, L = r["B"], r["S"], r["L"]
+    shape = (B, r["H"], S, r["D"]) if r["seq_dim"] == 2 else (B, S, r["D"])
+    caches = [torch.randn(*shape, generator=g).to(dtype_of(r["dtype"])) for _ in range(r["caches"])]
+    if r["number"] and not r["raw"]:
+        lengths = r["length"] % (min(L, S) + 1)
+        dst = r["dst"] % (S - lengths + 1)
+    else:
+        lengths = torch.randint(0, min(L, S) + 1, (B,), generator=g)
+        dst = (torch.rand(B, generator=g) * (S - lengths + 1)).long()
+    return {"caches": caches, "src_positions": torch.randint(0, S, (B, L), generator=g), "dst_start": dst,
+            "lengths": lengths, "seq_dim": r["seq_dim"]}
+
+
+def _compact_call(fn):
+    return lambda a, v: fn(a["caches"], a["src_positions"], a["dst_start"], a["lengths"], a["seq_dim"], v)
+
+
+COMPACT_KV = OpSpec(
+    name="compact_kv",
+    base=st.fixed_dictionaries({
+        "B": st.integers(1, 3), "S": st.integers(1, 10), "L": st.integers(0, 6), "H": st.integers(1, 2),
+        "D": st.integers(1, 5), "seq_dim": st.sampled_from([1, 2]), "caches": st.integers(1, 3),
+        "dtype": st.sampled_from(FLOAT_DTYPES + ["float64"]), "number": st.booleans(), "length": st.integers(0, 9),
+        "dst": st.integers(0, 9), "seed": SEED}),
+    kinds=lambda r: {"caches": Arg("caches"), "src_positions": Arg("index", (0, r["S"])),
+                     "dst_start": Arg("row_i", (0, r["S"])), "lengths": Arg("row_i", (0, r["L"], r["S"])),
+                     "seq_dim": Arg("int", (0, 1, 2, 3, 4))},
+    build=_compact_case,
+    raw=_compact_call(R.compact_kv),
+    wrapper=lambda a, v: ops.compact_kv(a["caches"], a["src_positions"], a["dst_start"], a["lengths"], a["seq_dim"],
+                                        validate=v),
+    reference=lambda a, v: ref.compact_kv(a["caches"], a["src_positions"],
+                                          per_row(a["dst_start"], a["src_positions"].shape[0], torch.int64),
+                                          per_row(a["lengths"], a["src_positions"].shape[0], torch.int64),
+                                          a["seq_dim"], v),
+    compare=lambda got, want, a, rerun: None,  # the caches are compared (spec.inplace)
+    inplace=("caches",),
+)
+
+# draft_decoder_layer ---------------------------------------------------------------------------------------------
+
+
+def _layer_case(r) -> dict:
+    g = make_gen(r["seed"])
+    dt = dtype_of(r["dtype"])
+    B, T, nKV, D, H, I, S = r["B"], r["T"], r["nKV"], r["D"], r["H"], r["I"], r["S"]
+    nH = nKV * r["group"]
+    Din = H * max(r["segments"], 1)
+    kv_len = 1 + r["kv_len"] % S
+
+    def rnd(*shape, scale=0.3):
+        return (torch.randn(*shape, generator=g) * scale).to(dt)
+
+    Q = (nH + 2 * nKV) * D
+    slots = torch.randint(0, S, (B, T), generator=g)
+    mask = torch.rand(B, T, kv_len, generator=g) < 0.5
+    own = slots < kv_len
+    mask[torch.arange(B)[:, None].expand(B, T)[own], torch.arange(T)[None].expand(B, T)[own], slots[own]] = True
+    return {
+        "x": rnd(B, T, Din), "input_norm_weight": 1 + rnd(Din) if r["segments"] else None,
+        "input_norm_segments": max(r["segments"], 1), "residual": rnd(B, T, H),
+        "qkv_weight": ref.pack_linear_weight(rnd(Q, Din)), "qkv_bias": rnd(Q) if r["bias"] else None,
+        "o_weight": ref.pack_linear_weight(rnd(H, nH * D)), "norm_weight": 1 + rnd(H),
+        "gate_up_weight": ref.pack_linear_weight(rnd(2 * I, H)), "down_weight": ref.pack_linear_weight(rnd(H, I)),
+        "position_ids": torch.randint(0, 500, (B, T), generator=g),
+        "inv_freq": 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D)),
+        "k_cache": rnd(B, nKV, S, D, scale=1.0), "v_cache": rnd(B, nKV, S, D, scale=1.0), "write_slots": slots,
+        "mask": mask, "num_heads": nH, "intermediate_size": I, "eps": 1e-5}
+
+
+def _layer_kinds(r) -> dict:
+    nH = r["nKV"] * r["group"]
+    kinds = {"x": Arg("float"), "residual": Arg("float"), "qkv_weight": Arg("float"), "o_weight": Arg("float"),
+             "norm_weight": Arg("float"), "gate_up_weight": Arg("float"), "down_weight": Arg("float"),
+             "position_ids": Arg("index", (0,)), "inv_freq": Arg("float"), "k_cache": Arg("float"),
+             "v_cache": Arg("float"), "write_slots": Arg("index", (0, r["S"], 1 + r["kv_len"] % r["S"])),
+             "mask": Arg("mask"), "num_heads": Arg("int", (nH, r["nKV"])), "intermediate_size": Arg("int", (r["I"],)),
+             "eps": Arg("real"), "input_norm_segments": Arg("int", (1, 2))}
+    if r["bias"]:
+        kinds["qkv_bias"] = Arg("float")
+    if r["segments"]:
+        kinds["input_norm_weight"] = Arg("float")
+    return kinds
+
+
+_LAYER_ORDER = ("x", "input_norm_weight", "input_norm_segments", "residual", "qkv_weight", "qkv_bias", "o_weight",
+                "norm_weight", "gate_up_weight", "down_weight", "position_ids", "inv_freq", "k_cache", "v_cache",
+                "write_slots", "mask", "num_heads", "intermediate_size", "eps")
+
+
+def _layer_raw(fn):
+    return lambda a, v: fn(*(a[n] for n in _LAYER_ORDER), v)
+
+
+def _layer_wrapper(a, v):
+    return ops.draft_decoder_layer(
+        a["x"], a["residual"], a["qkv_weight"], a["o_weight"], a["norm_weight"], a["gate_up_weight"],
+        a["down_weight"], a["position_ids"], a["inv_freq"], a["k_cache"], a["v_cache"], a["write_slots"], a["mask"],
+        a["num_heads"], a["intermediate_size"], a["eps"], qkv_bias=a["qkv_bias"],
+        input_norm_weight=a["input_norm_weight"], input_norm_segments=a["input_norm_segments"], validate=v)
+
+
+def _compare_layer(got, want, a, rerun):
+    scale = float(want.float().nan_to_num(0, 0, 0).abs().max()) + 1.0 if want.numel() else 1.0
+    close(got, want, LAYER_ATOL[want.dtype] * scale, 0.0, "output")
+
+
+DRAFT_DECODER_LAYER = OpSpec(
+    name="draft_decoder_layer",
+    base=st.fixed_dictionaries({
+        "B": st.integers(1, 2), "T": st.integers(1, 3), "nKV": st.integers(1, 2), "group": st.integers(1, 2),
+        "D": st.sampled_from([64, 64, 80]), "H": st.sampled_from([8, 16, 24]), "I": st.sampled_from([8, 20]),
+        "segments": st.sampled_from([0, 1, 2]), "S": st.integers(1, 8), "kv_len": st.integers(0, 8),
+        "bias": st.booleans(), "dtype": st.sampled_from(FLOAT_DTYPES), "seed": SEED}),
+    kinds=_layer_kinds,
+    build=_layer_case,
+    raw=_layer_raw(R.draft_decoder_layer),
+    wrapper=_layer_wrapper,
+    reference=_layer_raw(ref.draft_decoder_layer),
+    compare=_compare_layer,
+    inplace=("k_cache", "v_cache"),
+    inplace_tolerance=lambda g, w: close(g, w, CACHE_ATOL.get(w.dtype, 1e-5), 0.0, "cache"),
+)
+
+SPECS = [TREE_ATTENTION, COMPACT_KV, DRAFT_DECODER_LAYER]
