@@ -11,6 +11,9 @@ summary line (tokens/s, mean accepted length, target forwards, time split).
 
 ``specdec train-medusa | train-eagle | train-draft`` (:mod:`specdec_ext.train.cli`), ``specdec zoo build``
 (:mod:`specdec_ext.zoo.cli`), ``specdec bench`` (:mod:`specdec_ext.bench.cli`).
+
+Errors: one line ``specdec <command>: ...`` on stderr and a non-zero status (2: a bad command line, 130: Ctrl-C),
+formatted here in :func:`main` only; ``specdec --debug <command> ...`` shows the traceback instead.
 """
 
 from __future__ import annotations
