@@ -236,5 +236,5 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert r_res.losses == pytest.approx(r_full.losses, rel=1e-5, abs=1e-6)
     for x, y in zip(full.state_dict().values(), resumed.state_dict().values()):
         torch.testing.assert_close(x, y)
-    state = torch.load(a / CHECKPOINT_FILE, weights_only=False)
+    state = torch.load(a / CHECKPOINT_FILE, weights_only=True)
     assert state["step"] == 12 and state["optimizer"]["state"]

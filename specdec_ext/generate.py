@@ -59,6 +59,7 @@ from specdec_ext import ops
 from specdec_ext.drafters.base import (DecodeState, DraftTree, SamplingParams, StepResult, check_drafter, serving,
                                        to_device)
 from specdec_ext.models import TreeKVCache, tree_forward, use_tree_attention
+from specdec_ext.models.causal_lm import load_causal_lm
 from specdec_ext.models.fast_linear import packed_linears
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
 
@@ -120,21 +121,20 @@ class DecodeStats:
 
 def load_model(path_or_model, dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
     """A causal LM from a local directory (``AutoModelForCausalLM``, no network) or an already-built model, in
-    eval mode, with ``dtype`` and on ``device`` when given."""
+    eval mode, with ``dtype`` and on ``device`` when given. A folder is refused (``ValueError`` naming it) when its
+    weights are unreadable, unsafe, shaped unlike its config, or leave parameters uninitialised
+    (:func:`~specdec_ext.models.causal_lm.load_causal_lm`)."""
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype) or not getattr(torch, dtype).is_floating_point:
+            raise ValueError(f"load_model: dtype must be a floating torch dtype or its name (float32, bfloat16, "
+                             f"float16), got {dtype!r}")
+        dtype = getattr(torch, dtype)
     if isinstance(path_or_model, (str, os.PathLike)):
-        path = os.fspath(path_or_model)
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"load_model: {path!r} is not a local directory (models are loaded from disk "
-                                    "only; download them first)")
-        from transformers import AutoModelForCausalLM
-
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto", local_files_only=True)
+        model = load_causal_lm(os.fspath(path_or_model), dtype)
     else:
         model = path_or_model
         if dtype is not None:
-            model = model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+            model = model.to(dtype)
     if device is not None:
         model = model.to(device)
     return model.eval()

@@ -11,7 +11,8 @@ the ResBlocks per head and h the head::
 
 The published configs' head count is not reliable (Medusa's own loader overrides it), so the number of heads and
 of ResBlocks are inferred from the keys; a config that disagrees gives a warning. Files are read with
-``torch.load(weights_only=True)`` or safetensors: no code is executed. Shapes are checked key by key, and against
+:mod:`specdec_ext.models.safe_files` (weights-only ``torch.load``, safetensors, JSON objects): no code is executed,
+and unreadable files give errors naming them. Shapes are checked key by key, and against
 the target when one is given (hidden size, vocabulary), with errors naming the key and both shapes.
 """
 
@@ -25,6 +26,7 @@ import warnings
 import torch
 
 from specdec_ext.drafters.medusa import MedusaHeads
+from specdec_ext.models.safe_files import read_json, read_state_dict
 
 __all__ = ["MEDUSA_CONFIG", "MEDUSA_WEIGHTS", "load_medusa", "load_medusa_state_dict", "medusa_heads_from_state_dict",
            "save_medusa"]
@@ -34,21 +36,6 @@ MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
 _KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
 
-
-def _read_state_dict(wfile: str, who: str) -> dict[str, torch.Tensor]:
-    """A state dict from ``.safetensors`` or a weights-only ``torch.save`` file; clear errors name the file."""
-    if wfile.endswith(".safetensors"):
-        from safetensors.torch import load_file
-
-        sd = load_file(wfile, device="cpu")
-    else:
-        try:
-            sd = torch.load(wfile, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - re-raised with the file named
-            raise ValueError(f"{who}: cannot read {wfile!r} as a weights-only torch.save state dict: {e}") from e
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ValueError(f"{who}: {wfile!r} does not hold a state dict (a mapping of names to tensors)")
-    return dict(sd)
 
 def _text_config(config):
     get = getattr(config, "get_text_config", None)
@@ -75,11 +62,8 @@ def load_medusa_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Ten
     path = os.fspath(path)
     wfile = _weights_file(path)
     cfg_file = os.path.join(os.path.dirname(wfile), MEDUSA_CONFIG)
-    config = {}
-    if os.path.isfile(cfg_file):
-        with open(cfg_file) as f:
-            config = json.load(f)
-    return _read_state_dict(wfile, "load_medusa"), config, wfile
+    config = read_json(cfg_file, "load_medusa") if os.path.isfile(cfg_file) else {}
+    return read_state_dict(wfile, "load_medusa"), config, wfile
 
 
 def medusa_heads_from_state_dict(sd: dict[str, torch.Tensor], config: dict | None = None,
@@ -254,9 +238,7 @@ def load_eagle_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tens
     cfg_file = os.path.join(os.path.dirname(wfile), EAGLE_CONFIG)
     if not os.path.isfile(cfg_file):
         raise FileNotFoundError(f"load_eagle: {cfg_file!r} is missing (EAGLE drafts need their config.json)")
-    with open(cfg_file) as f:
-        config = json.load(f)
-    return _read_state_dict(wfile, "load_eagle"), config, wfile
+    return read_state_dict(wfile, "load_eagle"), read_json(cfg_file, "load_eagle"), wfile
 
 
 def _check_keys(sd: dict, expected: dict, optional: set, source: str) -> None:
@@ -270,6 +252,33 @@ def _check_keys(sd: dict, expected: dict, optional: set, source: str) -> None:
         if k in sd and tuple(sd[k].shape) != tuple(want):
             raise ValueError(f"load_eagle: key {k!r} in {source} has shape {list(sd[k].shape)}, expected "
                              f"{list(want)} (from config.json)")
+
+
+_EAGLE_INTS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+               "head_dim", "draft_vocab_size", "target_hidden_size")
+
+
+def _eagle_config(d: dict, source: str) -> EagleConfig:
+    """``EagleConfig.from_dict(d)`` with the fields that size tensors checked first (positive integers)."""
+    for k in _EAGLE_INTS:
+        v = d.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"load_eagle: config.json of {source}: {k!r} must be a positive integer, got {v!r}")
+    for k in ("rms_norm_eps", "rope_theta"):
+        v = d.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            raise ValueError(f"load_eagle: config.json of {source}: {k!r} must be a positive number, got {v!r}")
+    ec = d.get("eagle_config")
+    aux = ec.get("eagle_aux_hidden_state_layer_ids") if isinstance(ec, dict) else None
+    if ec is not None and not isinstance(ec, dict) or aux is not None and (
+            not isinstance(aux, list) or len(aux) != 3
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in aux)):
+        raise ValueError(f"load_eagle: config.json of {source}: 'eagle_config' must be an object whose "
+                         f"'eagle_aux_hidden_state_layer_ids' lists three layer indices >= 0, got {ec!r}")
+    try:
+        return EagleConfig.from_dict(d)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"load_eagle: config.json of {source}: {e}") from None
 
 
 def eagle_from_state_dict(sd: dict[str, torch.Tensor], config: dict, source: str = "state dict"):
@@ -287,7 +296,7 @@ def eagle_from_state_dict(sd: dict[str, torch.Tensor], config: dict, source: str
         d["target_hidden_size"] = sd["fc.weight"].shape[1] // 3
     if v3 and d.get("draft_vocab_size") is None and "lm_head.weight" in sd:
         d["draft_vocab_size"] = sd["lm_head.weight"].shape[0]
-    cfg = EagleConfig.from_dict(d)
+    cfg = _eagle_config(d, source)
     H, I, V, Vd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.draft_vocab_size
     q_out, kv_out = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
     pre = "midlayer." if v3 else "layers.0."
@@ -399,6 +408,10 @@ def load_eagle(path: str | os.PathLike, target: torch.nn.Module | None = None, d
                                  f"[{c.vocab_size}, {c.hidden_size}] needed")
         if model.version == 3 and model.aux_layers is None:
             model.aux_layers = default_eagle3_layers(tcfg.num_hidden_layers)
+        if model.version == 3 and max(model.aux_layers) > tcfg.num_hidden_layers:
+            raise ValueError(f"load_eagle: the EAGLE-3 draft in {wfile!r}{built} fuses target layers "
+                             f"{list(model.aux_layers)} (config eagle_aux_hidden_state_layer_ids) but the target has "
+                             f"{tcfg.num_hidden_layers} layers (indices 0..{tcfg.num_hidden_layers})")
         p = next(q for q in target.parameters() if q.is_floating_point())
         dtype = p.dtype if dtype is None else dtype
         device = p.device if device is None else device

@@ -36,7 +36,10 @@ def _common(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     p.add_argument("--heldout", type=int, default=4, help="sequences held out to evaluate acceptance (0 = none)")
     p.add_argument("--eval-every", type=int, default=0, help="evaluate acceptance every N steps (0 = at the end)")
     p.add_argument("--eval-new-tokens", type=int, default=32)
-    p.add_argument("--checkpoint-every", type=int, default=0, help="save a resumable checkpoint every N steps")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="save a resumable checkpoint (OUT/checkpoint) every N steps (0 = by time only)")
+    p.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
+                   help="also save it after every M minutes of training (0 = off); always at the end")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/trainer_state.pt")
     p.add_argument("--no-progress", action="store_true")
 
@@ -72,7 +75,7 @@ def _prepare(args, name: str):
                       warmup=args.warmup, weight_decay=args.weight_decay,
                       eval_every=args.eval_every, eval_new_tokens=args.eval_new_tokens,
                       checkpoint_dir=os.path.join(args.out, "checkpoint"), checkpoint_every=args.checkpoint_every,
-                      resume=args.resume, progress=not args.no_progress)
+                      checkpoint_minutes=args.checkpoint_minutes, resume=args.resume, progress=not args.no_progress)
     return target, tok, train, prompts, cfg
 
 

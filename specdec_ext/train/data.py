@@ -202,8 +202,13 @@ class BatchSampler:
         return b
 
     def state_dict(self) -> dict:
-        return {"gen": self.gen.get_state(), "order": list(self.order)}
+        return {"gen": self.gen.get_state(), "order": list(self.order), "n": self.n}
 
-    def load_state_dict(self, sd: dict) -> None:
+    def load_state_dict(self, sd: dict, who: str = "resume: the checkpoint") -> None:
+        n = sd.get("n", max(sd["order"], default=-1) + 1)  # (checkpoints before "n" was saved: a lower bound)
+        if n != self.n if "n" in sd else n > self.n:
+            raise ValueError(f"{who} drew its batches from {n} training sequences, this run has {self.n} "
+                             "(the data, --max-length, --heldout or --self-distill changed); resume with the same "
+                             "data and options, or train into another output directory")
         self.gen.set_state(sd["gen"])
         self.order = list(sd["order"])

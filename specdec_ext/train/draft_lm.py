@@ -93,5 +93,7 @@ def train_draft_lm(target, seqs: list[list[int]], cfg: TrainConfig, num_layers: 
             return evaluate_acceptance(target, DraftModelDrafter(m, num_draft_tokens=num_draft_tokens),
                                        heldout_prompts, cfg.eval_new_tokens)
 
-    result = train_loop(model, loss_fn, seqs, cfg, eval_fn, name="draft")
+    c = model.config
+    signature = {"layers": c.num_hidden_layers, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size}
+    result = train_loop(model, loss_fn, seqs, cfg, eval_fn, name="draft", signature=signature)
     return model.eval(), result

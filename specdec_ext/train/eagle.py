@@ -166,5 +166,8 @@ def train_eagle(target, seqs: list[list[int]], cfg: TrainConfig, version: int = 
             return evaluate_acceptance(target, EagleDrafter(m, target=target, **tree), heldout_prompts,
                                        cfg.eval_new_tokens)
 
-    result = train_loop(model, loss_fn, seqs, cfg, eval_fn, name=f"eagle{version}")
+    signature = {"version": version, "hidden_size": model.config.hidden_size}
+    if version == 3:
+        signature.update(draft_vocab=model.config.draft_vocab_size, aux_layers=list(model.aux_layers or ()))
+    result = train_loop(model, loss_fn, seqs, cfg, eval_fn, name=f"eagle{version}", signature=signature)
     return model.eval(), result

@@ -1,6 +1,7 @@
 """The common training loop: AdamW, seeded batches, progress with loss and tokens/s, periodic acceptance
 evaluation through :func:`specdec_ext.generate.generate`, resumable checkpoints (weights + optimizer + step +
-sampler state)."""
+sampler state), saved every few minutes and at the end, read back with torch's weights-only unpickler (a checkpoint
+folder can hold no code that runs)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec_ext.models.safe_files import read_weights_only
 from specdec_ext.train.data import BatchSampler, pad_batch
 
 __all__ = ["TrainConfig", "TrainResult", "Progress", "train_loop", "evaluate_acceptance", "default_device",
-           "CHECKPOINT_FILE"]
+           "read_checkpoint", "check_resumable", "CHECKPOINT_FILE"]
 
 CHECKPOINT_FILE = "trainer_state.pt"
 
@@ -39,7 +41,8 @@ class TrainConfig:
     eval_every: int = 0  # 0: evaluate at the end only (when held-out prompts exist)
     eval_new_tokens: int = 32
     checkpoint_dir: str | None = None
-    checkpoint_every: int = 0  # 0: checkpoint at the end only (when checkpoint_dir is set)
+    checkpoint_every: int = 0  # also checkpoint every N steps (0: off; with checkpoint_dir)
+    checkpoint_minutes: float = 5.0  # and after every this many minutes of training (0: off)
     resume: bool = False
     progress: bool = True
 
@@ -103,6 +106,72 @@ class Progress:
             self.bar.close()
 
 
+def _check_config(cfg: TrainConfig, name: str) -> None:
+    for key, low in (("steps", 0), ("batch_size", 1), ("warmup", 0), ("eval_every", 0), ("eval_new_tokens", 1),
+                     ("checkpoint_every", 0), ("seed", 0)):
+        v = getattr(cfg, key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"{name}: {key} must be an integer >= {low}, got {v!r}")
+    for key, positive in (("lr", True), ("weight_decay", False), ("grad_clip", False), ("min_lr_ratio", False),
+                          ("checkpoint_minutes", False)):
+        v = getattr(cfg, key)
+        bad = isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
+        if bad or positive and v == 0:
+            raise ValueError(f"{name}: {key} must be a finite number {'> 0' if positive else '>= 0'}, got {v!r}")
+    if cfg.schedule not in ("constant", "cosine"):
+        raise ValueError(f"{name}: schedule must be 'constant' or 'cosine', got {cfg.schedule!r}")
+
+
+_STATE_KEYS = ("module", "optimizer", "sampler", "step", "losses", "evals", "rng")
+
+
+def read_checkpoint(path: str, name: str) -> dict:
+    """The state :func:`train_loop` saved in ``path`` (weights-only: a crafted pickle is refused, never run)."""
+    state = read_weights_only(path, f"{name}: resume")
+    if not isinstance(state, dict) or any(k not in state for k in _STATE_KEYS):
+        have = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{name}: resume: {path!r} is not a training checkpoint of this library (it needs "
+                         f"{', '.join(_STATE_KEYS)}; it has {have})")
+    return state
+
+
+def _fmt(sig: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sig.items()) or "no recorded options"
+
+
+def check_resumable(state: dict, module: torch.nn.Module, signature: dict | None, path: str, name: str) -> None:
+    """Refuses (``ValueError``) a checkpoint whose module differs from ``module``: other options, keys or shapes."""
+    saved = state.get("signature") or {}
+    signature = signature or {}
+    if saved and signature and saved != signature:
+        raise ValueError(f"{name}: resume: {path!r} holds a {state.get('name', name)} trained with {_fmt(saved)}; "
+                         f"this run asks for {_fmt(signature)} (resume with the same options, or train into "
+                         "another output directory)")
+    have = state["module"]
+    want = module.state_dict()
+    if not isinstance(have, dict):
+        raise ValueError(f"{name}: resume: {path!r} holds no module state dict")
+    missing = [k for k in want if k not in have]
+    extra = [k for k in have if k not in want]
+    shapes = [k for k in want if k in have and (not isinstance(have[k], torch.Tensor)
+                                                or tuple(have[k].shape) != tuple(want[k].shape))]
+    if missing or extra or shapes:
+        parts = []
+        if missing:
+            parts.append(f"it lacks {len(missing)} tensor(s) this run's model has ({', '.join(missing[:3])}"
+                         f"{', ...' if len(missing) > 3 else ''})")
+        if extra:
+            parts.append(f"it has {len(extra)} tensor(s) this run's model lacks ({', '.join(extra[:3])}"
+                         f"{', ...' if len(extra) > 3 else ''})")
+        if shapes:
+            k = shapes[0]
+            got = list(have[k].shape) if isinstance(have[k], torch.Tensor) else type(have[k]).__name__
+            parts.append(f"{k!r} is {got} there but {list(want[k].shape)} here"
+                         f"{f' (and {len(shapes) - 1} more)' if len(shapes) > 1 else ''}")
+        raise ValueError(f"{name}: resume: {path!r} holds a different model ({_fmt(saved)}) than this run's "
+                         f"({_fmt(signature)}): {'; '.join(parts)}")
+
+
 @torch.no_grad()
 def evaluate_acceptance(target, drafter, prompts: list[list[int]], max_new_tokens: int = 32) -> float:
     """Mean accepted length (tokens per target forward) of greedy speculative decoding of ``prompts``."""
@@ -116,17 +185,18 @@ def evaluate_acceptance(target, drafter, prompts: list[list[int]], max_new_token
 
 
 def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: TrainConfig, eval_fn=None,
-               name: str = "train", params=None) -> TrainResult:
+               name: str = "train", params=None, signature: dict | None = None) -> TrainResult:
     """Trains ``module``'s (or ``params``') parameters for ``cfg.steps`` AdamW steps on batches of ``seqs``.
 
     ``loss_fn(tokens[B, T], mask[B, T]) -> (loss, n_tokens)``; ``eval_fn(step) -> float`` (mean accepted length),
     called every ``cfg.eval_every`` steps and at the end. With ``cfg.checkpoint_dir``, ``trainer_state.pt`` there
-    holds the module's state, the optimizer, the step and the sampler (``cfg.resume`` continues from it: the same
-    result as an uninterrupted run with the same seed)."""
+    holds the module's state, the optimizer, the step and the sampler, saved every ``cfg.checkpoint_every`` steps,
+    every ``cfg.checkpoint_minutes`` and at the end (``cfg.resume`` continues from it: the same result as an
+    uninterrupted run with the same seed). ``signature``: the options that shape the module (e.g. ``{"heads": 4}``),
+    stored in the checkpoint; resuming with other ones is refused, naming both."""
     if not seqs:
         raise ValueError(f"{name}: no training sequences")
-    if cfg.schedule not in ("constant", "cosine"):
-        raise ValueError(f"{name}: schedule must be 'constant' or 'cosine', got {cfg.schedule!r}")
+    _check_config(cfg, name)
     device = torch.device(cfg.device or default_device())
     torch.manual_seed(cfg.seed)
     params = [p for p in (module.parameters() if params is None else params) if p.requires_grad]
@@ -144,10 +214,11 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
     result = TrainResult()
     ckpt = os.path.join(cfg.checkpoint_dir, CHECKPOINT_FILE) if cfg.checkpoint_dir else None
     if cfg.resume and ckpt and os.path.isfile(ckpt):
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        state = read_checkpoint(ckpt, name)
+        check_resumable(state, module, signature, ckpt, name)
         module.load_state_dict(state["module"])
         opt.load_state_dict(state["optimizer"])
-        sampler.load_state_dict(state["sampler"])
+        sampler.load_state_dict(state["sampler"], who=f"{name}: resume: {ckpt!r}")
         result.step, result.losses, result.evals = state["step"], list(state["losses"]), list(state["evals"])
         result.tokens = state.get("tokens", 0)
         result.seconds = state.get("seconds", 0.0)  # training time before the interruption
@@ -160,12 +231,14 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
         tmp = ckpt + ".tmp"
         torch.save({"module": module.state_dict(), "optimizer": opt.state_dict(), "sampler": sampler.state_dict(),
                     "step": result.step, "losses": result.losses, "evals": result.evals, "tokens": result.tokens,
-                    "rng": torch.get_rng_state(), "name": name,
+                    "rng": torch.get_rng_state(), "name": name, "signature": signature or {},
                     "seconds": seconds_before + time.perf_counter() - t0}, tmp)
         os.replace(tmp, ckpt)
+        nonlocal saved_at
+        saved_at = time.perf_counter()
 
     bar = Progress(cfg.steps, name, enabled=cfg.progress, initial=result.step)
-    t0 = time.perf_counter()
+    t0 = saved_at = time.perf_counter()
     seconds_before = result.seconds
     tok_window, t_window = 0, t0
     module.train()
@@ -196,7 +269,8 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
             module.train()
             result.evals.append((result.step, acc))
             bar.write(f"{name}: step {result.step} loss {result.losses[-1]:.4f} mean accepted length {acc:.3f}")
-        if cfg.checkpoint_every and result.step % cfg.checkpoint_every == 0:
+        if (cfg.checkpoint_every and result.step % cfg.checkpoint_every == 0
+                or cfg.checkpoint_minutes and now - saved_at >= 60 * cfg.checkpoint_minutes):
             save()
     bar.close()
     module.eval()

@@ -75,5 +75,7 @@ def train_medusa(target, seqs: list[list[int]], cfg: TrainConfig, num_heads: int
             h = heads if dt == torch.float32 else copy.deepcopy(heads).to(dt)
             return evaluate_acceptance(target, MedusaDrafter(h), heldout_prompts, cfg.eval_new_tokens)
 
-    result = train_loop(heads, loss_fn, seqs, cfg, eval_fn, name="medusa")
+    signature = {"heads": heads.num_heads, "layers": heads.num_layers,
+                 "lm_head": "own" if heads.has_lm_head else "the target's"}
+    result = train_loop(heads, loss_fn, seqs, cfg, eval_fn, name="medusa", signature=signature)
     return heads.eval(), result

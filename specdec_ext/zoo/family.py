@@ -13,12 +13,12 @@ Layout of a family directory (every member in its official format)::
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
 import torch
 
+from specdec_ext.models.safe_files import read_json
 from specdec_ext.zoo.spec import DEFAULT_DRAFTERS, DRAFTER_NAMES
 
 __all__ = ["Family", "family_dir", "load_family", "make_drafter", "SHIPPED_DIR"]
@@ -74,8 +74,11 @@ def make_drafter(family: Family, name: str, **overrides):
         if kw.get("draft_vocab") == "frequent" and not os.path.isfile(vocab_file):
             kw["draft_vocab"] = "eagle3"  # (a family built before the file existed)
         if kw.get("draft_vocab") == "frequent":  # the training data's most frequent ids (zoo build, FR-Spec)
-            with open(vocab_file) as f:
-                kw["draft_vocab"] = torch.tensor(json.load(f)["ids"], dtype=torch.int64)
+            ids = read_json(vocab_file, "make_drafter").get("ids")
+            if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                               for i in ids):
+                raise ValueError(f"make_drafter: {vocab_file!r} must hold {{\"ids\": [token ids]}}")
+            kw["draft_vocab"] = torch.tensor(ids, dtype=torch.int64)
         elif kw.get("draft_vocab") == "eagle3":  # the EAGLE-3 draft's vocabulary: also frequent ids, 2048 of them
             e3 = family.eagle3
             kw["draft_vocab"] = e3.to_target_ids(torch.arange(e3.draft_vocab_size, device=e3.fc.weight.device))
@@ -101,8 +104,9 @@ def load_family(path: str | os.PathLike | None = None, device: torch.device | st
     bfloat16, so bfloat16 drafts keep their exact weights and read half the bytes of float32 ones at every draft
     level: with a float32 target on a CPU with AVX512-BF16, EAGLE-2 steps are ~8% and EAGLE-3 steps ~15% shorter
     (``"auto"`` picks that). Only the drafts' proposals change; the output is the target's."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    from specdec_ext.models.causal_lm import load_causal_lm
     from specdec_ext.models.checkpoints import load_eagle, load_medusa, resolve_eagle_dtype
     from specdec_ext.models.fast_linear import pack_linears
 
@@ -113,20 +117,15 @@ def load_family(path: str | os.PathLike | None = None, device: torch.device | st
     eagle_dtype = resolve_eagle_dtype(eagle_dtype, dtype, device)  # (a bad value fails before anything loads)
     for member in ("target", "draft", "medusa", "eagle1", "eagle3"):
         _require(os.path.join(root, member), f"the {member} member")
-    target = AutoModelForCausalLM.from_pretrained(os.path.join(root, "target"), dtype=dtype, local_files_only=True)
-    target = target.to(device).eval()
+    target = load_causal_lm(os.path.join(root, "target"), dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(root, "target"), local_files_only=True)
-    draft = AutoModelForCausalLM.from_pretrained(os.path.join(root, "draft"), dtype=dtype, local_files_only=True)
-    draft = draft.to(device).eval()
+    draft = load_causal_lm(os.path.join(root, "draft"), dtype).to(device).eval()
     if packed_linears:
         pack_linears(target)
         pack_linears(draft)
     medusa = load_medusa(os.path.join(root, "medusa"), target=target)
     eagle1 = load_eagle(os.path.join(root, "eagle1"), target=target, dtype=eagle_dtype)
     eagle3 = load_eagle(os.path.join(root, "eagle3"), target=target, dtype=eagle_dtype)
-    card = {}
     card_file = os.path.join(root, "card.json")
-    if os.path.isfile(card_file):
-        with open(card_file) as f:
-            card = json.load(f)
+    card = read_json(card_file, "load_family") if os.path.isfile(card_file) else {}
     return Family(root, target, tokenizer, draft, medusa, eagle1, eagle3, card)
