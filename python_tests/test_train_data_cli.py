@@ -17,14 +17,14 @@ from specdec_ext.models.checkpoints import load_eagle, load_medusa  # noqa: E402
 from specdec_ext.train import DataError, load_corpus, split_heldout  # noqa: E402
 
 
-def word_tokenizer():
+def word_tokenizer(eos: str | None = None):
     tokenizers = pytest.importorskip("tokenizers")
     from transformers import PreTrainedTokenizerFast
 
     vocab = {f"w{i}": i for i in range(V)}
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="w0"))
     backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0")
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", eos_token=eos)
     tok.chat_template = "{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
     return tok
 
@@ -34,17 +34,47 @@ def write(path, text):
     return str(path)
 
 
-def test_formats_and_chunking(tmp_path):
-    tok = word_tokenizer()
-    txt = write(tmp_path / "a.txt", " ".join(f"w{i}" for i in range(3, 23)) + "\n\nw5 w6 w7 w8 w9\n")
-    seqs = load_corpus(txt, tok, max_length=8)
-    assert seqs == [list(range(3, 11)), list(range(11, 19)), list(range(19, 23)), [5, 6, 7, 8, 9]]
+def test_formats_and_packing(tmp_path):
+    """Text documents (a file, a 'text' or 'messages' record) are packed in file order, EOS after each (none without
+    an EOS token; not twice), into windows of max_length; the last window is kept from min_length tokens on;
+    explicit input_ids stay sequences of their own."""
+    EOS = V - 1
+    eos_tok, plain_tok = word_tokenizer(eos=f"w{EOS}"), word_tokenizer()
+    a = write(tmp_path / "a.txt", " ".join(f"w{i}" for i in range(3, 23)) + "\n\nw5 w6 w7 w8 w9\n")
+    b = write(tmp_path / "b.txt", "w30 w31 w32")
+    assert load_corpus([a, b], eos_tok, max_length=8) == [
+        list(range(3, 11)), list(range(11, 19)), [19, 20, 21, 22, 5, 6, 7, 8], [9, EOS, 30, 31, 32, EOS]]
+    assert load_corpus([a, b], plain_tok, max_length=8) == [
+        list(range(3, 11)), list(range(11, 19)), [19, 20, 21, 22, 5, 6, 7, 8], [9, 30, 31, 32]]
+    assert load_corpus([a, b], plain_tok, max_length=8, min_length=5) == load_corpus([a, b], plain_tok, 8)[:3]
     jl = write(tmp_path / "b.jsonl", "\n".join(json.dumps(r) for r in [
         {"text": "w3 w4 w5 w6"}, {"input_ids": [7, 8, 9, 10, 11]},
-        {"messages": [{"role": "user", "content": "w40 w41"}, {"role": "assistant", "content": "w42"}]}]) + "\n")
-    assert load_corpus([jl], tok, max_length=16) == [[3, 4, 5, 6], [7, 8, 9, 10, 11], [1, 40, 41, 2, 1, 42, 2]]
+        {"messages": [{"role": "user", "content": "w40 w41"}, {"role": "assistant", "content": "w42"}]},
+        {"text": f"w7 w{EOS}"}]) + "\n")
+    assert load_corpus([jl], eos_tok, max_length=16) == [[3, 4, 5, 6, EOS, 1, 40, 41, 2, 1, 42, 2, EOS, 7, EOS],
+                                                         [7, 8, 9, 10, 11]]
     train, held = split_heldout([[i] * 4 for i in range(10)], 3, seed=1)
     assert len(train) == 7 and len(held) == 3 and not any(h in train for h in held)
+
+
+def test_a_code_corpus_keeps_its_indentation(tmp_path):
+    """A folder of .py files: the windows, joined, decode to the files exactly (indentation, blank lines), each
+    followed by EOS, in sorted order (byte-level BPE tokenizer trained here on the files)."""
+    pytest.importorskip("tokenizers")
+    from specdec_ext.zoo.tokenizer import EOS_TOKEN, train_tokenizer
+
+    d = tmp_path / "src"
+    (d / "pkg").mkdir(parents=True)
+    texts = {"pkg/b.py": "class B:\n    def f(self, x):\n        if x:\n            return 1\n\n\n        return 2\n",
+             "a.py": "import os\n\n\ndef g():\n    \"\"\"Doc.\n\n    More.\n    \"\"\"\n    return os.sep\n"}
+    for name, text in texts.items():
+        write(d / name, text)
+    tok = train_tokenizer(list(texts.values()) * 4, 300)
+    seqs = load_corpus(str(d), tok, max_length=16, min_length=1)
+    assert all(len(s) == 16 for s in seqs[:-1]) and 1 <= len(seqs[-1]) <= 16
+    stream = [i for s in seqs for i in s]
+    assert tok.decode(stream) == texts["a.py"] + EOS_TOKEN + texts["pkg/b.py"] + EOS_TOKEN
+    assert stream.count(tok.eos_token_id) == 2
 
 
 @pytest.mark.parametrize("content,match", [
@@ -70,7 +100,7 @@ def test_directory_of_files(tmp_path):
     write(d / "sub" / "a.py", "w9 w10 w11 w12")
     write(d / "empty.txt", "")
     (d / "binary.txt").write_bytes(b"\xff\xfe w3")
-    assert load_corpus(str(d), tok) == [[5, 6, 7, 8], [9, 10, 11, 12]]
+    assert load_corpus(str(d), tok) == [[5, 6, 7, 8, 9, 10, 11, 12]]  # one stream: b.txt, then sub/a.py
     with pytest.raises(DataError, match="binary.txt: not UTF-8 text"):
         load_corpus(str(d / "binary.txt"), tok)
     (tmp_path / "none").mkdir()
@@ -109,7 +139,7 @@ def run(capsys, *argv):
 
 
 COMMON = ("--steps", "20", "--batch-size", "4", "--self-distill", "16", "--prompt-len", "6", "--heldout", "2",
-          "--eval-new-tokens", "8", "--no-progress", "--max-length", "64")
+          "--eval-new-tokens", "8", "--no-progress", "--max-length", "16")
 
 
 @pytest.mark.parametrize("share", [False, True])

@@ -18,7 +18,8 @@ from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.zoo import QUICK, build_zoo, load_family  # noqa: E402
 from specdec_ext.zoo.corpus import python_sources, read_sources, split_sources  # noqa: E402
 from specdec_ext.zoo.evaluate import heldout_prompts  # noqa: E402
-from specdec_ext.zoo.tokenizer import encode_documents, train_tokenizer  # noqa: E402
+from specdec_ext.train.data import document_stream, encode_texts  # noqa: E402
+from specdec_ext.zoo.tokenizer import train_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -158,7 +159,7 @@ def test_tokenizer_round_trips_bytes_and_ends_documents():
     assert len(tok) == 300 and tok.eos_token_id == 0
     sample = "def f(x):\n    return 'é' + x  # ünïcode\n"
     assert tok.decode(tok(sample, add_special_tokens=False)["input_ids"]) == sample
-    stream = encode_documents(tok, ["a = 1\n", "b = 2\n"])
+    stream = document_stream(encode_texts(tok, ["a = 1\n", "b = 2\n"], add_special_tokens=False), tok.eos_token_id)
     assert stream.count(0) == 2 and stream[-1] == 0
     with pytest.raises(ValueError, match="vocab_size must be >= 258"):
         train_tokenizer(texts, 100)

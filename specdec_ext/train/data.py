@@ -1,11 +1,13 @@
-"""Training data for drafters: corpora read from disk, tokenized, chunked, optionally self-distilled.
+"""Training data for drafters: corpora read from disk, tokenized, packed into windows, optionally self-distilled.
 
-Accepted files: plain text (``.txt`` or any non-JSONL file; documents separated by blank lines), JSONL (``.jsonl``,
-one object a line) with ``"input_ids"`` (token ids), ``"text"``, or ``"messages"`` (chat, rendered with the
-tokenizer's chat template). Text is tokenized and chunked into sequences of at most ``max_length`` tokens; explicit
-``input_ids`` longer than the model's context are an error naming the file and line. Self-distillation
-(:func:`self_distill`) replaces the continuations by the target's own (greedy or sampled), which is what makes
-drafts match the target's distribution.
+Accepted files: plain text (any file that is not ``.jsonl`` / ``.json``: the whole file is one document), JSONL
+(``.jsonl`` / ``.json``, one object a line) with ``"text"`` (a document), ``"messages"`` (chat, rendered with the
+tokenizer's chat template; a document) or ``"input_ids"`` (token ids, a sequence of its own). Text is kept as it is
+(indentation, blank lines): documents are tokenized whole, each followed by the tokenizer's EOS (none when it has
+no EOS token), joined in file order into one stream and cut into windows of ``max_length`` tokens. Explicit
+``input_ids`` are not packed: each record is chunked at ``max_length``, and one longer than the model's context is
+an error naming the file and line. Self-distillation (:func:`self_distill`) replaces the continuations by the
+target's own (greedy or sampled), which is what makes drafts match the target's distribution.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import os
 
 import torch
 
-__all__ = ["DataError", "load_corpus", "self_distill", "split_heldout", "pad_batch", "BatchSampler",
-           "model_max_length"]
+__all__ = ["DataError", "load_corpus", "encode_texts", "document_stream", "windows", "self_distill", "split_heldout",
+           "pad_batch", "BatchSampler", "model_max_length"]
 
 
 class DataError(ValueError):
@@ -30,8 +32,31 @@ def model_max_length(target) -> int | None:
     return getattr(cfg, "max_position_embeddings", None)
 
 
-def _encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+def encode_texts(tokenizer, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+    """Each text tokenized whole, as it is (``add_special_tokens``: the tokenizer's own, e.g. a BOS)."""
+    if not texts:
+        return []
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=add_special_tokens, verbose=False)["input_ids"]]
+
+
+def document_stream(docs, separator: int | None) -> list[int]:
+    """The documents (token lists) joined into one stream, each followed by ``separator`` (unless it already ends
+    with it, or ``separator`` is None)."""
+    stream: list[int] = []
+    for ids in docs:
+        stream += ids
+        if separator is not None and ids and ids[-1] != separator:
+            stream.append(separator)
+    return stream
+
+
+def windows(stream: list[int], length: int, min_length: int | None = None) -> list[list[int]]:
+    """Consecutive non-overlapping windows of ``length`` tokens; the last, shorter one is kept when it has at least
+    ``min_length`` tokens (None: only full windows)."""
+    out = [stream[i: i + length] for i in range(0, len(stream), length)]
+    if out and len(out[-1]) < (length if min_length is None else min_length):
+        out.pop()
+    return out
 
 
 def _chat(tokenizer, messages, where: str) -> list[int]:
@@ -43,8 +68,9 @@ def _chat(tokenizer, messages, where: str) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _read_file(path: str, tokenizer, context: int | None, in_dir: bool = False) -> list[tuple[list[int], str]]:
-    """``(ids, where)`` per document of one file (``in_dir``: empty or non-UTF-8 files are skipped, not errors)."""
+def _read_file(path: str, tokenizer, context: int | None, in_dir: bool = False) -> list[tuple[list[int], str, bool]]:
+    """``(ids, where, packed)`` per document of one file; ``packed``: text to join into the stream, else explicit
+    ids kept as their own sequence (``in_dir``: empty or non-UTF-8 files are skipped, not errors)."""
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file")
     try:
@@ -58,53 +84,54 @@ def _read_file(path: str, tokenizer, context: int | None, in_dir: bool = False) 
         if in_dir:
             return []
         raise DataError(f"{path}: the file is empty")
-    docs: list[tuple[list[int], str]] = []
-    if path.endswith(".jsonl") or path.endswith(".json"):
-        for n, line in enumerate(raw.splitlines(), 1):
-            where = f"{path}:{n}"
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise DataError(f"{where}: each line must be a JSON object")
-            if "input_ids" in rec:
-                ids = rec["input_ids"]
-                if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                    raise DataError(f"{where}: 'input_ids' must be a list of integers")
-                if context is not None and len(ids) > context:
-                    raise DataError(f"{where}: 'input_ids' has {len(ids)} tokens, longer than the model's context "
-                                    f"({context}); split it")
-            elif "text" in rec:
-                if not isinstance(rec["text"], str):
-                    raise DataError(f"{where}: 'text' must be a string")
-                if tokenizer is None:
-                    raise DataError(f"{where}: a 'text' record needs a tokenizer (none was found with the model)")
-                ids = _encode(tokenizer, rec["text"])
-            elif "messages" in rec:
-                if tokenizer is None:
-                    raise DataError(f"{where}: a 'messages' record needs a tokenizer (none was found with the model)")
-                ids = _chat(tokenizer, rec["messages"], where)
-            else:
-                raise DataError(f"{where}: the record has none of the fields 'input_ids', 'text', 'messages' (has "
-                                f"{sorted(rec)})")
-            docs.append((ids, where))
-    else:
+    if not (path.endswith(".jsonl") or path.endswith(".json")):
         if tokenizer is None:
             raise DataError(f"{path}: plain text needs a tokenizer (none was found with the model); pass JSONL "
                             "with 'input_ids' instead")
-        for i, block in enumerate(raw.split("\n\n")):
-            if block.strip():
-                docs.append((_encode(tokenizer, block.strip()), f"{path} (document {i + 1})"))
-    return docs
+        return [(encode_texts(tokenizer, [raw])[0], path, True)]
+    entries: list[tuple[list[int] | int, str, bool]] = []  # an int: the index of a text record, encoded below
+    texts: list[str] = []
+    for n, line in enumerate(raw.split("\n"), 1):  # (not splitlines: JSON strings may hold U+2028 and the like)
+        where = f"{path}:{n}"
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{where}: each line must be a JSON object")
+        if "input_ids" in rec:
+            ids = rec["input_ids"]
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise DataError(f"{where}: 'input_ids' must be a list of integers")
+            if context is not None and len(ids) > context:
+                raise DataError(f"{where}: 'input_ids' has {len(ids)} tokens, longer than the model's context "
+                                f"({context}); split it")
+            entries.append((ids, where, False))
+        elif "text" in rec:
+            if not isinstance(rec["text"], str):
+                raise DataError(f"{where}: 'text' must be a string")
+            if tokenizer is None:
+                raise DataError(f"{where}: a 'text' record needs a tokenizer (none was found with the model)")
+            entries.append((len(texts), where, True))
+            texts.append(rec["text"])
+        elif "messages" in rec:
+            if tokenizer is None:
+                raise DataError(f"{where}: a 'messages' record needs a tokenizer (none was found with the model)")
+            entries.append((_chat(tokenizer, rec["messages"], where), where, True))
+        else:
+            raise DataError(f"{where}: the record has none of the fields 'input_ids', 'text', 'messages' (has "
+                            f"{sorted(rec)})")
+    encoded = encode_texts(tokenizer, texts) if texts else []
+    return [(encoded[x] if isinstance(x, int) else x, where, packed) for x, where, packed in entries]
 
 
 def load_corpus(paths, tokenizer=None, max_length: int = 256, context: int | None = None, vocab_size: int | None = None,
                 min_length: int = 4) -> list[list[int]]:
     """Token sequences (each ``min_length`` .. ``max_length`` tokens) from the files ``paths`` (a directory: every
-    file below it, in sorted order).
+    file below it, in sorted order): the text documents packed into windows of ``max_length`` (EOS after each
+    document), then each explicit ``input_ids`` record chunked at ``max_length``.
 
     ``context``: the model's maximum positions (explicit ``input_ids`` longer than that are an error; ``max_length``
     may not exceed it). ``vocab_size``: ids outside ``[0, vocab_size)`` are an error."""
@@ -126,17 +153,18 @@ def load_corpus(paths, tokenizer=None, max_length: int = 256, context: int | Non
             files += [(f, True) for f in found]
         else:
             files.append((path, False))
-    seqs: list[list[int]] = []
+    packed: list[list[int]] = []
+    own: list[list[int]] = []
     for path, in_dir in files:
-        docs = _read_file(path, tokenizer, context, in_dir)
-        for ids, where in docs:
+        for ids, where, pack in _read_file(path, tokenizer, context, in_dir):
             if vocab_size is not None and any(not 0 <= i < vocab_size for i in ids):
                 bad = next(i for i in ids if not 0 <= i < vocab_size)
                 raise DataError(f"{where}: token id {bad} is outside the model's vocabulary [0, {vocab_size})")
-            for s in range(0, len(ids), max_length):
-                chunk = ids[s: s + max_length]
-                if len(chunk) >= min_length:
-                    seqs.append(chunk)
+            (packed if pack else own).append(ids)
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    seqs = windows(document_stream(packed, eos), max_length, min_length)
+    for ids in own:
+        seqs += windows(ids, max_length, min_length)
     if not seqs:
         raise DataError(f"{', '.join(paths)}: no sequence of at least {min_length} tokens")
     return seqs

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec_ext.bench.machine import cpu_model
+from specdec_ext.models.safe_files import read_json
 from specdec_ext.zoo.corpus import python_sources, read_sources, split_sources, stdlib_dir
 from specdec_ext.zoo.spec import ZooSpec
 
@@ -60,17 +61,13 @@ def write_draft_vocab(directory: str, ids: list[int]) -> None:
         json.dump({"ids": sorted(ids), "source": "the most frequent token ids of the drafters' training chunks"}, f)
 
 
-def chunks(stream: list[int], length: int) -> list[list[int]]:
-    """Non-overlapping windows of ``length`` tokens of the stream (the tail shorter than that is dropped)."""
-    return [stream[i: i + length] for i in range(0, len(stream) - length + 1, length)]
-
-
 def train_target(spec: ZooSpec, tokenizer, stream: list[int], cfg):
     """``(model, result)``: the target LM trained with next-token cross-entropy on windows of the stream."""
     import warnings
 
     from transformers import LlamaForCausalLM
 
+    from specdec_ext.train.data import windows
     from specdec_ext.train.loop import train_loop
 
     torch.manual_seed(spec.seed)
@@ -85,7 +82,8 @@ def train_target(spec: ZooSpec, tokenizer, stream: list[int], cfg):
                                ignore_index=-100)
         return loss, int(mask[:, 1:].sum())
 
-    result = train_loop(model, loss_fn, chunks(stream, spec.target_seq_len), cfg, name="target")
+    signature = {"layers": spec.num_layers, "hidden_size": spec.hidden_size, "vocab_size": spec.vocab_size}
+    result = train_loop(model, loss_fn, windows(stream, spec.target_seq_len), cfg, name="target", signature=signature)
     return model.eval(), result
 
 
@@ -127,8 +125,7 @@ class _Stages:
     def run(self, name: str, fn) -> dict:
         path = os.path.join(self.dir, f"{name}.json")
         if self.resume and os.path.isfile(path):
-            with open(path) as f:
-                self.records[name] = json.load(f)
+            self.records[name] = read_json(path, f"zoo build --resume ({name})")
             _log(f"== {name}: done earlier (resume), skipped")
             return self.records[name]
         _log(f"== {name} (build time so far {time.perf_counter() - self.t0:.0f} s)")
@@ -173,7 +170,8 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     from specdec_ext.zoo.card import write_card
     from specdec_ext.zoo.evaluate import evaluate_drafters, heldout_prompts
     from specdec_ext.zoo.family import load_family
-    from specdec_ext.zoo.tokenizer import encode_documents, train_tokenizer
+    from specdec_ext.train.data import document_stream, encode_texts, windows
+    from specdec_ext.zoo.tokenizer import train_tokenizer
 
     if threads:
         torch.set_num_threads(threads)
@@ -202,8 +200,9 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
 
     stages.run("tokenizer", tokenizer)
     tok = AutoTokenizer.from_pretrained(tdir, local_files_only=True)
-    stream = encode_documents(tok, texts)
-    held_stream = encode_documents(tok, held_texts)
+    # the documents as they are, each followed by EOS, cut into windows below (load_corpus packs text the same way)
+    stream = document_stream(encode_texts(tok, texts, add_special_tokens=False), tok.eos_token_id)
+    held_stream = document_stream(encode_texts(tok, held_texts, add_special_tokens=False), tok.eos_token_id)
     _log(f"corpus: {len(texts)} training files, {len(stream)} tokens ({sum(map(len, texts)) / len(stream):.2f} "
          f"characters per token); {len(held_texts)} held-out files, {len(held_stream)} tokens")
 
@@ -220,9 +219,9 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
 
     stages.run("target", target)
     target_model = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32, local_files_only=True).eval()
-    held_seqs = chunks(held_stream, spec.target_seq_len)[:64]
+    held_seqs = windows(held_stream, spec.target_seq_len)[:64]
     stages.records["target"]["heldout_loss"] = round(heldout_loss(target_model, held_seqs), 4) if held_seqs else None
-    seqs = chunks(stream, spec.drafter_seq_len)
+    seqs = windows(stream, spec.drafter_seq_len)
 
     def drafter_cfg(stage, steps):
         return _train_cfg(spec, out, stage, steps, spec.drafter_lr, spec.drafter_batch, max(1, steps // 20),
@@ -322,8 +321,7 @@ def reevaluate_family(out: str, threads: int | None = None) -> dict:
 
     if threads is not None:
         torch.set_num_threads(threads)
-    with open(os.path.join(out, "card.json")) as f:
-        card = json.load(f)
+    card = read_json(os.path.join(out, "card.json"), "reevaluate_family")
     old = card.get("evaluation") or {}
     prompts = old.get("prompt_ids")
     if not prompts:

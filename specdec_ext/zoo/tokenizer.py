@@ -7,7 +7,7 @@ Byte-level: every string encodes (no unknown token) and decodes back exactly. On
 
 from __future__ import annotations
 
-__all__ = ["EOS_TOKEN", "train_tokenizer", "encode_documents"]
+__all__ = ["EOS_TOKEN", "train_tokenizer"]
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -27,13 +27,3 @@ def train_tokenizer(texts: list[str], vocab_size: int, min_frequency: int = 2):
     tok.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN,
                                    bos_token=EOS_TOKEN, model_max_length=1 << 30)
-
-
-def encode_documents(tokenizer, texts: list[str]) -> list[int]:
-    """All documents as one token stream, each followed by EOS."""
-    eos = tokenizer.eos_token_id
-    stream: list[int] = []
-    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-        stream += ids
-        stream.append(eos)
-    return stream
