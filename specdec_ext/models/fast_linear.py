@@ -10,8 +10,9 @@ target's 57 weight matrices streamed from memory, ``benchmarks/python/bench_pack
 5.4 -> 2.6 ms, 9 rows 9.7 -> 3.5 ms; bfloat16 1 row 4.5 -> 1.6 ms, 9 rows 5.6 -> 1.8 ms. Every output element is
 one float32 accumulation in a fixed order, so a row's result does not depend on how many rows the call has.
 
-The kernel's vector paths need AVX-512 (float32) or AVX512-BF16 (bfloat16)
-(:func:`specdec_ext.ops.packed_linear_path`); elsewhere bfloat16 falls back to weights packed once for oneDNN
+The kernel's vector paths need AVX-512 (float32), AVX512-BF16 (bfloat16) or AVX2 with FMA (both dtypes, on x86-64
+CPUs without those) (:func:`specdec_ext.ops.packed_linear_path`); elsewhere bfloat16 falls back to weights packed
+once for oneDNN
 (``torch.ops.mkldnn._reorder_linear_weight``, 1.5-2x aten at 1-4 rows where the CPU has a bfloat16 oneDNN path),
 and everything else (float16, CUDA tensors, calls that record gradients) takes ``F.linear``.
 ``SPECDEC_PACKED_LINEAR=0`` turns every fast path off.
@@ -82,7 +83,12 @@ def bfloat16_is_fast(device: torch.device | str = "cpu") -> bool:
     through float32 conversions and is slower than float32."""
     if torch.device(device).type == "cuda":
         return True
-    return _ENABLED and _kernel_for(torch.bfloat16) == _OURS  # (our kernel's only bfloat16 vector path)
+    if not _ENABLED or _kernel_for(torch.bfloat16) != _OURS:
+        return False
+    from specdec_ext.ops import packed_linear_path
+
+    # (the AVX2 path reads half the bytes too, but multiplies through float32 conversions, as attention does)
+    return packed_linear_path(torch.bfloat16) == "avx512_bf16"
 
 
 def tensor_version(t: torch.Tensor) -> int:

@@ -6,8 +6,9 @@
 // product streamed weights at a third of DRAM bandwidth. Here the weight is laid out once so that each panel of
 // 32 outputs is one sequential stream, and a tile keeps all its rows' accumulators in registers: each weight is
 // loaded once per block of up to 12 rows, and the product of a few rows costs about what streaming the weight
-// costs, as on a GPU. Paths: AVX-512F (float32), AVX512-BF16 (bfloat16 dot products of K-pairs) and a portable
-// loop for other CPUs and float16; PackedLinearPath<T>() says which one runs.
+// costs, as on a GPU. Paths: AVX-512F (float32), AVX512-BF16 (bfloat16 dot products of K-pairs), AVX2 + FMA (both
+// dtypes, for x86-64 CPUs without those) and a portable loop for other CPUs and float16; PackedLinearPath<T>() says
+// which one runs.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -203,6 +204,148 @@ void vector_panels(const PackedLinearParams<T>& p, int64_t panel_begin, int64_t 
     }
   }
 }
+
+// AVX2 + FMA (x86-64 CPUs without AVX-512, e.g. AMD Zen 1-3, Intel before Ice Lake): 16 vector registers of 8 floats,
+// so a panel of 32 outputs is 4 accumulators per row. One row takes two panels at once (8 independent chains hide
+// the FMA latency); more rows take one panel and up to 3 rows (12 accumulators + the broadcast + a weight vector).
+#define SPECDEC_AVX2 __attribute__((target("avx2,fma")))
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
+// Rounds `acc + bias` (bias may be null) of one 8-output group to T and stores the first `valid` (1..8) of them.
+template <typename T>
+SPECDEC_AVX2 inline void store8(T* y, const T* bias, __m256 acc, int64_t valid) {
+  alignas(32) float v[8];
+  _mm256_store_ps(v, acc);
+  for (int64_t j = 0; j < valid; ++j) y[j] = from_float_rn<T>(v[j] + (bias != nullptr ? to_float(bias[j]) : 0.0f));
+}
+
+template <>
+SPECDEC_AVX2 inline void store8<float>(float* y, const float* bias, __m256 acc, int64_t valid) {
+  if (valid == 8) {
+    _mm256_storeu_ps(y, bias != nullptr ? _mm256_add_ps(acc, _mm256_loadu_ps(bias)) : acc);
+    return;
+  }
+  alignas(32) float v[8];
+  _mm256_store_ps(v, acc);
+  for (int64_t j = 0; j < valid; ++j) y[j] = v[j] + (bias != nullptr ? bias[j] : 0.0f);
+}
+
+// float32 tile: MR rows x NP panels, acc = fma(x[m, k], w[k, n], acc) for k = 0 .. K - 1 (the AVX-512 path's order,
+// so both give the same bits).
+template <int MR, int NP>
+SPECDEC_AVX2 void tile_f32_avx2(const PackedLinearParams<float>& p, int64_t m0, int64_t panel) {
+  const int64_t K = p.in_features, N = p.out_features, stride = K * kPanel;
+  const float* x = p.x + m0 * K;
+  const float* w = p.packed + panel * stride;
+  __m256 acc[MR][4 * NP];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < 4 * NP; ++v) acc[m][v] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    for (int q = 0; q < NP; ++q) {
+      const float* wk = w + q * stride + k * kPanel;
+      _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes + 64, _MM_HINT_T0);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m256 xm = _mm256_broadcast_ss(x + m * K + k);
+      for (int q = 0; q < NP; ++q) {
+        const float* wk = w + q * stride + k * kPanel;
+        for (int v = 0; v < 4; ++v) acc[m][4 * q + v] = _mm256_fmadd_ps(xm, _mm256_loadu_ps(wk + 8 * v), acc[m][4 * q + v]);
+      }
+    }
+  }
+  for (int v = 0; v < 4 * NP; ++v) {
+    const int64_t n = panel * kPanel + v * 8, valid = std::min<int64_t>(8, N - n);
+    if (valid <= 0) continue;
+    for (int m = 0; m < MR; ++m)
+      store8(p.y + (m0 + m) * N + n, p.bias != nullptr ? p.bias + n : nullptr, acc[m][v], valid);
+  }
+}
+
+// bfloat16 tile. A packed K-pair of 8 outputs is 8 32-bit lanes (w[2 kp] in the low half, w[2 kp + 1] in the high
+// half), so `lane << 16` and `lane & 0xffff0000` are the two weights as floats. Each step adds the odd product, then
+// the even one: the products of two bfloat16 values are exact in float32, so this rounds as AVX512-BF16's dot
+// product does (odd element first), and the two paths agree apart from its flushing of denormals.
+template <int MR, int NP>
+SPECDEC_AVX2 void tile_bf16_avx2(const PackedLinearParams<bf16>& p, int64_t m0, int64_t panel) {
+  const int64_t K = p.in_features, N = p.out_features, KP = packed_k<bf16>(K), stride = KP * kPanel * 2;
+  const uint16_t* x = reinterpret_cast<const uint16_t*>(p.x) + m0 * K;
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(p.packed) + panel * stride;
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  __m256 acc[MR][4 * NP];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < 4 * NP; ++v) acc[m][v] = _mm256_setzero_ps();
+  const int64_t full_pairs = K / 2;
+  for (int64_t kp = 0; kp < KP; ++kp) {
+    for (int q = 0; q < NP; ++q) {
+      const uint16_t* wk = w + q * stride + kp * kPanel * 2;
+      _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes + 64, _MM_HINT_T0);
+    }
+    __m256 xe[MR], xo[MR];
+    for (int m = 0; m < MR; ++m) {
+      const uint32_t lo = x[m * K + 2 * kp], hi = kp < full_pairs ? x[m * K + 2 * kp + 1] : 0u;
+      xe[m] = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(lo << 16)));
+      xo[m] = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(hi << 16)));
+    }
+    for (int q = 0; q < NP; ++q) {
+      const uint16_t* wk = w + q * stride + kp * kPanel * 2;
+      for (int v = 0; v < 4; ++v) {
+        const __m256i lanes8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 16 * v));
+        const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(lanes8, 16));
+        const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(lanes8, high));
+        for (int m = 0; m < MR; ++m) {
+          acc[m][4 * q + v] = _mm256_fmadd_ps(xo[m], wo, acc[m][4 * q + v]);
+          acc[m][4 * q + v] = _mm256_fmadd_ps(xe[m], we, acc[m][4 * q + v]);
+        }
+      }
+    }
+  }
+  for (int v = 0; v < 4 * NP; ++v) {
+    const int64_t n = panel * kPanel + v * 8, valid = std::min<int64_t>(8, N - n);
+    if (valid <= 0) continue;
+    for (int m = 0; m < MR; ++m)
+      store8(p.y + (m0 + m) * N + n, p.bias != nullptr ? p.bias + n : nullptr, acc[m][v], valid);
+  }
+}
+
+constexpr int kMaxRowsAvx2 = 3;
+
+template <typename T, int... MR>
+constexpr auto make_tiles_avx2(std::integer_sequence<int, MR...>) {
+  if constexpr (std::is_same_v<T, float>) {
+    return std::array<TileFn<T, 1>, sizeof...(MR)>{&tile_f32_avx2<MR + 1, 1>...};
+  } else {
+    return std::array<TileFn<T, 1>, sizeof...(MR)>{&tile_bf16_avx2<MR + 1, 1>...};
+  }
+}
+
+template <typename T>
+void avx2_panels(const PackedLinearParams<T>& p, int64_t panel_begin, int64_t panel_end) {
+  static constexpr auto one = make_tiles_avx2<T>(std::make_integer_sequence<int, kMaxRowsAvx2>{});
+  const int64_t M = p.rows;
+  int64_t panel = panel_begin;
+  if (M == 1) {
+    for (; panel + 2 <= panel_end; panel += 2) {
+      if constexpr (std::is_same_v<T, float>) {
+        tile_f32_avx2<1, 2>(p, 0, panel);
+      } else {
+        tile_bf16_avx2<1, 2>(p, 0, panel);
+      }
+    }
+  }
+  for (; panel < panel_end; ++panel) {
+    for (int64_t m0 = 0; m0 < M;) {
+      const int64_t mr = row_block(m0, M, kMaxRowsAvx2);
+      one[mr - 1](p, m0, panel);
+      m0 += mr;
+    }
+  }
+}
 #endif  // SPECDEC_LINEAR_X86
 
 }  // namespace
@@ -230,6 +373,9 @@ const char* PackedLinearPath() {
   } else if constexpr (std::is_same_v<T, bf16>) {
     if (cpu_has_avx512_bf16()) return "avx512_bf16";
   }
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
+    if (cpu_has_avx2()) return "avx2";
+  }
 #endif
   return "generic";
 }
@@ -241,6 +387,10 @@ void PackedLinear(const PackedLinearParams<T>& p, int64_t panel_begin, int64_t p
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
     if (std::is_same_v<T, float> ? cpu_has_avx512() : cpu_has_avx512_bf16()) {
       vector_panels(p, panel_begin, panel_end);
+      return;
+    }
+    if (cpu_has_avx2()) {
+      avx2_panels(p, panel_begin, panel_end);
       return;
     }
   }
