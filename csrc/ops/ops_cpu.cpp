@@ -3,20 +3,37 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "../kernels/cpu/kernels.h"
 #include "op_glue.h"
+#include "split_guard.h"
 
 namespace specdec::glue {
 namespace {
 
 // Rows are independent. A parallel region costs tens of microseconds, so rows are only split across threads when
-// each thread gets at least ~64k elements of work (`work_per_row` estimates one row's).
+// each thread gets at least ~64k elements of work (`work_per_row` estimates one row's), and only while split
+// regions pay on this machine now (split_guard.h: beside a busy process they can cost milliseconds).
 template <typename Params, typename Kernel>
 void for_rows(const Params& p, int64_t rows, int64_t work_per_row, Kernel kernel,
               int64_t min_work_per_thread = int64_t{1} << 16) {
   const int64_t grain = std::max<int64_t>(1, min_work_per_thread / std::max<int64_t>(1, work_per_row));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
+  // (at::parallel_for's own test for running inline, first: such calls are neither timed nor guarded)
+  if (rows <= grain || rows <= 1 || at::get_num_threads() <= 1 || at::in_parallel_region() ||
+      !split_guard().allowed()) {
+    if (rows > 0) kernel(p, 0, rows);
+    return;
+  }
+  std::atomic<int64_t> work_ns{0};
+  const int64_t start = SplitGuard::now_ns();
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    const int64_t t0 = SplitGuard::now_ns();
+    kernel(p, begin, end);
+    work_ns.fetch_add(SplitGuard::now_ns() - t0, std::memory_order_relaxed);
+  });
+  const int64_t end = SplitGuard::now_ns();
+  split_guard().record(work_ns.load(), end - start, end);
 }
 
 struct CpuBackend {
