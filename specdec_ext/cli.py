@@ -26,6 +26,7 @@ import sys
 import torch
 
 from specdec_ext.devices import check_device
+from specdec_ext.threads import add_threads_argument, apply_threads
 
 try:
     from safetensors import SafetensorError
@@ -218,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--no-packed-linears", action="store_true",
                        help="multiply with aten's products (default: the target and draft model multiply with "
                             "weights packed once for few-row products, which costs a copy of their weights)")
+    add_threads_argument(p_gen)
     p_gen.set_defaults(func=generate_cmd)
     from specdec_ext.train.cli import add_train_commands
 
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "device", None) is not None:
             check_device(args.device, "--device")
+        if getattr(args, "threads", None) is not None:
+            apply_threads(args)
         return args.func(args)
     except KeyboardInterrupt:
         if args.debug:

@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from specdec_ext.threads import add_threads_argument
+
 __all__ = ["MarkingStreamer", "add_demo_command", "demo"]
 
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
@@ -76,10 +78,6 @@ def demo(args: argparse.Namespace) -> int:
     from specdec_ext.zoo import load_family
     from specdec_ext.zoo.evaluate import heldout_prompts
 
-    if args.threads < 0:
-        raise ValueError(f"--threads must be >= 0 (0 = torch's choice), got {args.threads}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     for name, val in (("--max-new-tokens", args.max_new_tokens), ("--prompts", args.prompts),
                       ("--prompt-tokens", args.prompt_tokens)):
         if val < 1:
@@ -156,9 +154,7 @@ def add_demo_command(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--drafters", default=None, help="comma-separated subset of the family's drafters")
     p.add_argument("--stream-with", default="eagle3", help="the drafter of the streamed completion")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (the family's matrices are too small to gain from a second thread, and on "
-                        "a busy machine threads wait on each other at every op; 0 = torch's choice)")
+    add_threads_argument(p)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="model dtype; bfloat16 pays on CPUs with bfloat16 instructions (AVX512-BF16, AMX), where "
                         "verifying a tree costs little more than one token, and crawls on others")

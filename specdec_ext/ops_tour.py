@@ -12,6 +12,7 @@ import torch
 
 import specdec_ext
 from specdec_ext import ops
+from specdec_ext.threads import add_threads_argument
 
 __all__ = ["add_ops_tour_command", "ops_tour"]
 
@@ -118,4 +119,5 @@ def add_ops_tour_command(sub) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--draws", type=int, default=20000)
     p.add_argument("--seed", type=int, default=0)
+    add_threads_argument(p)
     p.set_defaults(func=ops_tour)

@@ -20,6 +20,7 @@ import time
 
 import specdec_ext
 from specdec_ext.devices import check_device
+from specdec_ext.threads import add_threads_argument, apply_threads
 
 SUITES = ("e2e", "batch", "context")
 
@@ -85,7 +86,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                                           "Python files)")
     s.add_argument("--num-draft-tokens", type=int, default=4, help="--model: n-gram / draft-model chain length")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)")
+    add_threads_argument(s)
     o = p.add_argument_group("output")
     o.add_argument("--out", help="output directory (default: benchmarks/results when run from the repository, "
                                  "else ./specdec_bench_results)")
@@ -145,8 +146,6 @@ def check_args(args: argparse.Namespace) -> dict:
     if any(n < 2 for n in lengths):
         raise BenchError(f"--context-lengths must be >= 2 tokens, got {lengths}")
     methods = _csv(args.methods, "--methods") if args.methods else None
-    if args.threads < 0:
-        raise BenchError(f"--threads must be >= 0, got {args.threads}")
     if args.device is not None:
         try:
             check_device(args.device, "--device")
@@ -225,8 +224,7 @@ def run(args: argparse.Namespace, log=print) -> tuple[dict, list[str]]:
                 raise BenchError(f"--suite batch: {err}") from None
             log(f"specdec bench: skipping the batch sweep: {err}")
             batch_fn = err
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)  # (also when run() is called without specdec's main)
     device = args.device or ("cuda" if torch.cuda.is_available() and specdec_ext.built_with_cuda() else "cpu")
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else None)
     try:

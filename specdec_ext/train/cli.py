@@ -9,6 +9,8 @@ import os
 
 import torch
 
+from specdec_ext.threads import add_threads_argument
+
 __all__ = ["add_train_commands"]
 
 
@@ -42,6 +44,7 @@ def _common(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
                    help="also save it after every M minutes of training (0 = off); always at the end")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/trainer_state.pt")
     p.add_argument("--no-progress", action="store_true")
+    add_threads_argument(p)
 
 
 def _prepare(args, name: str):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from specdec_ext.threads import add_threads_argument
+
 __all__ = ["add_zoo_command"]
 
 
@@ -16,17 +18,14 @@ def zoo_build_cmd(args) -> int:
         from dataclasses import replace
 
         spec = replace(spec, seed=args.seed)
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    build_zoo(args.out, spec, resume=args.resume, progress=not args.no_progress, corpus_root=args.corpus,
-              threads=args.threads)
+    build_zoo(args.out, spec, resume=args.resume, progress=not args.no_progress, corpus_root=args.corpus)
     return 0
 
 
 def zoo_evaluate_cmd(args) -> int:
     from specdec_ext.zoo.build import reevaluate_family
 
-    reevaluate_family(args.out, threads=args.threads)
+    reevaluate_family(args.out)
     return 0
 
 
@@ -40,12 +39,12 @@ def add_zoo_command(sub) -> None:
     b.add_argument("--resume", action="store_true", help="skip finished stages, continue a stage from its checkpoint")
     b.add_argument("--corpus", default=None, help="directory of .py files (default: this Python's standard library)")
     b.add_argument("--seed", type=int, default=None)
-    b.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    add_threads_argument(b)  # (applied by specdec's main, as for every command)
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=zoo_build_cmd)
     e = zsub.add_parser("evaluate", help="re-measure a built family with the current drafter shapes and code; rewrite "
                         "its card (evaluation, shapes, test floors); weights untouched",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     e.add_argument("--out", required=True, help="the family directory (e.g. specdec_ext/zoo/family)")
-    e.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    add_threads_argument(e)
     e.set_defaults(func=zoo_evaluate_cmd)
