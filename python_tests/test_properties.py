@@ -38,7 +38,7 @@ def problems(draw):
     q = torch.softmax(torch.randn(B, N, V, generator=gen) * scale, -1) if draw(st.booleans()) else None
     uniforms = torch.rand(B, N, generator=gen)
     temperature = draw(st.sampled_from([0.0, 0.5, 1.0, 1.7]))
-    top_k = draw(st.integers(-1, V + 1))
+    top_k = draw(st.integers(0, V + 1))
     top_p = draw(st.sampled_from([1.0, 0.95, 0.6, 0.2]))
     return dict(logits=logits, tokens=tokens, parents=parents, q=q, uniforms=uniforms, temperature=temperature,
                 top_k=top_k, top_p=top_p)

@@ -13,7 +13,7 @@ from helpers import (assert_close_lowp, assert_draws_match, assert_raises_exactl
 
 SHAPES = [(1, 7), (3, 7), (64, 7), (1, 111), (7, 111), (64, 111), (1, 32000), (3, 32000), (7, 32000)]
 TEMPS = [1.0, 0.7, 1.3, 0.0, 0.5, 2.0, 1.0, 0.9]
-TOPKS = [0, 5, 50, 3, -1, 1, 10**6, 0]
+TOPKS = [0, 5, 50, 3, 0, 1, 10**6, 0]
 TOPPS = [1.0, 0.9, 0.5, 1.0, 0.8, 1.0, 0.95, 0.7]
 # probs are float32 weights normalised by their float32 sum over up to V = 32000 terms.
 P_ATOL, P_RTOL = 1e-6, 2e-5
@@ -137,9 +137,9 @@ def test_top_p_nucleus_exact_at_large_vocab(device):
 
 BAD = {
     "temperature_negative": (lambda x, s: s["temperature"].__setitem__(1, -1.0),
-                             "sample_tokens: temperature[1] must be >= 0 (0 = greedy)"),
+                             "sample_tokens: temperature[1] must be finite and >= 0 (0 = greedy)"),
     "temperature_nan": (lambda x, s: s["temperature"].__setitem__(1, math.nan),
-                        "sample_tokens: temperature[1] must be >= 0 (0 = greedy)"),
+                        "sample_tokens: temperature[1] must be finite and >= 0 (0 = greedy)"),
     "top_p_zero": (lambda x, s: s["top_p"].__setitem__(1, 0.0), "sample_tokens: top_p[1] must be in (0, 1]"),
     "top_p_large": (lambda x, s: s["top_p"].__setitem__(1, 1.5), "sample_tokens: top_p[1] must be in (0, 1]"),
     "nan_logits": (lambda x, s: x.__setitem__((1, 9), math.nan), "sample_tokens: logits[1, 9] is NaN or +inf"),

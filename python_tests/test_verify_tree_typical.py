@@ -119,8 +119,8 @@ def _msg(s):
 
 
 BAD = {
-    "temperature_negative": (lambda l, t, p, T: T.__setitem__(1, -0.1), _msg("temperature[1] must be >= 0 (0 = greedy)")),
-    "temperature_nan": (lambda l, t, p, T: T.__setitem__(1, math.nan), _msg("temperature[1] must be >= 0 (0 = greedy)")),
+    "temperature_negative": (lambda l, t, p, T: T.__setitem__(1, -0.1), _msg("temperature[1] must be finite and >= 0 (0 = greedy)")),
+    "temperature_nan": (lambda l, t, p, T: T.__setitem__(1, math.nan), _msg("temperature[1] must be finite and >= 0 (0 = greedy)")),
     "bad_root": (lambda l, t, p, T: p.__setitem__((1, 0), 1),
                  _msg("parents[1, 0] must be -1 (node 0 is the root), got 1")),
     "parent_not_earlier": (lambda l, t, p, T: p.__setitem__((1, 5), 5),

@@ -28,7 +28,7 @@ std::string status_message(const char* op, int64_t b, const RowStatus& s) {
       m << where << "] is -inf everywhere: no token can be chosen";
       break;
     case kBadTemperature:
-      m << "temperature[" << b << "] must be >= 0 (0 = greedy)";
+      m << "temperature[" << b << "] must be finite and >= 0 (0 = greedy)";
       break;
     case kBadTopP:
       m << "top_p[" << b << "] must be in (0, 1]";
@@ -64,6 +64,19 @@ std::string status_message(const char* op, int64_t b, const RowStatus& s) {
     case kBadWriteSlot:
       m << "write_slots[" << b << ", " << s.node << "] = " << s.value
         << " is out of range [0, S) (S: the cache's positions)";
+      break;
+    case kBadTopK:
+      m << "top_k[" << b << "] = " << s.value << " must be >= 0 (0 = no top-k)";
+      break;
+    case kBadUniform:
+      m << (s.node >= 0 ? "uniforms[" + std::to_string(b) + ", " + std::to_string(s.node) + "]"
+                        : "uniforms[" + std::to_string(b) + "]")
+        << " must be in [0, 1) (a torch.rand draw)";
+      break;
+    case kBadTreePrefixLen:
+      m << "prefix_lens[" << b << "] = " << s.value
+        << " is out of range: need 0 <= prefix_lens[b] <= 2^63 - N (position ids prefix_lens[b] + depth must fit "
+           "int64)";
       break;
     default:
       m << "row " << b << ": unknown status " << s.code;

@@ -42,6 +42,9 @@ BAD_WRITE_SLOT = 13
 BAD_SELECTED = 14
 BAD_COLUMN = 15
 BAD_CANDIDATE_PARENT = 16
+BAD_TOP_K = 17
+BAD_UNIFORM = 18
+BAD_TREE_PREFIX_LEN = 19
 
 # Temperatures below this are greedy (vLLM's sampling epsilon): a smaller divisor can overflow float32 logits.
 GREEDY_TEMPERATURE = float(torch.tensor(1e-5, dtype=torch.float32))
@@ -72,7 +75,7 @@ def status_message(op: str, row: int, code: int, node: int, value: int) -> str:
     if code == NO_VALID_TOKEN:
         return f"{op}: {where}] is -inf everywhere: no token can be chosen"
     if code == BAD_TEMPERATURE:
-        return f"{op}: temperature[{b}] must be >= 0 (0 = greedy)"
+        return f"{op}: temperature[{b}] must be finite and >= 0 (0 = greedy)"
     if code == BAD_TOP_P:
         return f"{op}: top_p[{b}] must be in (0, 1]"
     if code == BAD_DRAFT_PROB:
@@ -95,6 +98,14 @@ def status_message(op: str, row: int, code: int, node: int, value: int) -> str:
                 "earlier candidate")
     if code == BAD_WRITE_SLOT:
         return f"{op}: write_slots[{b}, {node}] = {value} is out of range [0, S) (S: the cache's positions)"
+    if code == BAD_TOP_K:
+        return f"{op}: top_k[{b}] = {value} must be >= 0 (0 = no top-k)"
+    if code == BAD_UNIFORM:
+        at = f"uniforms[{b}, {node}]" if node >= 0 else f"uniforms[{b}]"
+        return f"{op}: {at} must be in [0, 1) (a torch.rand draw)"
+    if code == BAD_TREE_PREFIX_LEN:
+        return (f"{op}: prefix_lens[{b}] = {value} is out of range: need 0 <= prefix_lens[b] <= 2^63 - N (position ids "
+                "prefix_lens[b] + depth must fit int64)")
     return f"{op}: row {b}: unknown status {code}"
 
 
@@ -108,6 +119,15 @@ def _check_tree_row(parents_row: list[int]) -> None:
     for i in range(1, len(parents_row)):
         if not 0 <= parents_row[i] < i:
             raise _RowError(PARENT_NOT_EARLIER, i, parents_row[i])
+
+
+INT64_MAX = 2**63 - 1
+
+
+def _check_tree_prefix(prefix: int, N: int) -> None:
+    """Position ids prefix + depth (depth <= N - 1) must fit int64."""
+    if not 0 <= prefix <= INT64_MAX - (N - 1):
+        raise _RowError(BAD_TREE_PREFIX_LEN, 0, prefix)
 
 
 def _children(parents_row: list[int], node: int) -> list[int]:
@@ -142,6 +162,7 @@ def build_tree(parents: torch.Tensor, prefix_lens: torch.Tensor, validate: bool 
     for b in range(B):
         row = parents[b].tolist()
         try:
+            _check_tree_prefix(int(prefix_lens[b]), N)
             _check_tree_row(row)
         except _RowError as err:
             if validate:
@@ -214,11 +235,22 @@ def _check_logits_row(x: torch.Tensor, node: int) -> None:
         raise _RowError(NO_VALID_TOKEN, node, -1)
 
 
-def _check_sampling_params(temperature: float, top_p: float | None) -> None:
-    if not temperature >= 0:  # also catches NaN
+def _check_sampling_params(temperature: float, top_k: int | None = None, top_p: float | None = None) -> None:
+    """The ranges of specdec_ext.generate: temperature finite and >= 0, top_k >= 0, top_p in (0, 1] (None: the op
+    has no such filter). Checked in this order."""
+    if not 0 <= temperature < math.inf:  # also catches NaN
         raise _RowError(BAD_TEMPERATURE, 0, 0)
+    if top_k is not None and top_k < 0:
+        raise _RowError(BAD_TOP_K, 0, top_k)
     if top_p is not None and not 0 < top_p <= 1:
         raise _RowError(BAD_TOP_P, 0, 0)
+
+
+def _check_uniforms(u: list[float], columns: bool) -> None:
+    """Every uniform in [0, 1) (torch.rand's range); ``columns``: name the column of a [B, N] row, else node -1."""
+    for c, v in enumerate(u):
+        if not 0 <= v < 1:  # also catches NaN
+            raise _RowError(BAD_UNIFORM, c if columns else -1, 0)
 
 
 def _first_argmax(x: torch.Tensor) -> int:
@@ -228,10 +260,13 @@ def _first_argmax(x: torch.Tensor) -> int:
 def filtered_weights(logits_row: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """Unnormalised target weights ``w`` of one row (``w / w.sum()`` is the distribution), as in params.h.
 
-    temperature below 1e-5 (GREEDY_TEMPERATURE) gives one-hot weights on the first argmax. Otherwise ``x = logits / temperature``; top-k keeps
-    ``x >= k-th largest x``; ``w = exp(x - max x)`` on kept tokens; top-p then keeps ``x >= x_m`` where ``m`` is the
-    first position, in descending-x order, at which the running sum of ``w`` reaches ``top_p * sum(w)``. Ties at
-    either threshold are kept.
+    temperature below 1e-5 (GREEDY_TEMPERATURE) gives one-hot weights on the first argmax. Otherwise, with ``l`` the
+    logits: top-k keeps ``l >= k-th largest l``; ``w = exp((l - max l) / temperature)`` on kept tokens (<= 1: no
+    finite logit overflows float32 at any temperature, where ``l / temperature`` would for ``|l| > 3.4e38 *
+    temperature``); top-p then keeps ``l >= l_m`` where ``m`` is the first position, in descending-l order, at which
+    the running sum of ``w`` reaches ``top_p * sum(w)``. Ties at either threshold are kept. Rankings use ``l`` itself
+    (the order of ``l / temperature`` without its rounding ties). The temperature must be finite (validated before):
+    at +inf, ``-inf / inf`` is NaN and the limit depends on top-k, so both refuse it.
     """
     x = logits_row.float()
     V = x.numel()
@@ -239,12 +274,12 @@ def filtered_weights(logits_row: torch.Tensor, temperature: float, top_k: int, t
         w = torch.zeros(V)
         w[_first_argmax(x)] = 1.0
         return w
-    x = x / torch.tensor(temperature, dtype=torch.float32)
+    scaled = (x - x.max()) / torch.tensor(temperature, dtype=torch.float32)  # log-weights, <= 0
     keep = torch.ones(V, dtype=torch.bool)
     if 0 < top_k < V:
         kth = torch.sort(x, descending=True).values[top_k - 1]
         keep &= x >= kth
-    w = torch.where(keep, torch.exp(x - x.max()), torch.zeros(()))
+    w = torch.where(keep, torch.exp(scaled), torch.zeros(()))
     if top_p < 1:
         order = torch.sort(torch.where(keep, x, torch.tensor(-math.inf)), descending=True, stable=True).indices
         running = torch.cumsum(w[order].double(), 0)
@@ -334,7 +369,8 @@ def verify_tree_sampling(logits, tokens, parents, draft_probs, uniforms, tempera
         T, k, p = float(temperature[b]), int(top_k[b]), float(top_p[b])
         u = uniforms[b].float().cpu()
         try:
-            _check_sampling_params(T, p)
+            _check_sampling_params(T, k, p)
+            _check_uniforms(u.tolist(), columns=True)
             _check_tree_row(prow)
             _check_tokens(trow, V)
             node, path = 0, [0]
@@ -394,7 +430,8 @@ def verify_tree_typical(logits, tokens, parents, uniforms, temperature, posterio
         prow, trow = parents[b].tolist(), tokens[b].tolist()
         T = float(temperature[b])
         try:
-            _check_sampling_params(T, None)
+            _check_sampling_params(T)
+            _check_uniforms([float(uniforms[b])], columns=False)
             _check_tree_row(prow)
             _check_tokens(trow, V)
             ok = [False] * N
@@ -443,7 +480,8 @@ def sample_tokens(logits, uniforms, temperature, top_k, top_p, validate: bool = 
     for r in range(R):
         T, k, p = float(temperature[r]), int(top_k[r]), float(top_p[r])
         try:
-            _check_sampling_params(T, p)
+            _check_sampling_params(T, k, p)
+            _check_uniforms([float(uniforms[r])], columns=False)
             x = logits[r].float().cpu()
             _check_logits_row(x, 0)
         except _RowError as err:

@@ -8,7 +8,8 @@
 //    strides, given in elements.
 //  * Every kernel writes one RowStatus per batch row; an invalid row gets sentinel outputs (see status.h).
 //  * Validation order within a row (the first failure is the one reported): sampling parameters (temperature,
-//    then top_p); the tree (node 0, then nodes 1.. in order); draft tokens (nodes 1..N-1 in order); then each
+//    then top_k, then top_p); the row's uniforms (columns in order); the tree (node 0, then nodes 1.. in order);
+//    draft tokens (nodes 1..N-1 in order); then each
 //    logits row when the algorithm first reads it (NaN / +inf: value = first offending vocabulary index; else all
 //    -inf); draft_probs at a drafted token when that child is tested. Logits rows never read are not checked.
 #pragma once
@@ -24,6 +25,9 @@ namespace specdec {
 // ---------------------------------------------------------------------------------------------------------------
 // Tree construction.
 
+// A row with prefix_lens[b] < 0, or so large that a position id prefix_lens[b] + depth could exceed INT64_MAX
+// (prefix_lens[b] > INT64_MAX - (N - 1)), gets kBadTreePrefixLen (checked before the tree) and the sentinels of an
+// invalid tree.
 struct BuildTreeParams {
   const int64_t* parents;      // [B, N]
   const int64_t* prefix_lens;  // [B]: tokens already in the KV cache before the root
@@ -38,6 +42,14 @@ struct BuildTreeParams {
   int64_t* num_leaves;      // [B]
   RowStatus* status;        // [B]
 };
+
+// build_tree's prefix_lens[b] check (both devices): 0 <= prefix <= INT64_MAX - (N - 1), so that prefix + depth
+// (depth <= N - 1) cannot overflow.
+SPECDEC_HD bool build_tree_prefix_valid(int64_t prefix, int64_t num_nodes, RowStatus* status) {
+  if (prefix >= 0 && prefix <= INT64_MAX - (num_nodes - 1)) return true;
+  *status = RowStatus{kBadTreePrefixLen, 0, prefix};
+  return false;
+}
 
 struct TreeMaskParams {
   const int64_t* parents;  // [B, N]
@@ -100,18 +112,23 @@ SPECDEC_HD bool ranks_before(float score_a, int64_t a, float score_b, int64_t b)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Sampling parameters, one per batch row (float32 / int64 / float32, contiguous [B]).
+// Sampling parameters, one per batch row (float32 / int64 / float32, contiguous [B]). The valid ranges are those
+// of specdec_ext.generate: temperature finite and >= 0, top_k >= 0, top_p in (0, 1]; anything else (NaN, +inf,
+// top_k = -1) is a row error (kBadTemperature, kBadTopK, kBadTopP), never a silent "off".
 //   temperature[b] < 1e-5 -> the row's target distribution is one-hot on the first argmax (greedy);
-//   top_k[b] <= 0 or >= V -> no top-k;   top_p[b] == 1 -> no top-p.
-// Filtering order: x = logits / temperature; keep x >= (k-th largest x); w = exp(x - max x) on kept tokens;
-// then keep x >= x_m where m is the first position, in descending-x order, at which the running sum of w reaches
-// top_p * sum(w) (all kept tokens stay if rounding leaves it short). Ties at either threshold are kept.
-// Probabilities are w / sum(w) over the kept set.
+//   top_k[b] == 0 or >= V -> no top-k;   top_p[b] == 1 -> no top-p.
+// Uniforms (every op's randomness) must lie in [0, 1), the range of torch.rand (kBadUniform otherwise).
+// Filtering order, with l = the row's logits (as float32): keep l >= (k-th largest l); w = exp((l - max l) /
+// temperature) on kept tokens (<= 1: no finite logit overflows float32 at any temperature, where l / temperature
+// would for |l| > 3.4e38 temperature); then keep l >= l_m where m is the first position, in descending-l order, at
+// which the running sum of w reaches top_p * sum(w) (all kept tokens stay if rounding leaves it short). Ties at
+// either threshold are kept. Rankings use l itself: the order of l / temperature, without the ties its rounding
+// makes. Probabilities are w / sum(w) over the kept set.
 // Weights w are float32, but every SUM of weights (normalisers, top-p running sums, inverse-CDF running sums, the
 // acceptance test u * q(x) * sum(r) < r(x)) is accumulated and compared in float64: float32 accumulation over a
 // 32k vocabulary drifts by ~1e-4 relative, enough to move a top-p cut or a sampled token between implementations.
-// Temperatures in [0, 1e-5) are greedy (vLLM's sampling epsilon): dividing finite logits by a smaller temperature
-// can overflow float32. Negative and NaN temperatures are kept as they are, so validation still rejects them.
+// Temperatures in [0, 1e-5) are greedy (vLLM's sampling epsilon, and SamplingParams.greedy in Python). Negative,
+// NaN and infinite temperatures are kept as they are, so validation still rejects them.
 constexpr float kGreedyTemperature = 1e-5f;
 SPECDEC_HD float effective_temperature(float t) { return t >= 0.0f && t < kGreedyTemperature ? 0.0f : t; }
 

@@ -19,7 +19,7 @@ enum StatusCode : int64_t {
   kTokenOutOfRange = 3,       // tokens[b, node] not in [0, vocab); value = the token
   kNonFiniteLogits = 4,       // logits[b, node, :] holds NaN or +inf; value = first offending vocabulary index
   kNoValidToken = 5,          // logits[b, node, :] is all -inf; value = -1
-  kBadTemperature = 6,        // temperature[b] negative or NaN; value = 0
+  kBadTemperature = 6,        // temperature[b] negative, NaN or +inf; value = 0
   kBadTopP = 7,               // top_p[b] not in (0, 1]; value = 0
   kBadDraftProb = 8,          // draft_probs[b, node, token] negative or NaN; value = the token
   kBadPrefixLen = 9,          // tree_attention: prefix_lens[b] < 0 or prefix_lens[b] + N > S; value = prefix_lens[b]
@@ -30,6 +30,9 @@ enum StatusCode : int64_t {
   kBadSelected = 14,          // advance_tree_frontier: selected[b, s] not in [0, F * K); node = s, value = it
   kBadColumn = 15,            // advance_tree_frontier: column[b, l] not in [0, C); node = l, value = it
   kBadCandidateParent = 16,   // select_tree_nodes: kept candidate c's parent not kept and earlier; node = c
+  kBadTopK = 17,              // top_k[b] < 0; value = top_k[b]
+  kBadUniform = 18,           // uniforms not in [0, 1) (or NaN); node = the column (-1 for a [B] vector)
+  kBadTreePrefixLen = 19,     // build_tree: prefix_lens[b] < 0 or prefix_lens[b] + N - 1 > INT64_MAX; value = it
 };
 
 // One row's status: `code` (a StatusCode), the tree `node` (or logits row) it concerns, and the offending value.

@@ -149,15 +149,33 @@ inline float kth_largest(const float* x, int64_t n, int64_t k, std::vector<float
   return buffer[k - 1];
 }
 
-// Validates one row's sampling parameters (temperature, then top_p). top_p is skipped when `check_top_p` is false.
-inline bool sampling_params_invalid(float temperature, float top_p, bool check_top_p, RowStatus* status) {
-  if (!(temperature >= 0.0f)) {
+// Validates one row's sampling parameters (params.h order: temperature, then top_k, then top_p); top_k and top_p
+// are skipped when `filters` is false (typical acceptance has neither).
+inline bool sampling_params_invalid(float temperature, int64_t top_k, float top_p, bool filters,
+                                    RowStatus* status) {
+  if (!(temperature >= 0.0f) || is_pos_inf(temperature)) {  // (NaN fails the comparison)
     *status = {kBadTemperature, 0, 0};
     return true;
   }
-  if (check_top_p && !(top_p > 0.0f && top_p <= 1.0f)) {
+  if (filters && top_k < 0) {
+    *status = {kBadTopK, 0, top_k};
+    return true;
+  }
+  if (filters && !(top_p > 0.0f && top_p <= 1.0f)) {
     *status = {kBadTopP, 0, 0};
     return true;
+  }
+  return false;
+}
+
+// Validates uniforms u[0..n) in [0, 1) (NaN fails). `column_status`: the status names the column (a [B, N]
+// matrix); otherwise node -1 (a [B] vector, n = 1).
+inline bool uniforms_invalid(const float* u, int64_t n, bool column_status, RowStatus* status) {
+  for (int64_t c = 0; c < n; ++c) {
+    if (!(u[c] >= 0.0f && u[c] < 1.0f)) {
+      *status = {kBadUniform, column_status ? c : -1, 0};
+      return true;
+    }
   }
   return false;
 }
@@ -204,8 +222,7 @@ inline float top_p_cut(const float* x, const float* w, int64_t vocab, float thre
 }
 
 // Fills w[0..V) with the filtered, unnormalised target weights of a logits row (see SamplingParams in params.h)
-// and returns their sum. `scan` must come from scan_logits on the same row (x holds the raw logits as float32,
-// and is overwritten with the scaled logits).
+// and returns their sum. `scan` must come from scan_logits on the same row (x: its logits as float32, unchanged).
 inline double filtered_weights(float* x, const RowScan& scan, int64_t vocab, float temperature, int64_t top_k,
                                float top_p, float* w, Scratch& scratch) {
   if (temperature == 0.0f) {
@@ -213,12 +230,11 @@ inline double filtered_weights(float* x, const RowScan& scan, int64_t vocab, flo
     w[scan.argmax] = 1.0f;
     return 1.0;
   }
-  divide_by(x, vocab, temperature);  // a division, not a reciprocal multiply: bit-identical to the reference
-  const float m = scan.max / temperature;
+  // Thresholds rank the logits themselves (params.h); weights exp((logits - max) / temperature) never overflow.
   float threshold = neg_inf();
   const bool use_top_k = top_k > 0 && top_k < vocab;
   if (use_top_k) threshold = kth_largest(x, vocab, top_k, scratch.work);
-  exp_weights(x, w, vocab, m, threshold);
+  scaled_exp_weights(x, w, vocab, scan.max, temperature, threshold);
   double z = sum_of(w, vocab);
   if (top_p < 1.0f) {
     const float cut = top_p_cut(x, w, vocab, threshold, static_cast<double>(top_p) * z, scratch);

@@ -66,7 +66,8 @@ void SampleTokens(const SampleTokensParams<T>& p, int64_t row_begin, int64_t row
     const float temperature = effective_temperature(p.sampling.temperature[r]);
     const float top_p = p.sampling.top_p[r];
     float* x = scratch.x.data();
-    bool ok = !sampling_params_invalid(temperature, top_p, true, status);
+    bool ok = !sampling_params_invalid(temperature, p.sampling.top_k[r], top_p, true, status) &&
+              !uniforms_invalid(p.uniforms + r, 1, false, status);
     RowScan scan;
     if (ok) {
       scan = scan_logits(p.logits + r * p.logits_stride_r, V, x);

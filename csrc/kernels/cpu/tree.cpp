@@ -21,7 +21,8 @@ void BuildTree(const BuildTreeParams& p, int64_t row_begin, int64_t row_end) {
     std::fill(next_sibling, next_sibling + N, -1);
     std::fill(paths, paths + N * N, -1);
     p.status[b] = {kOk, 0, 0};
-    if (!tree_row_valid(parents, nullptr, N, 0, &p.status[b])) {
+    if (!build_tree_prefix_valid(p.prefix_lens[b], N, &p.status[b]) ||
+        !tree_row_valid(parents, nullptr, N, 0, &p.status[b])) {
       std::fill(depth, depth + N, -1);
       std::fill(position_ids, position_ids + N, -1);
       p.num_leaves[b] = 0;

@@ -81,7 +81,8 @@ void VerifyTreeSampling(const VerifyTreeSamplingParams<T>& p, int64_t row_begin,
     RowStatus* status = &p.out.status[b];
     *status = {kOk, 0, 0};
     write_invalid_row(p.out, b, N);
-    if (sampling_params_invalid(temperature, top_p, true, status)) continue;
+    if (sampling_params_invalid(temperature, top_k, top_p, true, status)) continue;
+    if (uniforms_invalid(uniforms, N, true, status)) continue;
     if (!tree_row_valid(parents, tokens, N, V, status)) continue;
 
     float* target = scratch.target.data();
@@ -165,7 +166,8 @@ void VerifyTreeTypical(const VerifyTreeTypicalParams<T>& p, int64_t row_begin, i
     RowStatus* status = &p.out.status[b];
     *status = {kOk, 0, 0};
     write_invalid_row(p.out, b, N);
-    if (sampling_params_invalid(temperature, 1.0f, false, status)) continue;
+    if (sampling_params_invalid(temperature, 0, 1.0f, false, status)) continue;
+    if (uniforms_invalid(p.uniforms + b, 1, false, status)) continue;
     if (!tree_row_valid(parents, tokens, N, V, status)) continue;
 
     // Evaluates node u's distribution into scratch.target; returns its sum and sets threshold[u].
@@ -178,12 +180,11 @@ void VerifyTreeTypical(const VerifyTreeTypicalParams<T>& p, int64_t row_begin, i
       const RowScan scan = scan_logits(logits_row(p.logits, p.logits_stride_b, p.logits_stride_n, b, u), V, x);
       if (logits_row_invalid(scan, u, status)) return false;
       loaded_sum = filtered_weights(x, scan, V, temperature, 0, 1.0f, w, scratch);
-      // Entropy of p = w / Z: H = log Z - sum(w * log w) / Z, with log w = x - max (0 where w = 0).
+      // Entropy of p = w / Z: H = log Z - sum(w * log w) / Z, with log w = (logits - max) / T (0 where w = 0).
       double weighted_log = 0.0;
       if (temperature > 0.0f) {
-        const float m = scan.max / temperature;
         for (int64_t t = 0; t < V; ++t) {
-          if (w[t] > 0.0f) weighted_log += static_cast<double>(w[t]) * (x[t] - m);
+          if (w[t] > 0.0f) weighted_log += static_cast<double>(w[t]) * ((x[t] - scan.max) / temperature);
         }
       }
       const double entropy = temperature > 0.0f ? std::log(loaded_sum) - weighted_log / loaded_sum : 0.0;

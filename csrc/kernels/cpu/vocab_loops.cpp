@@ -21,15 +21,25 @@ inline FloatRowScan scan_floats_impl(const float* row, float* out, int64_t n) {
   return {m, bad != 0};
 }
 
-inline void divide_by_impl(float* x, int64_t n, float temperature) {
+inline void divide_by_impl(float* x, int64_t n, float divisor) {
 #pragma omp simd
-  for (int64_t t = 0; t < n; ++t) x[t] = x[t] / temperature;
+  for (int64_t t = 0; t < n; ++t) x[t] = x[t] / divisor;
 }
+
 
 inline void exp_weights_impl(const float* x, float* w, int64_t n, float m, float threshold) {
 #pragma omp simd
   for (int64_t t = 0; t < n; ++t) {
     const float e = exp_nonpositive(x[t] - m);  // unconditional, so the select vectorises
+    w[t] = x[t] >= threshold ? e : 0.0f;
+  }
+}
+
+inline void scaled_exp_weights_impl(const float* x, float* w, int64_t n, float m, float temperature,
+                                    float threshold) {
+#pragma omp simd
+  for (int64_t t = 0; t < n; ++t) {
+    const float e = exp_nonpositive((x[t] - m) / temperature);
     w[t] = x[t] >= threshold ? e : 0.0f;
   }
 }
@@ -82,9 +92,12 @@ bool cpu_has_avx2() {
 #endif
 
 SPECDEC_VOCAB_LOOP(FloatRowScan, scan_floats, (const float* row, float* out, int64_t n), (row, out, n))
-SPECDEC_VOCAB_LOOP(void, divide_by, (float* x, int64_t n, float temperature), (x, n, temperature))
+SPECDEC_VOCAB_LOOP(void, divide_by, (float* x, int64_t n, float divisor), (x, n, divisor))
 SPECDEC_VOCAB_LOOP(void, exp_weights, (const float* x, float* w, int64_t n, float m, float threshold),
                    (x, w, n, m, threshold))
+SPECDEC_VOCAB_LOOP(void, scaled_exp_weights,
+                   (const float* x, float* w, int64_t n, float m, float temperature, float threshold),
+                   (x, w, n, m, temperature, threshold))
 SPECDEC_VOCAB_LOOP(void, zero_below, (const float* x, float* w, int64_t n, float cut), (x, w, n, cut))
 SPECDEC_VOCAB_LOOP(void, subtract_clamped, (float* r, const float* q, int64_t n, float scale), (r, q, n, scale))
 SPECDEC_VOCAB_LOOP(double, sum_of, (const float* w, int64_t n), (w, n))

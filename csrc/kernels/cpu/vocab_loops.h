@@ -15,10 +15,13 @@ struct FloatRowScan {
 
 // out[t] = row[t]; returns the maximum and whether any element is NaN / +inf.
 FloatRowScan scan_floats(const float* row, float* out, int64_t n);
-// x[t] = x[t] / temperature (a true division, bit-identical to the reference).
-void divide_by(float* x, int64_t n, float temperature);
+// x[t] = x[t] / divisor (a true division, bit-identical to the reference).
+void divide_by(float* x, int64_t n, float divisor);
 // w[t] = x[t] >= threshold ? exp(x[t] - m) : 0 (x[t] <= m).
 void exp_weights(const float* x, float* w, int64_t n, float m, float threshold);
+// w[t] = x[t] >= threshold ? exp((x[t] - m) / temperature) : 0 (x[t] <= m; subtraction and a true division, two
+// rounded float operations as the reference).
+void scaled_exp_weights(const float* x, float* w, int64_t n, float m, float temperature, float threshold);
 // w[t] = x[t] >= cut ? w[t] : 0.
 void zero_below(const float* x, float* w, int64_t n, float cut);
 // r[t] = max(r[t] - q[t] * scale, 0) (two rounded float operations, as the reference).

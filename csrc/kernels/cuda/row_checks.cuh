@@ -36,10 +36,30 @@ __device__ RowStatus check_tokens_row(const int64_t* tok, int64_t n, int64_t voc
   return ok_status();
 }
 
-// temperature >= 0 (not NaN), then (when checked) top_p in (0, 1]. Scalar: same result on every thread.
-__device__ __forceinline__ RowStatus check_sampling_row(float temperature, bool check_top_p, float top_p) {
-  if (!(temperature >= 0.0f)) return RowStatus{kBadTemperature, 0, 0};
-  if (check_top_p && !(top_p > 0.0f && top_p <= 1.0f)) return RowStatus{kBadTopP, 0, 0};
+// temperature finite and >= 0, then (with `filters`) top_k >= 0 and top_p in (0, 1] (params.h order). Scalar: same
+// result on every thread.
+__device__ __forceinline__ RowStatus check_sampling_row(float temperature, int64_t top_k, float top_p,
+                                                        bool filters) {
+  if (!(temperature >= 0.0f) || is_pos_inf(temperature)) return RowStatus{kBadTemperature, 0, 0};
+  if (filters && top_k < 0) return RowStatus{kBadTopK, 0, top_k};
+  if (filters && !(top_p > 0.0f && top_p <= 1.0f)) return RowStatus{kBadTopP, 0, 0};
+  return ok_status();
+}
+
+// A [B] vector's uniform u in [0, 1) (NaN fails). Scalar.
+__device__ __forceinline__ RowStatus check_uniform(float u) {
+  return u >= 0.0f && u < 1.0f ? ok_status() : RowStatus{kBadUniform, -1, 0};
+}
+
+// Uniforms u[0..n) of a [B, N] row in [0, 1); the first failing column. Block-collective.
+template <int BLOCK>
+__device__ RowStatus check_uniforms_row(const float* u, int64_t n) {
+  int64_t bad = kNoIndex;
+  for (int64_t c = threadIdx.x; c < n; c += BLOCK) {
+    if (!(u[c] >= 0.0f && u[c] < 1.0f) && c < bad) bad = c;
+  }
+  bad = block_allreduce<BLOCK>(bad, MinOp{});
+  if (bad != kNoIndex) return RowStatus{kBadUniform, bad, 0};
   return ok_status();
 }
 

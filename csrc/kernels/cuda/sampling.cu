@@ -31,7 +31,8 @@ __global__ void __launch_bounds__(BLOCK) sample_tokens_kernel(SampleTokensParams
   float* probs = p.probs + r * vocab;
   const float temperature = effective_temperature(p.sampling.temperature[r]);
   const float top_p = p.sampling.top_p[r];
-  RowStatus st = check_sampling_row(temperature, true, top_p);
+  RowStatus st = check_sampling_row(temperature, p.sampling.top_k[r], top_p, true);
+  if (st.code == kOk) st = check_uniform(p.uniforms[r]);
   RowStats s{};
   if (st.code == kOk) {
     s = row_stats<BLOCK, kUnroll>(row, vocab);

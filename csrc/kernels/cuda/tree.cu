@@ -30,7 +30,10 @@ __global__ void __launch_bounds__(BLOCK) build_tree_kernel(BuildTreeParams p) {
   int64_t* first_child = p.first_child + b * n;
   int64_t* next_sibling = p.next_sibling + b * n;
   int64_t* paths = p.retrieve_paths + b * n * n;
-  const RowStatus st = check_tree_row<BLOCK>(par, n);
+  const int64_t prefix = p.prefix_lens[b];
+  RowStatus st = ok_status();
+  // (prefix is the same on every thread, so the block-collective tree check runs on all of them or none)
+  if (build_tree_prefix_valid(prefix, n, &st)) st = check_tree_row<BLOCK>(par, n);
   for (int64_t e = threadIdx.x; e < n * n; e += BLOCK) paths[e] = -1;
   if (st.code != kOk) {
     for (int64_t i = threadIdx.x; i < n; i += BLOCK) {
@@ -45,7 +48,6 @@ __global__ void __launch_bounds__(BLOCK) build_tree_kernel(BuildTreeParams p) {
     }
     return;
   }
-  const int64_t prefix = p.prefix_lens[b];
   for (int64_t i = threadIdx.x; i < n; i += BLOCK) {
     int64_t d = 0;
     for (int64_t a = i; a != 0; a = par[a]) ++d;

@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(BLOCK) verify_sampling_kernel(VerifyTreeSampli
   const bool has_q = p.draft_probs != nullptr;
   float* ws = has_q ? p.workspace + b * vocab : nullptr;
 
-  RowStatus st = check_sampling_row(temperature, true, top_p);
+  RowStatus st = check_sampling_row(temperature, top_k, top_p, true);
+  if (st.code == kOk) st = check_uniforms_row<BLOCK>(uni, n);
   if (st.code == kOk) st = check_tree_row<BLOCK>(par, n);
   if (st.code == kOk) st = check_tokens_row<BLOCK>(tok, n, vocab);
   int64_t node = 0, len = 1, next = -1;
@@ -236,16 +237,16 @@ template <int BLOCK, typename T>
 __device__ TypicalDist typical_dist(const T* row, int64_t vocab, const RowStats& s, float temperature,
                                     double posterior_threshold, double posterior_alpha) {
   TypicalDist d;
-  d.f = Filter{temperature, temperature == 0.0f ? 0.0f : s.max / temperature, s.argmax, 0u};
+  d.f = Filter{temperature, s.max, s.argmax, 0u};
   if (temperature == 0.0f) {
     d.sum = 1.0;
     d.thr = fmin(posterior_threshold, posterior_alpha);
     return d;
   }
-  // H = -sum p log p = log S - sum(w * (x - max)) / S, with w = exp(x - max): one pass for both sums.
+  // H = -sum p log p = log S - sum(w * z) / S, with z = (l - max) / T and w = exp(z): one pass for both sums.
   double sw = 0.0, swx = 0.0;
   for_each_in_row<BLOCK, kUnroll>(row, vocab, [&](float l, int64_t) {
-    const float z = l / temperature - d.f.max_x;
+    const float z = scaled_logit(d.f, l);
     const float w = expf(z);
     sw += static_cast<double>(w);
     if (w > 0.0f) swx += static_cast<double>(w) * static_cast<double>(z);
@@ -267,7 +268,8 @@ __global__ void __launch_bounds__(BLOCK) verify_typical_kernel(VerifyTreeTypical
   const float temperature = effective_temperature(p.temperature[b]);
   const T* logits_b = p.logits + b * p.logits_stride_b;
 
-  RowStatus st = check_sampling_row(temperature, false, 0.0f);
+  RowStatus st = check_sampling_row(temperature, 0, 1.0f, false);
+  if (st.code == kOk) st = check_uniform(p.uniforms[b]);
   if (st.code == kOk) st = check_tree_row<BLOCK>(par, n);
   if (st.code == kOk) st = check_tokens_row<BLOCK>(tok, n, vocab);
   int64_t best = 0, best_depth = 0, len = 1, next = -1;
