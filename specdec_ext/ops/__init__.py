@@ -14,6 +14,7 @@ The executable specification of every op is :mod:`specdec_ext.ops.reference`.
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 import torch
@@ -59,17 +60,55 @@ class Verification(NamedTuple):
     next_token: torch.Tensor  # [B] int64: correction or bonus token
 
 
-def _per_row(value, rows: int, dtype: torch.dtype, device: torch.device, name: str) -> torch.Tensor:
-    """A Python number or a [rows] tensor, as a contiguous [rows] tensor of ``dtype`` on ``device``."""
+def _per_row(op: str, name: str, value, rows: int, dtype: torch.dtype, like: torch.Tensor,
+             like_name: str) -> torch.Tensor:
+    """A Python number or a [rows] tensor on ``like``'s device, as a contiguous [rows] tensor of ``dtype``.
+
+    Nothing is moved between devices or cast across kinds behind the caller's back: a tensor on another device, a
+    float for an integer parameter (``top_k=2.5``, a float ``prefix_lens`` tensor) or an integer outside int64 is a
+    ValueError naming the parameter (a non-number is a TypeError)."""
+    integer = not dtype.is_floating_point
     if isinstance(value, torch.Tensor):
+        if value.device != like.device:
+            raise ValueError(f"{op}: {name} is on {value.device} but {like_name} is on {like.device}; all tensors "
+                             "must be on one device")
+        if integer and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+            raise ValueError(f"{op}: {name} must be an integer tensor, got {value.dtype}")
         if value.dim() == 0:
-            return value.to(device=device, dtype=dtype).expand(rows).contiguous()
+            return value.to(dtype=dtype).expand(rows).contiguous()
         if value.shape != (rows,):
-            raise ValueError(f"{name} must be a number or a tensor of shape [{rows}], got {tuple(value.shape)}")
-        return value.to(device=device, dtype=dtype).contiguous()
+            raise ValueError(f"{op}: {name} must be a number or a tensor of shape [{rows}], got {tuple(value.shape)}")
+        return value.to(dtype=dtype).contiguous()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
-    return torch.full((rows,), value, dtype=dtype, device=device)
+        raise TypeError(f"{op}: {name} must be a number or a tensor, got {type(value).__name__}")
+    if integer and not isinstance(value, int):
+        raise ValueError(f"{op}: {name} must be an integer, got {value!r}")
+    if integer and not -2**63 <= value < 2**63:
+        raise ValueError(f"{op}: {name} = {value} does not fit int64")
+    return torch.full((rows,), value, dtype=dtype, device=like.device)
+
+
+def _int(value, name: str) -> int:
+    """An integer scalar argument: ints (and integer-like objects such as numpy ints) within int64; a float is a
+    ValueError rather than truncated (``top_k=2.7``), a non-number a TypeError."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        if isinstance(value, (float, torch.Tensor)):
+            raise ValueError(f"{name} must be an integer, got {value!r}") from None
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if not -2**63 <= v < 2**63:
+        raise ValueError(f"{name} = {v} does not fit int64")
+    return v
+
+
+def _rows(t, name: str, dims: int) -> int:
+    """Leading size of an op's main tensor, for its per-row parameters (0 when the op will refuse its shape)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t.shape[0] if t.dim() == dims else 0
 
 
 def chain_parents(batch: int, length: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -83,8 +122,8 @@ def build_tree(parents: torch.Tensor, prefix_lens: torch.Tensor | int = 0, valid
     Returns depth, position ids (prefix_lens + depth), first-child / next-sibling lists, root-to-leaf retrieve
     paths ``[B, N, N]`` (leaves in increasing node order) and leaf counts.
     """
-    prefix = _per_row(prefix_lens, parents.shape[0] if parents.dim() == 2 else 0, torch.int64, parents.device,
-                      "prefix_lens")
+    prefix = _per_row("build_tree", "prefix_lens", prefix_lens, _rows(parents, "parents", 2), torch.int64, parents,
+                      "parents")
     return TreeInfo(*_ops.build_tree(parents, prefix, validate))
 
 
@@ -118,12 +157,13 @@ def verify_tree_sampling(logits: torch.Tensor, tokens: torch.Tensor, parents: to
     the op (temperature 0 = greedy). ``uniforms[B, N]`` in [0, 1): column c >= 1 decides node c, column 0 draws
     the next token.
     """
-    B = logits.shape[0]
-    dev = logits.device
+    op = "verify_tree_sampling"
+    B = _rows(logits, "logits", 3)
     return Verification(*_ops.verify_tree_sampling(
         logits, tokens, parents, draft_probs, uniforms,
-        _per_row(temperature, B, torch.float32, dev, "temperature"), _per_row(top_k, B, torch.int64, dev, "top_k"),
-        _per_row(top_p, B, torch.float32, dev, "top_p"), validate))
+        _per_row(op, "temperature", temperature, B, torch.float32, logits, "logits"),
+        _per_row(op, "top_k", top_k, B, torch.int64, logits, "logits"),
+        _per_row(op, "top_p", top_p, B, torch.float32, logits, "logits"), validate))
 
 
 def verify_tree_typical(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
@@ -136,10 +176,10 @@ def verify_tree_typical(logits: torch.Tensor, tokens: torch.Tensor, parents: tor
     ``min(posterior_threshold, posterior_alpha * exp(-entropy))``; the deepest fully acceptable path wins (ties:
     lowest node index) and ``next_token`` is sampled at its end with ``uniforms[B]``.
     """
-    B = logits.shape[0]
-    return Verification(*_ops.verify_tree_typical(
-        logits, tokens, parents, uniforms, _per_row(temperature, B, torch.float32, logits.device, "temperature"),
-        float(posterior_threshold), float(posterior_alpha), validate))
+    B = _rows(logits, "logits", 3)
+    temperature = _per_row("verify_tree_typical", "temperature", temperature, B, torch.float32, logits, "logits")
+    return Verification(*_ops.verify_tree_typical(logits, tokens, parents, uniforms, temperature,
+                                                  float(posterior_threshold), float(posterior_alpha), validate))
 
 
 def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float | torch.Tensor = 1.0,
@@ -150,11 +190,11 @@ def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: flo
     Returns ``tokens[R]`` (int64) and ``probs[R, V]`` (float32, the filtered distribution each token was drawn
     from: pass it to :func:`verify_tree_sampling` as ``draft_probs``).
     """
-    R = logits.shape[0]
-    dev = logits.device
-    return _ops.sample_tokens(logits, uniforms, _per_row(temperature, R, torch.float32, dev, "temperature"),
-                              _per_row(top_k, R, torch.int64, dev, "top_k"),
-                              _per_row(top_p, R, torch.float32, dev, "top_p"), validate)
+    op, R = "sample_tokens", _rows(logits, "logits", 2)
+    return _ops.sample_tokens(logits, uniforms,
+                              _per_row(op, "temperature", temperature, R, torch.float32, logits, "logits"),
+                              _per_row(op, "top_k", top_k, R, torch.int64, logits, "logits"),
+                              _per_row(op, "top_p", top_p, R, torch.float32, logits, "logits"), validate)
 
 
 def expand_tree_step(logits: torch.Tensor, parent_scores: torch.Tensor, top_k: int, num_select: int,
@@ -166,7 +206,8 @@ def expand_tree_step(logits: torch.Tensor, parent_scores: torch.Tensor, top_k: i
     (parent score + log-softmax) and ``selected[B, num_select]``: flat candidate indices ``f * top_k + j`` of the
     best scores, best first. The new frontier's parent is ``selected // top_k``.
     """
-    return _ops.expand_tree_step(logits, parent_scores, int(top_k), int(num_select), validate)
+    return _ops.expand_tree_step(logits, parent_scores, _int(top_k, "top_k"), _int(num_select, "num_select"),
+                                 validate)
 
 
 class Frontier(NamedTuple):
@@ -190,8 +231,8 @@ def advance_tree_frontier(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, 
     their masks ``mask[b, s, l] = ancestors[b, s, column[b, l]]``. An index out of range raises ValueError with
     ``validate`` (without: that row's outputs are zero / false).
     """
-    return Frontier(*_ops.advance_tree_frontier(cand_tokens, cand_scores, selected, ancestors, int(self_column),
-                                                column, validate))
+    return Frontier(*_ops.advance_tree_frontier(cand_tokens, cand_scores, selected, ancestors,
+                                                _int(self_column, "self_column"), column, validate))
 
 
 def select_tree_nodes(tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor, roots: torch.Tensor,
@@ -204,7 +245,7 @@ def select_tree_nodes(tokens: torch.Tensor, scores: torch.Tensor, parents: torch
     (the root first) and ``tree_parents[B, M + 1]`` (node indices, -1 for the root). A kept candidate whose parent
     is not a kept earlier candidate raises ValueError with ``validate`` (without: the row is -1 everywhere).
     """
-    return _ops.select_tree_nodes(tokens, scores, parents, roots, int(num_nodes), validate)
+    return _ops.select_tree_nodes(tokens, scores, parents, roots, _int(num_nodes, "num_nodes"), validate)
 
 
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -221,10 +262,10 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     (one dtype; float32 accumulation); ``scale`` defaults to ``1 / sqrt(D)``. Returns ``[B, H, N, D]`` in q's
     dtype. With ``validate`` a prefix length out of range raises ValueError (else that row's output is zero).
     """
-    B = q.shape[0]
+    B = _rows(q, "q", 4)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    prefix = _per_row(prefix_lens, B, torch.int64, q.device, "prefix_lens")
+    prefix = _per_row("tree_attention", "prefix_lens", prefix_lens, B, torch.int64, q, "q")
     return _ops.tree_attention(q, k_cache, v_cache, prefix, tree_mask, float(scale), validate)
 
 
@@ -240,10 +281,12 @@ def compact_kv(caches, src_positions: torch.Tensor, dst_start: torch.Tensor | in
     out-of-range length or position raises ValueError (after the valid rows moved; invalid rows stay untouched).
     """
     caches = list(caches)
-    B = src_positions.shape[0] if src_positions.dim() == 2 else 0
-    dev = src_positions.device
-    _ops.compact_kv(caches, src_positions, _per_row(dst_start, B, torch.int64, dev, "dst_start"),
-                    _per_row(lengths, B, torch.int64, dev, "lengths"), int(seq_dim), validate)
+    B = _rows(src_positions, "src_positions", 2)
+    op = "compact_kv"
+    _ops.compact_kv(caches, src_positions,
+                    _per_row(op, "dst_start", dst_start, B, torch.int64, src_positions, "src_positions"),
+                    _per_row(op, "lengths", lengths, B, torch.int64, src_positions, "src_positions"),
+                    _int(seq_dim, "seq_dim"), validate)
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -263,7 +306,7 @@ def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tens
     layer give the same bits for the same row (aten's products change summation order with the row count). Made
     for the 1-16-row products of decoding and verification on CPUs (see :func:`packed_linear_path`); no autograd.
     """
-    return _ops.packed_linear(x, packed_weight, bias, int(out_features))
+    return _ops.packed_linear(x, packed_weight, bias, _int(out_features, "out_features"))
 
 
 def draft_decoder_layer(x: torch.Tensor, residual: torch.Tensor, qkv_weight: torch.Tensor, o_weight: torch.Tensor,
@@ -291,9 +334,10 @@ def draft_decoder_layer(x: torch.Tensor, residual: torch.Tensor, qkv_weight: tor
     / ``Eagle3Layer``) rounds. D in {64, 80, 96, 128, 256}. A write slot outside ``[0, S)`` raises ValueError with
     ``validate`` (without: that row writes nothing and returns zeros). CPU and CUDA; no autograd.
     """
-    return _ops.draft_decoder_layer(x, input_norm_weight, int(input_norm_segments), residual, qkv_weight, qkv_bias,
-                                    o_weight, norm_weight, gate_up_weight, down_weight, position_ids, inv_freq,
-                                    k_cache, v_cache, write_slots, mask, int(num_heads), int(intermediate_size),
+    return _ops.draft_decoder_layer(x, input_norm_weight, _int(input_norm_segments, "input_norm_segments"), residual,
+                                    qkv_weight, qkv_bias, o_weight, norm_weight, gate_up_weight, down_weight,
+                                    position_ids, inv_freq, k_cache, v_cache, write_slots, mask,
+                                    _int(num_heads, "num_heads"), _int(intermediate_size, "intermediate_size"),
                                     float(eps), validate)
 
 
