@@ -133,6 +133,16 @@ def model_dir(tmp_path_factory):
     return d
 
 
+def failure(capsys, *argv) -> str:
+    """The message of a failed command (raised as SystemExit, or printed with a non-zero status)."""
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:
+        return str(e.code)
+    assert rc != 0
+    return capsys.readouterr().err
+
+
 def run(capsys, *argv):
     assert main(list(argv)) == 0
     return capsys.readouterr().out
@@ -158,6 +168,10 @@ def test_cli_train_medusa_and_resume(model_dir, tmp_path, capsys, share):
     text = run(capsys, *[a if a != "20" else "30" for a in args], "--resume")
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] == 30 and len(log["losses"]) == 30
+    if not share:  # resuming other heads: what the checkpoint holds against what was asked, as one message
+        i = args.index("--heads") + 1
+        msg = failure(capsys, *args[:i], "3", *args[i + 1:], "--resume")
+        assert str(out / "checkpoint" / "trainer_state.pt") in msg and "heads=2" in msg and "heads=3" in msg, msg
 
 
 @pytest.mark.parametrize("version", ["1", "3"])
