@@ -6,7 +6,7 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz.compare import close
-from fuzz.spec import FLOAT_DTYPES, Arg, OpSpec, dtype_of
+from fuzz.spec import FLOAT_DTYPES, Arg, OpSpec, dim, dtype_of
 from helpers import make_gen, per_row, random_parents
 from specdec_ext import ops
 from specdec_ext.ops import reference as ref
@@ -51,7 +51,7 @@ def _attention_case(r) -> dict:
 
 def _attention_kinds(r) -> dict:
     S = r["prefix"] + r["N"] + r["extra"]
-    return {"q": Arg("float"), "k_cache": Arg("float"), "v_cache": Arg("float"),
+    return {"q": Arg("float"), "k_cache": Arg("float"), "v_cache": Arg("float", alias="k_cache"),
             "prefix_lens": Arg("row_i", (0, S - r["N"], S)),
             "tree_mask": Arg("index" if r["mask"].endswith("packed") else "mask"), "scale": Arg("real")}
 
@@ -85,9 +85,9 @@ def _attention_call(fn):
 TREE_ATTENTION = OpSpec(
     name="tree_attention",
     base=st.fixed_dictionaries({
-        "B": st.integers(1, 2), "heads": st.sampled_from([(1, 1), (2, 1), (2, 2), (4, 2), (4, 1)]),
+        "B": dim(1, 2, 5), "heads": st.sampled_from([(1, 1), (2, 1), (2, 2), (4, 2), (4, 1)]),
         "N": st.sampled_from([1, 2, 3, 4, 5, 6, 33]), "D": st.sampled_from([64, 64, 80, 96, 128, 256]),
-        "dtype": st.sampled_from(FLOAT_DTYPES), "prefix": st.integers(0, 8), "extra": st.integers(0, 3),
+        "dtype": st.sampled_from(FLOAT_DTYPES), "prefix": dim(0, 8, 70, 150), "extra": st.integers(0, 3),
         "mask": st.sampled_from(["ancestor", "ancestor_packed", "random", "random_packed"]),
         "scale": st.sampled_from([None, None, 0.125, 1.0]), "number": st.booleans(), "seed": SEED}),
     kinds=_attention_kinds,
@@ -123,8 +123,8 @@ def _compact_call(fn):
 COMPACT_KV = OpSpec(
     name="compact_kv",
     base=st.fixed_dictionaries({
-        "B": st.integers(1, 3), "S": st.integers(1, 10), "L": st.integers(0, 6), "H": st.integers(1, 2),
-        "D": st.integers(1, 5), "seq_dim": st.sampled_from([1, 2]), "caches": st.integers(1, 3),
+        "B": dim(1, 3, 9), "S": dim(1, 10, 40), "L": dim(0, 6, 20), "H": st.integers(1, 2),
+        "D": dim(1, 5, 64, 129), "seq_dim": st.sampled_from([1, 2]), "caches": dim(1, 3, 130),
         "dtype": st.sampled_from(FLOAT_DTYPES + ["float64"]), "number": st.booleans(), "length": st.integers(0, 9),
         "dst": st.integers(0, 9), "seed": SEED}),
     kinds=lambda r: {"caches": Arg("caches"), "src_positions": Arg("index", (0, r["S"])),
@@ -178,7 +178,7 @@ def _layer_kinds(r) -> dict:
     kinds = {"x": Arg("float"), "residual": Arg("float"), "qkv_weight": Arg("float"), "o_weight": Arg("float"),
              "norm_weight": Arg("float"), "gate_up_weight": Arg("float"), "down_weight": Arg("float"),
              "position_ids": Arg("index", (0,)), "inv_freq": Arg("float"), "k_cache": Arg("float"),
-             "v_cache": Arg("float"), "write_slots": Arg("index", (0, r["S"], 1 + r["kv_len"] % r["S"])),
+             "v_cache": Arg("float", alias="k_cache"), "write_slots": Arg("index", (0, r["S"], 1 + r["kv_len"] % r["S"])),
              "mask": Arg("mask"), "num_heads": Arg("int", (nH, r["nKV"])), "intermediate_size": Arg("int", (r["I"],)),
              "eps": Arg("real"), "input_norm_segments": Arg("int", (1, 2))}
     if r["bias"]:
@@ -213,9 +213,9 @@ def _compare_layer(got, want, a, rerun):
 DRAFT_DECODER_LAYER = OpSpec(
     name="draft_decoder_layer",
     base=st.fixed_dictionaries({
-        "B": st.integers(1, 2), "T": st.integers(1, 3), "nKV": st.integers(1, 2), "group": st.integers(1, 2),
-        "D": st.sampled_from([64, 64, 80]), "H": st.sampled_from([8, 16, 24]), "I": st.sampled_from([8, 20]),
-        "segments": st.sampled_from([0, 1, 2]), "S": st.integers(1, 8), "kv_len": st.integers(0, 8),
+        "B": dim(1, 2, 5), "T": dim(1, 3, 9), "nKV": st.integers(1, 2), "group": st.integers(1, 2),
+        "D": st.sampled_from([64, 64, 80]), "H": st.sampled_from([8, 16, 24, 64]), "I": st.sampled_from([8, 20]),
+        "segments": st.sampled_from([0, 1, 2]), "S": dim(1, 8, 40), "kv_len": st.integers(0, 8),
         "bias": st.booleans(), "dtype": st.sampled_from(FLOAT_DTYPES), "seed": SEED}),
     kinds=_layer_kinds,
     build=_layer_case,

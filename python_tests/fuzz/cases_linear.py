@@ -6,7 +6,7 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz.compare import close, same
-from fuzz.spec import FLOAT_DTYPES, Arg, OpSpec, dtype_of
+from fuzz.spec import FLOAT_DTYPES, Arg, OpSpec, dim, dtype_of
 from helpers import make_gen
 from specdec_ext import ops
 from specdec_ext.ops import reference as ref
@@ -14,7 +14,7 @@ from test_packed_linear import _tolerance
 
 R = torch.ops.specdec_ext
 SEED = st.integers(0, 2**31 - 1)
-_SHAPE = {"N": st.sampled_from([1, 5, 31, 32, 33, 37, 64, 70]), "K": st.integers(1, 40),
+_SHAPE = {"N": st.sampled_from([1, 5, 31, 32, 33, 37, 64, 70, 100, 200]), "K": dim(1, 40, 129, 383),
           "dtype": st.sampled_from(FLOAT_DTYPES), "seed": SEED}
 
 
@@ -65,7 +65,7 @@ def _compare_linear(got, want, a, rerun):
 
 PACKED_LINEAR = OpSpec(
     name="packed_linear",
-    base=st.fixed_dictionaries({**_SHAPE, "lead": st.sampled_from([[1], [3], [2, 3], [0], [5], [17]]),
+    base=st.fixed_dictionaries({**_SHAPE, "lead": st.sampled_from([[1], [3], [2, 3], [0], [5], [13], [25], [2, 20]]),
                                 "bias": st.booleans()}),
     kinds=_linear_kinds,
     build=_linear_case,

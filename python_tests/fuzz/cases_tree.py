@@ -6,7 +6,7 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz.compare import same, same_all
-from fuzz.spec import Arg, OpSpec
+from fuzz.spec import Arg, OpSpec, dim
 from helpers import make_gen, per_row, random_parents
 from specdec_ext import ops
 from specdec_ext.ops import reference as ref
@@ -17,7 +17,7 @@ SEED = st.integers(0, 2**31 - 1)
 
 
 def _tree_base(**more):
-    return st.fixed_dictionaries({"B": st.integers(1, 3), "N": st.integers(1, 9), "tree": st.sampled_from(TREE_KINDS),
+    return st.fixed_dictionaries({"B": dim(1, 3, 8), "N": dim(1, 9, 33, 40), "tree": st.sampled_from(TREE_KINDS),
                                   "seed": SEED, **more})
 
 
@@ -87,8 +87,8 @@ def _frontier_call(fn):
 
 ADVANCE_TREE_FRONTIER = OpSpec(
     name="advance_tree_frontier",
-    base=st.fixed_dictionaries({"B": st.integers(1, 2), "F": st.integers(1, 4), "K": st.integers(1, 3),
-                                "S": st.integers(1, 4), "L": st.integers(1, 6), "self_column": st.integers(0, 3),
+    base=st.fixed_dictionaries({"B": dim(1, 2, 9), "F": dim(1, 4, 17), "K": dim(1, 3, 8), "S": dim(1, 4, 20),
+                                "L": dim(1, 6, 70), "self_column": st.integers(0, 3),
                                 "extra": st.integers(0, 3), "seed": SEED}),
     kinds=_frontier_kinds,
     build=_frontier_args,
@@ -123,7 +123,7 @@ def _select_call(fn):
 
 SELECT_TREE_NODES = OpSpec(
     name="select_tree_nodes",
-    base=st.fixed_dictionaries({"B": st.integers(1, 2), "C": st.integers(1, 8), "num_nodes": st.integers(0, 10),
+    base=st.fixed_dictionaries({"B": dim(1, 2, 9), "C": dim(1, 8, 40), "num_nodes": st.integers(0, 10),
                                 "monotone": st.booleans(), "seed": SEED}),
     kinds=lambda r: {"tokens": Arg("index"), "scores": Arg("float"), "parents": Arg("index", (-1, r["C"])),
                      "roots": Arg("index"), "num_nodes": Arg("int", (0, r["C"]))},

@@ -7,7 +7,7 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz.compare import close, draws, same, same_all
-from fuzz.spec import FLOAT_DTYPES, Arg, OpSpec, dtype_of
+from fuzz.spec import FLOAT_DTYPES, Arg, OpSpec, dim, dtype_of
 from helpers import make_gen, per_row, random_parents, shifted_uniforms
 from specdec_ext import ops
 from specdec_ext.ops import reference as ref
@@ -20,7 +20,7 @@ SEED = st.integers(0, 2**31 - 1)
 TEMPERATURES = [0.0, 1e-6, 0.5, 1.0, 1.7, 4.0]
 TOP_PS = [1.0, 0.95, 0.6, 0.2]
 
-_BASE = {"B": st.integers(1, 3), "N": st.integers(1, 8), "V": st.integers(1, 10),
+_BASE = {"B": dim(1, 3, 9), "N": dim(1, 8, 33), "V": dim(1, 10, 67, 300),
          "dtype": st.sampled_from(FLOAT_DTYPES),
          "tree": st.sampled_from(["random", "deep", "wide", "chain", "star"]), "seed": SEED,
          "planted": st.booleans(), "masked": st.booleans(), "scale": st.sampled_from([0.5, 2.0, 8.0])}

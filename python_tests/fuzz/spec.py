@@ -37,6 +37,12 @@ FLOAT_DTYPES = ["float32", "float16", "bfloat16"]
 OTHER_DTYPES = ["float64", "int64", "int32", "int16", "uint8", "bool"]
 
 
+def dim(low: int, high: int, *big: int) -> st.SearchStrategy[int]:
+    """A dimension: mostly in [low, high] (the reference is slow Python), sometimes one of ``big`` (the kernels'
+    vector tails, tiles, thread splits and multi-word masks)."""
+    return st.sampled_from(list(range(low, high + 1)) * 3 + list(big))
+
+
 def dtype_of(name: str) -> torch.dtype:
     return getattr(torch, name)
 
@@ -57,10 +63,12 @@ class Arg:
     tensor of data), "mask" (a bool tensor), "row_f" / "row_i" (a per-row float / int parameter: a number or a [B]
     tensor), "int" / "real" (a scalar argument), "caches" (a list of tensors), "fixed" (not mutated).
     bounds: integers near which the argument's validity changes (e.g. V for tokens), for value mutations.
+    alias: another argument this one may be replaced by (the same tensor passed twice).
     """
 
     kind: str
     bounds: tuple[int, ...] = ()
+    alias: str = ""
 
 
 TENSOR_KINDS = ("tree", "index", "float", "mask", "row_f", "row_i")
@@ -85,10 +93,13 @@ def mutation(draw, args: dict[str, Arg]) -> list:
     name = draw(st.sampled_from(sorted(args)))
     a = args[name]
     kinds = []
+    if a.kind in TENSOR_KINDS and draw(st.integers(0, 6)) == 4:  # (meta: rarer, it makes the other mutations moot)
+        return ["meta", name]
     if a.kind in TENSOR_KINDS:
-        kinds += ["value", "dtype", "shape", "layout", "meta"]
+        kinds += ["value", "dtype", "shape", "layout"]
         kinds += {"tree": ["tree", "tree"], "float": ["row", "value"], "row_f": ["value"], "row_i": ["value"]}.get(
             a.kind, [])
+        kinds += ["alias"] if a.alias else []
     elif a.kind in ("int", "real"):
         kinds += ["scalar"]
     elif a.kind == "caches":
@@ -111,7 +122,7 @@ def mutation(draw, args: dict[str, Arg]) -> list:
     if kind == "shape":
         return [kind, name, pos, draw(st.sampled_from(["unsqueeze", "drop", "grow", "shrink", "empty", "scalar"]))]
     if kind == "layout":
-        return [kind, name, pos, draw(st.sampled_from(["transpose", "gap", "lastdim", "offset"]))]
+        return [kind, name, pos, draw(st.sampled_from(["transpose", "gap", "lastdim", "offset", "broadcast"]))]
     if kind == "alias":
         return [kind, name, pos]
     return [kind, name]  # meta
@@ -199,9 +210,12 @@ def _shape(t, pos: int, how: str):
 
 
 def _layout(t, how: str):
-    """A view with ``t``'s values and another memory layout (non-contiguous, or contiguous at an odd offset)."""
+    """A view with ``t``'s values and another memory layout (non-contiguous, or contiguous at an odd offset); or,
+    "broadcast", a stride-0 view repeating ``t``'s first row."""
     if not isinstance(t, torch.Tensor) or t.numel() == 0:
         return t
+    if how == "broadcast":
+        return t[:1].expand_as(t) if t.dim() else t
     if how == "offset" or t.dim() == 0:
         buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
         view = buf[1:].view(t.shape)
@@ -258,7 +272,9 @@ def apply_mutations(args: dict, kinds: dict[str, Arg], mutations: list) -> dict:
                 continue
             name = target
         v = _get(args, name)
-        if kind == "value" or kind == "scalar":
+        if kind == "alias":
+            v = args[a.alias]
+        elif kind == "value" or kind == "scalar":
             v = _value(v, m[2], m[3], a.kind)
         elif kind == "row":
             v = _row(v, m[2], m[3])
@@ -316,7 +332,7 @@ def recipes(draw, spec: OpSpec) -> dict:
     kinds = spec.kinds(recipe)
     n = draw(st.sampled_from([0, 0, 1, 1, 1, 2, 3]))
     recipe["mutations"] = [draw(mutation(kinds)) for _ in range(n)]
-    if draw(st.integers(0, 24)) == 0:
+    if draw(st.integers(0, 24)) == 13:  # (not 0: hypothesis draws its simplest values most often)
         recipe["mutations"].append(["all_meta"])
     return recipe
 
@@ -333,17 +349,16 @@ def call(spec: OpSpec, recipe: dict, args: dict, validate: bool | None = None):
 
 
 def to_cpu(args: dict) -> dict:
-    """Independent CPU copies (clones) of every tensor argument."""
-    out = {}
-    for n, v in args.items():
-        if isinstance(v, torch.Tensor):
-            out[n] = v.detach().cpu().clone()
-        elif isinstance(v, list):
-            seen: dict[int, torch.Tensor] = {}  # aliases stay aliases
-            out[n] = [seen.setdefault(id(t), t.detach().cpu().clone()) for t in v]
-        else:
-            out[n] = v
-    return out
+    """Independent CPU copies (clones) of every tensor argument; a tensor passed twice gives one copy, passed twice."""
+    seen: dict[int, torch.Tensor] = {}
+
+    def copy(t):
+        if id(t) not in seen:
+            seen[id(t)] = t.detach().cpu().clone()
+        return seen[id(t)]
+
+    return {n: copy(v) if isinstance(v, torch.Tensor) else [copy(t) for t in v] if isinstance(v, list) else v
+            for n, v in args.items()}
 
 
 def describe(args: dict) -> str:

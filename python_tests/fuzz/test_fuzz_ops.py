@@ -24,22 +24,21 @@ from fuzz.registry import SPECS
 CI_EXAMPLES = 60
 EXAMPLES = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", CI_EXAMPLES))
 SEED = os.environ.get("SPECDEC_FUZZ_SEED")
-# A hang: far beyond the slowest example (the reference is plain Python; a sanitizer build runs ~3x slower).
-TIMEOUT_S = 120 + 2.0 * EXAMPLES
 TESTS_DIR = Path(__file__).resolve().parent.parent
 
 
-def _worker(ops: list[str], report: Path) -> tuple[int | None, str]:
+def _worker(ops: list[str], report: Path, module: str, examples: int, path: list[str]) -> tuple[int | None, str]:
     """Runs the worker over ``ops`` (the report gets a line per op); returns (exit code or None on a hang, output)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR)] + [p for p in [env.get("PYTHONPATH")] if p])
-    cmd = [sys.executable, "-m", "fuzz.worker", "--ops", ",".join(ops), "--examples", str(EXAMPLES),
+    env["PYTHONPATH"] = os.pathsep.join(path + [str(TESTS_DIR)] + [p for p in [env.get("PYTHONPATH")] if p])
+    cmd = [sys.executable, "-m", module, "--ops", ",".join(ops), "--examples", str(examples),
            "--report", str(report)] + (["--seed", SEED] if SEED else [])
     # cwd: the tests folder, so that `python -m` puts no checkout root (and its in-place build) on sys.path ahead
     # of PYTHONPATH (scripts/asan.sh points PYTHONPATH at the sanitizer build)
     proc = subprocess.Popen(cmd, cwd=TESTS_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        out, _ = proc.communicate(timeout=TIMEOUT_S * len(ops))
+        # a hang: far beyond the slowest examples (the reference is plain Python; a sanitizer build is ~3x slower)
+        out, _ = proc.communicate(timeout=(120 + 2.0 * examples) * len(ops))
         return proc.returncode, out
     except subprocess.TimeoutExpired:
         proc.kill()
@@ -53,15 +52,17 @@ def _events(report: Path) -> list[dict]:
     return [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
 
 
-def run_fuzz(ops: list[str], folder: Path) -> dict[str, dict]:
-    """Each op's result: the worker's summary, or {"crash": how, "recipe": ..., "output": ...}."""
+def run_fuzz(ops: list[str], folder: Path, module: str = "fuzz.worker", examples: int = EXAMPLES,
+             path: list[str] = ()) -> dict[str, dict]:
+    """Each op's result: the worker's summary, or {"crash": how, "recipe": ..., "output": ...}. ``module`` is the
+    worker to run (``python -m``), ``path`` more PYTHONPATH entries."""
     results: dict[str, dict] = {}
     remaining = list(ops)
     for attempt in range(len(ops)):
         if not remaining:
             break
         report = folder / f"report{attempt}.jsonl"
-        rc, out = _worker(remaining, report)
+        rc, out = _worker(remaining, report, module, examples, list(path))
         events = _events(report)
         for e in events:
             if e["event"] == "done":
@@ -99,3 +100,24 @@ def test_fuzz(op, fuzz_results):
     assert result["answered"] >= result["examples"] // 5, (
         f"{op}: only {result['answered']} of {result['examples']} examples were answered (refused "
         f"{result['refused']}, meta {result['meta']})")
+
+
+CRASHING_WORKER = """
+import os, sys
+from fuzz import worker
+from fuzz.registry import SPECS
+spec = SPECS["build_tree"]
+spec.raw = spec.wrapper = lambda args, validate: os.abort()  # as a segfault or a sanitizer report would
+sys.exit(worker.main())
+"""
+
+
+def test_a_crash_fails_its_op_and_the_others_still_run(tmp_path):
+    (tmp_path / "crashing_worker.py").write_text(CRASHING_WORKER)
+    results = run_fuzz(["tree_ancestor_mask", "build_tree", "pack_linear_weight"], tmp_path,
+                       module="crashing_worker", examples=5, path=[str(tmp_path)])
+    assert results["build_tree"]["crash"] == "crashed (SIGABRT)"
+    assert json.loads(results["build_tree"]["recipe"])["op"] == "build_tree"  # the example that killed it
+    assert "Fatal Python error: Aborted" in results["build_tree"]["output"]  # with the stack (faulthandler)
+    for op in ("tree_ancestor_mask", "pack_linear_weight"):  # before the crash, and after the restart
+        assert "crash" not in results[op] and results[op]["examples"] >= 1
