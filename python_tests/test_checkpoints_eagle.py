@@ -249,6 +249,40 @@ def test_errors_name_the_mismatch(tmp_path):
     assert tgt is not None
 
 
+def test_unreadable_files_and_bad_configs_name_the_file(tmp_path):
+    """Truncated safetensors; config.json invalid, a list, with sizes that are no positive integers, or EAGLE-3
+    feature layers the target does not have: ValueErrors naming the file."""
+    import re
+
+    d = write(tmp_path / "t", config(1), eagle1_sd(True, False), True)
+    weights = str(d / "model.safetensors")
+    data = open(weights, "rb").read()
+    open(weights, "wb").write(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=re.escape(weights) + r".*truncated or not a safetensors file\?"):
+        load_eagle(d)
+    cfg = str(tmp_path / "c" / "config.json")
+    for text, match in (("{", "is not valid JSON"), ('["llama"]', "must hold a JSON object")):
+        write(tmp_path / "c", config(1), eagle1_sd(True, False), False)
+        open(cfg, "w").write(text)
+        with pytest.raises(ValueError, match=re.escape(cfg) + ".*" + match):
+            load_eagle(tmp_path / "c")
+    for key, value in (("hidden_size", "64"), ("num_attention_heads", 0), ("vocab_size", True), ("head_dim", 6.4),
+                       ("rms_norm_eps", "small")):
+        d = write(tmp_path / key, config(1, **{key: value}), eagle1_sd(True, False), False)
+        with pytest.raises(ValueError, match=re.escape(str(d / "pytorch_model.bin")) + f".*{key!r} must be a positive"):
+            load_eagle(d)
+    d = write(tmp_path / "nosize", {k: v for k, v in config(1).items() if k != "intermediate_size"},
+              eagle1_sd(True, False), False)
+    with pytest.raises(ValueError, match=r"pytorch_model.bin.*lacks \['intermediate_size'\]"):
+        load_eagle(d)
+    bad_aux = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4]}}
+    with pytest.raises(ValueError, match="lists three layer indices"):
+        load_eagle(write(tmp_path / "aux", config(3, **bad_aux), eagle3_sd(), False))
+    far = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, L_TARGET + 1]}}
+    with pytest.raises(ValueError, match=rf"fuses target layers \[2, 4, {L_TARGET + 1}\] .* has {L_TARGET} layers"):
+        load_eagle(write(tmp_path / "far", config(3, **far), eagle3_sd(), False), target=target())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The networks against transformers' Llama modules.
 

@@ -176,3 +176,30 @@ def test_mismatched_target(tmp_path):
     drafter = MedusaDrafter(load_medusa(other_v), choices=[[0]])
     with pytest.raises(ValueError, match=r"vocabulary size \(50\) differs from the target's \(101\)"):
         generate(target, drafter, torch.tensor([1, 2, 3]), max_new_tokens=3)
+
+
+def test_unreadable_files_name_the_file(tmp_path):
+    """Truncated safetensors, invalid or non-object config.json, a pickle that is no state dict: ValueErrors naming
+    the file (not safetensors' or json's bare errors, nor an AttributeError)."""
+    import re
+
+    sd = official_state_dict(2, 1, True)
+    path = write_checkpoint(tmp_path / "t", sd, "safetensors")
+    weights = os.path.join(path, "medusa_lm_head.safetensors")
+    with open(weights, "rb") as f:
+        data = f.read()
+    with open(weights, "wb") as f:
+        f.write(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=re.escape(weights) + r".*truncated or not a safetensors file\?.*metadata"):
+        load_medusa(path)
+    path = write_checkpoint(tmp_path / "c", sd)
+    cfg = os.path.join(path, "config.json")
+    for text, match in (("{\"medusa_num_heads\": 2,", "is not valid JSON"), ("[2, 1]", "must hold a JSON object")):
+        with open(cfg, "w") as f:
+            f.write(text)
+        with pytest.raises(ValueError, match=re.escape(cfg) + ".*" + match):
+            load_medusa(path)
+    write_checkpoint(tmp_path / "l", sd)
+    torch.save([torch.zeros(2)], tmp_path / "l" / "medusa_lm_head.pt")
+    with pytest.raises(ValueError, match="does not hold a state dict"):
+        load_medusa(tmp_path / "l")
