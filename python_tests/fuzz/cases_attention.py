@@ -17,6 +17,9 @@ SEED = st.integers(0, 2**31 - 1)
 # draft_decoder_layer (test_draft_decoder_layer's _assert_matches_reference): output atol per unit of scale, cache atol
 LAYER_ATOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 CACHE_ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+# ... plus one ulp of the value: k and v are rounded once from float32 sums whose order differs from the reference's
+# (the test's inputs keep |k| < 2, where the atol covers an ulp)
+CACHE_RTOL = {torch.float32: 1e-6, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
 
 def _pack_mask(dense: torch.Tensor) -> torch.Tensor:
@@ -75,7 +78,10 @@ def _compare_attention(got, want, a, rerun, validate=True):
         low = _attention_ref(a, False, compute_dtype=dt).float()
         fin = low.isfinite() & want32.isfinite()
         ref_err = float((low[fin] - want32[fin]).abs().max()) if bool(fin.any()) else 0.0
-    close(got, want32, 2 * ref_err + ATTENTION_ATOL[dt], 0.0, "output")
+    # outputs are averages of v: ATOL is for |v| ~ 1 (the test's inputs), fuzzed values may be far larger
+    v = a["v_cache"].float()
+    v_scale = max(1.0, float(v[v.isfinite()].abs().max())) if bool(v.isfinite().any()) else 1.0
+    close(got, want32, 2 * ref_err + ATTENTION_ATOL[dt] * v_scale, 0.0, "output")
 
 
 def _attention_call(fn):
@@ -224,7 +230,7 @@ DRAFT_DECODER_LAYER = OpSpec(
     reference=_layer_raw(ref.draft_decoder_layer),
     compare=_compare_layer,
     inplace=("k_cache", "v_cache"),
-    inplace_tolerance=lambda g, w: close(g, w, CACHE_ATOL.get(w.dtype, 1e-5), 0.0, "cache"),
+    inplace_tolerance=lambda g, w: close(g, w, CACHE_ATOL[w.dtype], CACHE_RTOL[w.dtype], "cache"),
 )
 
 SPECS = [TREE_ATTENTION, COMPACT_KV, DRAFT_DECODER_LAYER]
