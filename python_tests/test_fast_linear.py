@@ -243,3 +243,53 @@ def test_fused_weight_is_packed_once_for_a_frozen_model_with_gradients_on(monkey
             torch.testing.assert_close(fused_linear(x, layers), want, atol=1e-5, rtol=1e-5)
     if FL.packed_enabled(torch.float32):
         assert len(packs) == 1
+
+
+# ---- generate() takes the packed path by default ----------------------------------------------------------------
+def _linear_types(model):
+    return {type(m) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+
+
+@pytest.mark.skipif(not fast_linear.packed_enabled(torch.float32), reason="no packed float32 path on this CPU")
+def test_generate_packs_the_target_by_default_and_opts_out():
+    pytest.importorskip("transformers")
+    from test_hf_tree_attention import make_model
+
+    from specdec_ext.generate import generate
+
+    ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    plain = make_model("llama", seed=5)
+    out_aten, _ = generate(plain, None, ids, max_new_tokens=6, eos_token_id=[], packed_linears=False)
+    assert _linear_types(plain) == {torch.nn.Linear}  # the opt-out leaves the model as it is
+    packed = make_model("llama", seed=5)
+    out, _ = generate(packed, None, ids, max_new_tokens=6, eos_token_id=[])
+    assert _linear_types(packed) == {fast_linear.PackableLinear}
+    q = packed.model.layers[0].self_attn.q_proj
+    assert q._specdec_packed is not None and q._specdec_packed[3] == "ours"  # the kernel ran, not F.linear
+    assert torch.equal(out, out_aten)  # greedy: the same tokens as aten's products
+    # outside generate the model is nn.Linear exactly
+    x = torch.randn(2, q.in_features)
+    assert torch.equal(q(x), F.linear(x, q.weight, q.bias))
+
+
+def test_generate_does_not_pack_where_there_is_no_packed_path():
+    pytest.importorskip("transformers")
+    from test_hf_tree_attention import make_model
+
+    from specdec_ext.generate import generate
+
+    model = make_model("llama", seed=5, dtype=torch.float16)  # float16: aten's products on every CPU
+    assert fast_linear.pack_linears_where_fast(model) == 0
+    generate(model, None, torch.tensor([3, 1, 4]), max_new_tokens=2, eos_token_id=[])
+    assert _linear_types(model) == {torch.nn.Linear}
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_generate_packed_linears_must_be_a_bool(value):
+    pytest.importorskip("transformers")
+    from test_hf_tree_attention import make_model
+
+    from specdec_ext.generate import generate
+
+    with pytest.raises(ValueError, match="generate: packed_linears must be True or False"):
+        generate(make_model("llama", seed=5), None, torch.tensor([3, 1]), max_new_tokens=1, packed_linears=value)

@@ -96,7 +96,6 @@ def generate_cmd(args: argparse.Namespace) -> int:
     from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter
     from specdec_ext.generate import generate, load_model
     from specdec_ext.models.checkpoints import resolve_eagle_dtype
-    from specdec_ext.models.fast_linear import pack_linears
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise ValueError("pass exactly one of --prompt and --prompt-ids")
@@ -124,8 +123,6 @@ def generate_cmd(args: argparse.Namespace) -> int:
             ids = tokenizer(args.prompt)["input_ids"]
     dtype = getattr(torch, args.dtype) if args.dtype else None
     target = load_model(args.model, dtype=dtype, device=args.device)
-    if not args.no_packed_linears:
-        pack_linears(target)
     drafter = None
     if args.draft_model:
         drafter = DraftModelDrafter(load_model(args.draft_model, dtype=dtype, device=args.device),
@@ -156,7 +153,8 @@ def generate_cmd(args: argparse.Namespace) -> int:
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                              top_p=args.top_p, seed=args.seed, streamer=streamer,
                              eos_token_id=None if args.eos_id is None else args.eos_id,
-                             acceptance="typical" if args.typical else "exact")
+                             acceptance="typical" if args.typical else "exact",
+                             packed_linears=not args.no_packed_linears)
     if args.no_stream:
         new = tokens[len(ids):]
         print(decoder.decode(new) if decoder is not None else " ".join(str(int(t)) for t in new))

@@ -38,10 +38,12 @@ copied with ``non_blocking=True``, which does not wait for the device. Times in 
 times per phase; on an asynchronous device the queued work is attributed to the phase that waits for it
 (verification, whose read-back ends the step).
 
-Linear layers. The loop runs inside :func:`~specdec_ext.models.fast_linear.packed_linears`: a target (or draft
-model) prepared with :func:`~specdec_ext.models.fast_linear.pack_linears` multiplies with its weights packed once
-for few-row products (on CPUs several times faster than aten at 1-16 rows), in plain decoding and speculative
-decoding alike; an unprepared model is untouched.
+Linear layers. The loop runs inside :func:`~specdec_ext.models.fast_linear.packed_linears`, and by default
+(``packed_linears=True``) first prepares the target with
+:func:`~specdec_ext.models.fast_linear.pack_linears_where_fast`: on a CPU with a packed path for its dtype, its
+``nn.Linear`` layers multiply with their weights packed once for few-row products (several times faster than aten
+at 1-16 rows), in plain decoding and speculative decoding alike (the draft model's drafter does the same to its
+model).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from specdec_ext.drafters.base import (DecodeState, DraftTree, SamplingParams, S
                                        to_device)
 from specdec_ext.models import TreeKVCache, tree_forward, use_tree_attention
 from specdec_ext.models.causal_lm import load_causal_lm
-from specdec_ext.models.fast_linear import packed_linears
+from specdec_ext.models.fast_linear import pack_linears_where_fast, packed_linears
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
 
 __all__ = ["DecodeStats", "generate", "load_model"]
@@ -250,10 +252,16 @@ def _eos_list(eos_token_id, target) -> list[int]:
 
 
 def _in_packed_linears_block(fn):
+    """Prepares the target's linear layers (``packed_linears=True``, the default) and runs ``fn`` in the block."""
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with packed_linears():
-            return fn(*args, **kwargs)
+    def wrapper(target, *args, **kwargs):
+        enabled = kwargs.get("packed_linears", True)
+        if not isinstance(enabled, bool):
+            raise ValueError(f"generate: packed_linears must be True or False, got {enabled!r}")
+        if enabled:
+            pack_linears_where_fast(target)
+        with packed_linears(enabled):
+            return fn(target, *args, **kwargs)
     return wrapper
 
 
@@ -280,7 +288,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
              top_p: float = 1.0, generator: torch.Generator | None = None, seed: int | None = None,
              streamer=None, pad_token_id: int | None = None, max_cache_len: int | None = None,
              tree_attention: bool = True, acceptance: str = "exact", posterior_threshold: float = 0.09,
-             posterior_alpha: float = 0.3):
+             posterior_alpha: float = 0.3, packed_linears: bool = True):
     """Speculative (or, with ``drafter=None``, plain) generation from ``target`` (an HF causal LM).
 
     ``input_ids``: ``[P]`` or ``[B, P]`` tensor, or a list of prompts (lists of ints / 1-D tensors, any lengths).
@@ -295,6 +303,9 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     ``acceptance``: ``"exact"`` (default; greedy-identical at temperature 0, lossless when sampling) or
     ``"typical"``: Medusa's typical acceptance with ``posterior_threshold`` / ``posterior_alpha`` — **lossy**: sampled
     output no longer follows the target distribution exactly (at temperature 0 it equals greedy).
+    ``packed_linears``: on a CPU, the target's ``nn.Linear`` layers multiply with their weights packed once for
+    few-row products (prepared at the first call, :func:`~specdec_ext.models.fast_linear.pack_linears_where_fast`;
+    the model is unchanged outside ``generate``; memory: a copy of its weights); ``False`` keeps aten's products.
 
     Returns ``(tokens, stats)``: prompt + generated tokens in the input's form (a ``[B, P + n]`` tensor padded
     with ``pad_token_id`` (default: the first EOS, else 0) for a 2-D input, a 1-D tensor for a 1-D input, a list of

@@ -240,8 +240,11 @@ def _run_ours(models: BenchModels, drafter, prompt, temperature, max_new_tokens,
     dev = models.device
     _sync(dev)
     t0 = time.perf_counter()
+    # (packed products exactly where the loader prepared the target: --no-packed-linears keeps aten's)
+    packed = any(isinstance(m, PackableLinear) for m in models.target.modules())
     tokens, stats = generate(models.target, drafter, torch.tensor(prompt, dtype=torch.int64),
-                             max_new_tokens=max_new_tokens, eos_token_id=[], temperature=temperature, seed=seed)
+                             max_new_tokens=max_new_tokens, eos_token_id=[], temperature=temperature, seed=seed,
+                             packed_linears=packed)
     _sync(dev)
     wall = time.perf_counter() - t0
     return tokens.tolist()[len(prompt):], wall, stats

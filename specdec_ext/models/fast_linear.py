@@ -22,12 +22,13 @@ parameters, same state-dict keys); :func:`fused_linear` runs several projections
 one product. The packed copy (as large as the weight) is cached per weight tensor and rebuilt when the weight
 changes in place (its version counter) or is replaced.
 
-A model that is not ours (a Hugging Face target or draft model) opts in with :func:`pack_linears`: its plain
+A model that is not ours (a Hugging Face target or draft model) is prepared with :func:`pack_linears`: its plain
 ``nn.Linear`` layers become :class:`PackableLinear` (same parameters, keys and ``isinstance``), which take the fast
 path only inside a :func:`packed_linears` block and are ``nn.Linear`` everywhere else. :func:`specdec_ext.generate`
-runs inside such a block, so after ``pack_linears(target)`` plain and speculative decoding both use the packed
-weights while the model is unchanged for any other caller (training, Hugging Face's ``generate``). The cost is
-memory: a packed copy of every weight, built at its first product inside the block.
+prepares its target so by default (:func:`pack_linears_where_fast`; ``packed_linears=False`` opts out) and runs
+inside such a block, so plain and speculative decoding both use the packed weights while the model is unchanged for
+any other caller (training, Hugging Face's ``generate``). The cost is memory: a packed copy of every weight, built at
+its first product inside the block.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["Linear", "PLAIN_LINEAR_TYPES", "PackableLinear", "bfloat16_is_fast", "fused_linear",
-           "in_packed_linears_block", "layer_operand", "linear", "module_linear", "pack_linears", "packed_enabled",
+           "in_packed_linears_block", "layer_operand", "linear", "module_linear", "pack_linears",
+           "pack_linears_where_fast", "packed_enabled",
            "packed_linears", "packed_operand", "tensor_version", "unpack_linears"]
 
 _ENABLED = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
@@ -342,6 +344,16 @@ def pack_linears(model: nn.Module) -> int:
             module.__class__ = PackableLinear
         n += type(module) is PackableLinear
     return n
+
+
+def pack_linears_where_fast(model: nn.Module) -> int:
+    """:func:`pack_linears` for a model whose weights are on a CPU in a dtype with a packed path here
+    (:func:`packed_enabled`); a no-op (0) otherwise, e.g. on CUDA or in float16 (what :func:`specdec_ext.generate`
+    does to its target by default)."""
+    p = next((q for q in model.parameters() if q.is_floating_point()), None)
+    if p is None or p.device.type != "cpu" or not packed_enabled(p.dtype):
+        return 0
+    return pack_linears(model)
 
 
 def unpack_linears(model: nn.Module) -> None:
