@@ -17,6 +17,8 @@ from specdec_ext.models.checkpoints import load_eagle, load_medusa  # noqa: E402
 from specdec_ext.train import DataError, load_corpus, split_heldout  # noqa: E402
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 def word_tokenizer(eos: str | None = None):
     tokenizers = pytest.importorskip("tokenizers")
     from transformers import PreTrainedTokenizerFast

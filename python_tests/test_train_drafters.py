@@ -1,6 +1,6 @@
 """specdec_ext.train on a tiny random Llama target (4 layers, hidden 64, vocab 101): Medusa-1, EAGLE-1, EAGLE-3 and
 a distilled draft LM are trained on the target's own greedy continuations (self-distillation) for a few dozen
-steps. Checked: the loss falls; the saved files are in the official layouts and load through our loaders; the
+steps, on one thread. Checked: the loss falls; the saved files are in the official layouts and load through our loaders; the
 trained drafter is lossless through generate (greedy == plain greedy) and accepts more than an untrained one (on
 the training prompts: this target's continuations are memorised, not generalised); a resumed run equals an
 uninterrupted one."""
@@ -24,6 +24,8 @@ from specdec_ext.models.eagle import Eagle1Model, Eagle3Model  # noqa: E402
 from specdec_ext.train import TrainConfig, self_distill, train_draft_lm, train_eagle, train_medusa  # noqa: E402
 from specdec_ext.train.loop import CHECKPOINT_FILE, evaluate_acceptance  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 NEW = 24
 _CACHE: dict = {}
 
@@ -43,8 +45,8 @@ def data():
     return _CACHE["d"]
 
 
-def cfg(steps=80, **kw):
-    return TrainConfig(steps=steps, lr=3e-3, batch_size=6, progress=False, eval_new_tokens=NEW, **kw)
+def cfg(steps=40, lr=3e-3, **kw):
+    return TrainConfig(steps=steps, lr=lr, batch_size=6, progress=False, eval_new_tokens=NEW, **kw)
 
 
 def plain(prompts):
@@ -71,7 +73,7 @@ def falls(losses, ratio=0.5):
 @pytest.mark.parametrize("share", [False, True])
 def test_medusa_trains_saves_and_decodes(tmp_path, share):
     seqs, prompts = data()
-    heads, res = train_medusa(target(), seqs, cfg(), num_heads=3, heldout_prompts=prompts, share_lm_head=share)
+    heads, res = train_medusa(target(), seqs, cfg(lr=6e-3), num_heads=3, heldout_prompts=prompts, share_lm_head=share)
     # heads sharing the target's lm_head (one ResBlock of 64 features each) learn slower than heads with their own
     print("medusa loss", falls(res.losses, 0.8 if share else 0.5), "accepted", res.evals)
     out = tmp_path / "medusa"
@@ -125,7 +127,7 @@ def test_medusa_soft_labels_are_the_targets_future_distributions():
             want += 0.5 ** h * sum(kls) / len(kls)
     assert float(loss) == pytest.approx(want, rel=1e-4)
     seqs, prompts = data()
-    trained, res = train_medusa(target(), seqs, cfg(steps=40), num_heads=3, share_lm_head=True, soft_labels=True)
+    trained, res = train_medusa(target(), seqs, cfg(steps=25), num_heads=3, share_lm_head=True, soft_labels=True)
     falls(res.losses, 0.9)
     assert check_lossless(MedusaDrafter(trained), prompts) > 1.0
 
@@ -135,7 +137,7 @@ def test_eagle_trains_saves_and_beats_untrained(tmp_path, version):
     seqs, prompts = data()
     kw = dict(version=version, draft_vocab=64 if version == 3 else None, heldout_prompts=prompts)
     untrained, r0 = train_eagle(target(), seqs, cfg(steps=1), **kw)
-    model, res = train_eagle(target(), seqs, cfg(steps=100), **kw)
+    model, res = train_eagle(target(), seqs, cfg(steps=50 if version == 3 else 40), **kw)
     print(f"eagle{version} loss", falls(res.losses), "accepted", r0.evals[-1][1], "->", res.evals[-1][1])
     assert res.evals[-1][1] > max(2.0, r0.evals[-1][1] + 0.5)
     from specdec_ext.models.checkpoints import save_eagle
@@ -213,7 +215,7 @@ def test_eagle1_training_time_test_feeds_its_own_features():
 def test_draft_lm_distils(tmp_path):
     seqs, prompts = data()
     _, r0 = train_draft_lm(target(), seqs, cfg(steps=1), num_layers=1, heldout_prompts=prompts)
-    model, res = train_draft_lm(target(), seqs, cfg(steps=80), num_layers=1, heldout_prompts=prompts)
+    model, res = train_draft_lm(target(), seqs, cfg(steps=40), num_layers=1, heldout_prompts=prompts)
     print("draft loss", falls(res.losses), "accepted", r0.evals[-1][1], "->", res.evals[-1][1])
     assert res.evals[-1][1] > max(2.0, r0.evals[-1][1] + 0.5)
     model.save_pretrained(tmp_path)

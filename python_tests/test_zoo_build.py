@@ -21,7 +21,7 @@ from specdec_ext.zoo.evaluate import heldout_prompts  # noqa: E402
 from specdec_ext.train.data import document_stream, encode_texts  # noqa: E402
 from specdec_ext.zoo.tokenizer import train_tokenizer  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,7 @@ QUICK = replace(FULL, vocab_size=512, hidden_size=64, num_layers=4, intermediate
                 target_warmup=5, drafter_seq_len=64, drafter_batch=4, draft_layers=1, draft_hidden=64,
                 draft_steps=15, medusa_heads=3, medusa_steps=15, eagle1_steps=15, eagle3_steps=15, eagle3_vocab=256,
                 eagle1_vocab=128,
-                eval_prompts=2, eval_prompt_len=16, eval_new_tokens=16, max_files=30,
+                eval_prompts=2, eval_prompt_len=16, eval_new_tokens=16, max_files=10,
                 drafters={**{k: dict(v) for k, v in DEFAULT_DRAFTERS.items()},
                           "eagle2": {"depth": 3, "top_k": 2, "total_tokens": 6},
                           "eagle3": {"depth": 3, "top_k": 2, "total_tokens": 6}})
