@@ -115,9 +115,11 @@ def test_resume_refuses_another_model_or_other_data(tmp_path):
     # other data: the batches were drawn from 10 sequences
     torch.save(state, path)
     model = torch.nn.Sequential(torch.nn.Embedding(17, 8), torch.nn.Linear(8, 17))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match=r"drew its batches from 10 training sequences, this run has 4"):
         train_loop(model, lambda t, m: (model(t).sum(), 1), [[1, 2, 3]] * 4, cfg, name="tiny",
                    signature={"hidden": 8})
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # refused before loading
     torch.save({"step": 3}, path)
     with pytest.raises(ValueError, match=r"is not a training checkpoint of this library .* it has \['step'\]"):
         run(6, ck, resume=True)

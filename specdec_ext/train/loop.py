@@ -216,9 +216,9 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
     if cfg.resume and ckpt and os.path.isfile(ckpt):
         state = read_checkpoint(ckpt, name)
         check_resumable(state, module, signature, ckpt, name)
+        sampler.load_state_dict(state["sampler"], who=f"{name}: resume: {ckpt!r}")  # (refuses other data first)
         module.load_state_dict(state["module"])
         opt.load_state_dict(state["optimizer"])
-        sampler.load_state_dict(state["sampler"], who=f"{name}: resume: {ckpt!r}")
         result.step, result.losses, result.evals = state["step"], list(state["losses"]), list(state["evals"])
         result.tokens = state.get("tokens", 0)
         result.seconds = state.get("seconds", 0.0)  # training time before the interruption
