@@ -161,8 +161,9 @@ def _summary(result) -> dict:
 def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = True, corpus_root: str | None = None,
               threads: int | None = None) -> dict:
     """Builds the family into ``out``; returns the card (also written to ``out/card.json`` and ``README.md``)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
 
+    from specdec_ext.models.causal_lm import load_causal_lm
     from specdec_ext.models.checkpoints import save_eagle, save_medusa
     from specdec_ext.train.draft_lm import train_draft_lm
     from specdec_ext.train.eagle import train_eagle
@@ -218,7 +219,7 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
         return {**_summary(result), "params": _params(model), "train_stream_tokens": len(stream)}
 
     stages.run("target", target)
-    target_model = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32, local_files_only=True).eval()
+    target_model = load_causal_lm(tdir, torch.float32).eval()
     held_seqs = windows(held_stream, spec.target_seq_len)[:64]
     stages.records["target"]["heldout_loss"] = round(heldout_loss(target_model, held_seqs), 4) if held_seqs else None
     seqs = windows(stream, spec.drafter_seq_len)
