@@ -210,3 +210,14 @@ def test_cli_bad_data(model_dir, tmp_path):
     with pytest.raises(SystemExit, match="--draft-vocab needs --version 3"):
         main(["train-eagle", "--model", str(model_dir), "--data", empty, "--out", str(tmp_path / "o"),
               "--draft-vocab", "10"])
+
+
+def test_a_broken_tokenizer_is_named_not_ignored(model_dir, tmp_path, capsys):
+    import shutil
+
+    broken = tmp_path / "model"
+    shutil.copytree(model_dir, broken)
+    (broken / "tokenizer.json").write_text("{not json")
+    msg = failure(capsys, "train-medusa", "--model", str(broken), "--data", str(broken / "corpus.txt"),
+                  "--out", str(tmp_path / "o"), "--no-progress")
+    assert str(broken) in msg and "holds a tokenizer (tokenizer.json" in msg and "cannot be loaded" in msg, msg

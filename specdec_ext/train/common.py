@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 __all__ = ["text_config", "freeze", "target_hidden", "load_tokenizer", "first_param"]
@@ -29,10 +31,19 @@ def target_hidden(target, toks: torch.Tensor, mask: torch.Tensor, layers=(-1,)) 
     return feats, out.logits.float()
 
 
-def load_tokenizer(path):
-    try:
-        from transformers import AutoTokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
+
+def load_tokenizer(path):
+    """The tokenizer saved with the model in ``path``; None when there is none (token-id data only). A tokenizer
+    that is there but cannot be loaded is an error naming the folder (not silently "no tokenizer")."""
+    from transformers import AutoTokenizer
+
+    try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception:  # noqa: BLE001 - no usable tokenizer: token-id data only
+    except Exception as err:  # noqa: BLE001 - any failure of transformers' tokenizer loading
+        present = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))]
+        if present:
+            raise ValueError(f"{path!r} holds a tokenizer ({', '.join(present)}) that cannot be loaded: "
+                             f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
         return None
