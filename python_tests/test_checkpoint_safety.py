@@ -154,24 +154,14 @@ def model_dir(tmp_path_factory, tiny):
     return d
 
 
-def command_error(argv, capsys) -> str:
-    """The message a failed ``specdec`` command gives (raised as SystemExit, or printed with a non-zero status)."""
-    from specdec_ext.cli import main
-
-    try:
-        rc = main(argv)
-    except SystemExit as e:
-        return str(e.code)
-    assert rc != 0
-    return capsys.readouterr().err
-
-
 @pytest.mark.parametrize("command", ["train-medusa", "train-eagle", "train-draft"])
 def test_train_command_resume(tmp_path, model_dir, command, capsys):
     out = tmp_path / "out"
     f = crafted_trainer_state(out / "checkpoint", tmp_path / "ran", "torch.save")
-    msg = command_error([command, "--model", str(model_dir), "--data", str(model_dir / "ids.jsonl"), "--out", str(out),
-                         "--steps", "2", "--heldout", "0", "--no-progress", "--resume"], capsys)
+    from test_train_data_cli import failure
+
+    msg = failure(capsys, command, "--model", str(model_dir), "--data", str(model_dir / "ids.jsonl"), "--out", str(out),
+                  "--steps", "2", "--heldout", "0", "--no-progress", "--resume")
     assert f in msg and "weights-only" in msg, msg
     assert not os.path.exists(tmp_path / "ran")
 
