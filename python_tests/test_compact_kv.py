@@ -172,3 +172,32 @@ def test_bad_arguments():
         op([c], src, dst, n[:1], 2)
     with pytest.raises(ValueError, match="dst_start must be Long"):
         op([c], src, dst.float(), n, 2)
+
+
+def test_aliased_caches_are_refused():
+    """The same tensor twice (or overlapping views of one storage) would be moved twice, the second move reading
+    rows the first already wrote: refused. Disjoint views of one storage (K and V halves of one buffer) are fine."""
+    B, H, S, D = 2, 3, 10, 4
+    src = torch.tensor([[4, 5, 6], [7, 8, 9]])
+    dst, n = torch.tensor([1, 2]), torch.tensor([3, 2])
+    c = torch.randn(B, H, S, D)
+    message = expected_error(ref.compact_kv, [c, c], src, dst, n, 2)  # the reference refuses it too
+    assert_raises_exactly(message, ops.compact_kv, [c, c], src, dst, n)
+    assert message.startswith("compact_kv: caches[0] and caches[1] share memory")
+    flat = torch.randn(2 * c.numel())
+    overlapping = [flat[: c.numel()].view(c.shape), flat[c.numel() // 2: c.numel() // 2 + c.numel()].view(c.shape)]
+    with pytest.raises(ValueError, match=r"caches\[0\] and caches\[1\] share memory"):
+        ops.compact_kv(overlapping, src, dst, n)
+    other = torch.randn(B, H, S, D)
+    with pytest.raises(ValueError, match=r"caches\[0\] and caches\[2\] share memory"):
+        ops.compact_kv([c, other, c], src, dst, n)
+    halves = [flat[: c.numel()].view(c.shape), flat[c.numel():].view(c.shape)]
+    want = [h.clone() for h in halves]
+    ref.compact_kv(want, src, dst, n, 2)
+    ops.compact_kv(halves, src, dst, n)
+    assert_caches_equal(halves, want)
+    # An index tensor that views a cache's memory is refused too (the cache is written while it is read).
+    c64 = torch.zeros(B, H, S, D, dtype=torch.float64)
+    src_view = c64.view(torch.int64).view(-1)[: 2 * 3].view(2, 3)
+    with pytest.raises(ValueError, match=r"caches\[0\] and src_positions share memory"):
+        ops.compact_kv([c64], src_view, dst, n)

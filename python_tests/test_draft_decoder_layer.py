@@ -131,6 +131,47 @@ def test_bad_arguments_name_the_argument(device, change, message):
         _run(c, device)
 
 
+def test_intermediate_size_the_packed_weights_do_not_hold_is_refused(device):
+    """bfloat16 packs K in pairs and N in panels of 32: intermediate_size 79 for weights of 80 passes every shape
+    check, and would have split gate from up one row off. The padding rows' marker (params.h) catches it on CPU, as
+    in the reference."""
+    c = _case(torch.bfloat16)
+    c["intermediate_size"] = 79
+    message = ("draft_decoder_layer: gate_up_weight holds 160 output features (pack_linear_weight's output for a "
+               "weight of 160 rows) but the first dimension of [2 intermediate_size, H] = 158")
+    with pytest.raises(ValueError) as info:
+        _run(c, "cpu", ref.draft_decoder_layer)
+    assert str(info.value) == message
+    if device == "cpu":
+        with pytest.raises(ValueError) as info:
+            _run(c, device)
+        assert str(info.value).splitlines()[0] == message
+
+
+def test_caches_that_alias_are_refused():
+    """k_cache and v_cache are written in place: one tensor for both, or a cache over an input, is refused."""
+    c = _case(torch.float32)
+    p = c["packed"]
+
+    def call(k, v, x=c["x"]):
+        return ops.draft_decoder_layer(x, c["residual"], p["qkv"], p["o"], c["norm_weight"], p["gate_up"], p["down"],
+                                       c["position_ids"], c["inv_freq"], k, v, c["write_slots"], c["mask"],
+                                       c["num_heads"], c["intermediate_size"], 1e-5, qkv_bias=c["qkv_bias"])
+
+    k = c["k_cache"].clone()
+    with pytest.raises(ValueError, match=r"k_cache and v_cache share memory"):
+        call(k, k)
+    both = torch.cat([c["k_cache"], c["v_cache"]], 0).view(2, *c["k_cache"].shape)
+    out = call(both[0], both[1])  # two halves of one storage: disjoint, accepted, the same bits as two tensors
+    k2, v2 = c["k_cache"].clone(), c["v_cache"].clone()
+    assert torch.equal(out, call(k2, v2)) and torch.equal(both[0], k2) and torch.equal(both[1], v2)
+    flat = torch.zeros(k.numel() + c["x"].numel())
+    k_view = flat[:k.numel()].view(k.shape)
+    x_view = flat[k.numel() - 1:k.numel() - 1 + c["x"].numel()].view(c["x"].shape)  # one element shared
+    with pytest.raises(ValueError, match=r"k_cache and x share memory"):
+        call(k_view, c["v_cache"].clone(), x=x_view)
+
+
 def test_cuda_inputs_must_share_a_device():
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU to mix devices")

@@ -32,7 +32,7 @@ def test_pack_layout_matches_reference(device, dtype, shape):
     want = ref.pack_linear_weight(w)
     P = 1 if dtype == torch.float32 else 2
     assert packed.shape == ((N + 31) // 32, (K + P - 1) // P, 32, P) and packed.dtype == dtype
-    assert torch.equal(packed.cpu(), want)  # a copy: bit-exact, zero padding included
+    assert torch.equal(packed.cpu(), want)  # a copy: bit-exact, padding markers included
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -86,7 +86,7 @@ def test_leading_dimensions_and_empty_rows(device):
 
 def test_packed_linear_path_names_a_known_path():
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        assert ops.packed_linear_path(dtype) in ("avx512", "avx512_bf16", "generic")
+        assert ops.packed_linear_path(dtype) in ("avx512", "avx512_bf16", "avx2", "generic")
     assert ops.packed_linear_path(torch.float16) == "generic"
     with pytest.raises(ValueError, match="dtype"):
         ops.packed_linear_path(torch.int32)
@@ -115,3 +115,33 @@ def test_bad_arguments_name_the_argument(case):
     fn, message = calls[case]
     with pytest.raises(ValueError, match=message):
         fn()
+
+
+@pytest.mark.parametrize("N, out_features", [(33, 40), (33, 34), (40, 33), (64, 63), (63, 64), (1, 32)])
+def test_out_features_the_weight_does_not_hold_is_refused(dtype, N, out_features):
+    """The shape gives N only to within a panel of 32; the padding rows' marker (params.h) tells the rest. Before,
+    out_features = 40 over a 33-row weight returned 7 extra zero columns. The reference refuses the same way."""
+    w = torch.randn(N, 24).to(dtype)
+    packed = ops.pack_linear_weight(w)
+    assert packed.shape[0] == (out_features + 31) // 32  # the shape check alone would pass
+    x = torch.randn(3, 24).to(dtype)
+    message = (f"packed_linear: packed_weight holds {N} output features (pack_linear_weight's output for a weight of "
+               f"{N} rows) but out_features = {out_features}")
+    with pytest.raises(ValueError) as info:
+        ref.packed_linear(x, ref.pack_linear_weight(w), None, out_features)
+    assert str(info.value) == message
+    with pytest.raises(ValueError) as info:
+        ops.packed_linear(x, packed, None, out_features)
+    assert str(info.value).splitlines()[0] == message
+    y = ops.packed_linear(x, packed, None, N)  # the right count still works
+    assert y.shape == (3, N)
+
+
+@pytest.mark.parametrize("value", [2**63 - 1, -2**63, 2**62, 2**63 - 31])
+def test_out_features_at_the_int64_ends(value):
+    """ceil(N / 32) without the N + 31 that wraps: a clear error, never a shape that happens to match."""
+    packed = ops.pack_linear_weight(torch.randn(40, 24))
+    with pytest.raises(ValueError, match=r"out_features must be >= 1|packed_weight must have shape"):
+        ops.packed_linear(torch.randn(3, 24), packed, None, value)
+    with pytest.raises(ValueError, match=r"out_features = .* does not fit int64"):
+        ops.packed_linear(torch.randn(3, 24), packed, None, 2**63)

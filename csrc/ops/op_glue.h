@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <cstring>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -444,6 +445,37 @@ inline std::vector<int64_t> packed_linear_shape(const char* op, at::ScalarType d
   return {ceil_div(N, kLinearPanel), ceil_div(K, P), kLinearPanel, P};
 }
 
+// The output features a packed weight (pack_linear_weight's output, shape already checked) holds: the first
+// padding row of its last panel, found by the marker in the first column (params.h); every row when the panel is
+// full. -1 for a weight on a device: reading it back would synchronise, so that check is the CPU's only.
+inline int64_t packed_rows_held(const Tensor& w) {
+  if (!w.device().is_cpu()) return -1;
+  const int64_t panels = w.size(0), es = static_cast<int64_t>(w.element_size());
+  const uint32_t pad =
+      SPECDEC_DISPATCH_FLOAT(w.scalar_type(), "packed_linear", [&] { return LinearPad<scalar_t>::bits; });
+  const auto* last = static_cast<const unsigned char*>(w.const_data_ptr()) + (panels - 1) * w.stride(0) * es;
+  for (int64_t lane = 0; lane < kLinearPanel; ++lane) {
+    const unsigned char* e = last + lane * w.stride(2) * es;  // [panels - 1][0][lane][0]
+    uint32_t bits = 0;
+    if (es == 4) {
+      std::memcpy(&bits, e, 4);
+    } else {
+      uint16_t b16 = 0;
+      std::memcpy(&b16, e, 2);
+      bits = b16;
+    }
+    if (bits == pad) return (panels - 1) * kLinearPanel + lane;
+  }
+  return panels * kLinearPanel;
+}
+
+// `w` (shape-checked pack_linear_weight output) holds exactly N output features.
+inline void check_packed_rows(const char* op, const char* name, const Tensor& w, int64_t N, const std::string& what) {
+  const int64_t held = packed_rows_held(w);
+  SPECDEC_CHECK(held < 0 || held == N, op, ": ", name, " holds ", held, " output features (pack_linear_weight's ",
+                "output for a weight of ", held, " rows) but ", what, " = ", N);
+}
+
 template <class Backend>
 Tensor pack_linear_weight_impl(const Tensor& weight_in) {
   constexpr const char* op = "pack_linear_weight";
@@ -481,6 +513,7 @@ Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const
                 ", in_features = ", K, " (x's last dimension) and ", x_in.scalar_type(),
                 " (pack_linear_weight's output), got ", shape_str(packed_weight));
   SPECDEC_CHECK(packed_weight.is_contiguous(), op, ": packed_weight must be contiguous (pack_linear_weight's output)");
+  check_packed_rows(op, "packed_weight", packed_weight, N, "out_features");
   Tensor bias;
   if (bias_in.has_value()) {
     bias = *bias_in;

@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "../kernels/common/dtype.h"
 #include "../kernels/common/params.h"
@@ -101,6 +104,30 @@ at::Tensor tree_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, c
   return out;
 }
 
+// No two caches share memory: the same tensor twice (or overlapping views) would be moved twice, the second
+// move reading rows the first already wrote. Intervals sorted by start: one overlaps an earlier one iff it starts
+// before the furthest end so far.
+inline void check_caches_disjoint(const char* op, at::TensorList caches) {
+  std::vector<std::pair<std::pair<uintptr_t, uintptr_t>, size_t>> spans;
+  for (size_t c = 0; c < caches.size(); ++c) spans.push_back({byte_extent(caches[c]), c});
+  std::sort(spans.begin(), spans.end());
+  uintptr_t end = 0;
+  size_t owner = 0;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const auto [first, last] = spans[i].first;
+    if (first == last) continue;  // (empty caches hold nothing)
+    if (i > 0 && first < end) {
+      const size_t a = std::min(owner, spans[i].second), b = std::max(owner, spans[i].second);
+      SPECDEC_CHECK(false, op, ": caches[", a, "] and caches[", b, "] share memory (the same tensor, or overlapping "
+                    "views of one storage); every cache is moved in place once, so they must be distinct");
+    }
+    if (last > end) {
+      end = last;
+      owner = spans[i].second;
+    }
+  }
+}
+
 template <class Backend>
 void compact_kv_impl(at::TensorList caches, const at::Tensor& src_positions_in, const at::Tensor& dst_start_in,
                      const at::Tensor& lengths_in, int64_t seq_dim, bool validate) {
@@ -119,6 +146,7 @@ void compact_kv_impl(at::TensorList caches, const at::Tensor& src_positions_in, 
                   t.device());
     SPECDEC_CHECK(t.is_contiguous(), op, ": caches[", c, "] must be contiguous");
   }
+  check_caches_disjoint(op, caches);
   const int64_t B = c0.size(0), S = c0.size(seq_dim);
   SPECDEC_CHECK(B >= 1, op, ": caches must have B >= 1 rows, got shape ", shape_str(c0));
   check_dtype(op, "src_positions", src_positions_in, at::kLong);
@@ -131,6 +159,12 @@ void compact_kv_impl(at::TensorList caches, const at::Tensor& src_positions_in, 
   const at::Tensor src_positions = src_positions_in.contiguous();
   const at::Tensor dst_start = checked_row_vector(op, "dst_start", dst_start_in, B, at::kLong, c0, "caches");
   const at::Tensor lengths = checked_row_vector(op, "lengths", lengths_in, B, at::kLong, c0, "caches");
+  for (size_t c = 0; c < caches.size(); ++c) {
+    const std::string name = "caches[" + std::to_string(c) + "]";
+    check_no_overlap(op, name.c_str(), caches[c], "src_positions", src_positions_in);
+    check_no_overlap(op, name.c_str(), caches[c], "dst_start", dst_start_in);
+    check_no_overlap(op, name.c_str(), caches[c], "lengths", lengths_in);
+  }
   int64_t outer = 1, inner = 1;
   for (int64_t d = 1; d < seq_dim; ++d) outer *= c0.size(d);
   for (int64_t d = seq_dim + 1; d < c0.dim(); ++d) inner *= c0.size(d);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "../kernels/common/dtype.h"
@@ -22,9 +23,10 @@ inline void check_packed_weight(const char* op, const char* name, const at::Tens
                 ", got ", w.scalar_type());
   check_same_device(op, name, w, x, "x");
   const std::vector<int64_t> want = packed_linear_shape(op, x.scalar_type(), N, K);
-  SPECDEC_CHECK(w.sizes().equals(want) && w.is_contiguous(), op, ": ", name, " must be pack_linear_weight's output for ",
-                what, " = [", N, ", ", K, "], of shape ", at::IntArrayRef(want), ", got ", shape_str(w),
-                w.is_contiguous() ? "" : " (not contiguous)");
+  SPECDEC_CHECK(w.sizes().equals(want) && w.is_contiguous(), op, ": ", name,
+                " must be pack_linear_weight's output for ", what, " = [", N, ", ", K, "], of shape ",
+                at::IntArrayRef(want), ", got ", shape_str(w), w.is_contiguous() ? "" : " (not contiguous)");
+  check_packed_rows(op, name, w, N, std::string("the first dimension of ") + what);
 }
 
 // A [n] vector of x's dtype and device, returned contiguous.
@@ -106,6 +108,18 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
                 ": mask must have shape [B, T, kv_len] with B = ", B, ", T = ", T, " and 1 <= kv_len <= S = ", S,
                 " (the cache's positions), got ", shape_str(mask_in));
   const at::Tensor mask = mask_in.contiguous(), x = x_in.contiguous(), residual = residual_in.contiguous();
+  // The caches are written in place: neither may alias the other or any input the layer reads.
+  check_no_overlap(op, "k_cache", k_cache, "v_cache", v_cache);
+  const std::pair<const char*, const at::Tensor*> inputs[] = {
+      {"x", &x_in}, {"residual", &residual_in}, {"qkv_weight", &qkv_weight}, {"o_weight", &o_weight},
+      {"norm_weight", &norm_weight_in}, {"gate_up_weight", &gate_up_weight}, {"down_weight", &down_weight},
+      {"position_ids", &position_ids_in}, {"inv_freq", &inv_freq_in}, {"write_slots", &write_slots_in},
+      {"mask", &mask_in}, {"qkv_bias", &qkv_bias}, {"input_norm_weight", &input_norm_weight}};
+  for (const auto& [name, t] : inputs) {
+    if (!t->defined()) continue;
+    check_no_overlap(op, "k_cache", k_cache, name, *t);
+    check_no_overlap(op, "v_cache", v_cache, name, *t);
+  }
 
   c10::OptionalDeviceGuard guard(x.device());
   const int64_t rows = B * T, I = intermediate_size;

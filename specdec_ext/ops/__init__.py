@@ -277,7 +277,8 @@ def compact_kv(caches, src_positions: torch.Tensor, dst_start: torch.Tensor | in
     ``seq_dim`` is the position dimension (2 for the HF layout ``[B, Hkv, S, D]``, 1 for a flat ``[B, S, F]``).
     ``src_positions[B, L]`` (int64), ``dst_start[B]`` and ``lengths[B]`` (numbers or ``[B]`` tensors). For every
     cache, row b and i < lengths[b]: ``cache[b, .., dst_start[b] + i, ..] = old cache[b, .., src_positions[b, i],
-    ..]``; all reads of a row happen before its writes, so overlapping ranges are fine. With ``validate`` an
+    ..]``; all reads of a row happen before its writes, so overlapping ranges are fine. Caches that share memory (one
+    tensor twice, overlapping views) are refused: each would be moved twice. With ``validate`` an
     out-of-range length or position raises ValueError (after the valid rows moved; invalid rows stay untouched).
     """
     caches = list(caches)
@@ -292,7 +293,9 @@ def compact_kv(caches, src_positions: torch.Tensor, dst_start: torch.Tensor | in
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     """``weight[N, K]`` (an ``nn.Linear`` weight: out_features N, in_features K; float32, float16 or bfloat16) laid
     out once for :func:`packed_linear`: ``[ceil(N / 32), ceil(K / P), 32, P]`` with P = 1 for float32 and 2 for
-    16-bit types, ``packed[n // 32, k // P, n % 32, k % P] = weight[n, k]``, zero padded. Same dtype and device."""
+    16-bit types, ``packed[n // 32, k // P, n % 32, k % P] = weight[n, k]``. Same dtype and device. The padding rows
+    of the last panel hold a marker value that records N, so :func:`packed_linear` refuses an ``out_features`` the
+    weight does not hold (checked for CPU tensors; a CUDA one is not read back)."""
     return _ops.pack_linear_weight(weight)
 
 

@@ -651,17 +651,35 @@ def _compact_row_status(src: list[int], dst: int, length: int, S: int) -> _RowEr
     return None
 
 
+def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the bytes the two tensors' elements span overlap (the glue's check_no_overlap)."""
+    def span(t):
+        first = t.data_ptr()
+        extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
+        return first, first + extent * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a.device == b.device and a0 < b1 and b0 < a1
+
+
 def compact_kv(caches: list[torch.Tensor], src_positions: torch.Tensor, dst_start: torch.Tensor,
                lengths: torch.Tensor, seq_dim: int, validate: bool = True) -> None:
     """In place, for every cache, row b and i < lengths[b]:
     ``cache[b, ..., dst_start[b] + i, ...] = OLD cache[b, ..., src_positions[b, i], ...]`` (``seq_dim`` is the
     position dimension: 2 for the HF layout ``[B, Hkv, S, D]``, 1 for a flat ``[B, S, F]`` cache). All reads of a
-    row happen before its writes (a clone of the old cache), so overlapping ranges are fine. An invalid row
+    row happen before its writes (a clone of the old cache), so overlapping ranges are fine; caches that share memory
+    are refused (ValueError), as one would be moved twice. An invalid row
     (lengths[b] not in [0, L], dst_start[b] < 0 or dst_start[b] + lengths[b] > S, a src position not in [0, S)) is
     left untouched; with ``validate`` the lowest invalid row raises ValueError after the valid rows are moved.
     """
     B, L = src_positions.shape
     S = caches[0].shape[seq_dim]
+    for j in range(len(caches)):
+        for i in range(j):
+            if _share_memory(caches[i], caches[j]):
+                raise ValueError(f"compact_kv: caches[{i}] and caches[{j}] share memory (the same tensor, or "
+                                 "overlapping views of one storage); every cache is moved in place once, so they must "
+                                 "be distinct")
     errors = []
     for b in range(B):
         src = src_positions[b].tolist()
@@ -679,21 +697,53 @@ def compact_kv(caches: list[torch.Tensor], src_positions: torch.Tensor, dst_star
         _raise("compact_kv", *errors[0])
 
 
+# The padding rows' marker of pack_linear_weight (params.h LinearPad): a fixed value near the largest finite one,
+# as raw bits.
+LINEAR_PAD_BITS = {torch.float32: (0x7F7FDEC5, torch.int32), torch.bfloat16: (0x7F7D, torch.int16),
+                   torch.float16: (0x7BDD, torch.int16)}
+
+
+def _linear_pad(dtype: torch.dtype) -> torch.Tensor:
+    bits, int_dtype = LINEAR_PAD_BITS[dtype]
+    return torch.tensor(bits, dtype=int_dtype).view(dtype)
+
+
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     """``packed[n // 32, k // P, n % 32, k % P] = weight[n, k]`` (P = 1 for float32, 2 for 16-bit types), shape
-    ``[ceil(N / 32), ceil(K / P), 32, P]``, zero padded."""
+    ``[ceil(N / 32), ceil(K / P), 32, P]``; padding ``k >= K`` is zero and the padding rows ``n >= N`` hold the
+    marker value (LINEAR_PAD_BITS), which records N (the shape gives it only to within 32)."""
     N, K = weight.shape
     P = 1 if weight.dtype == torch.float32 else 2
     NP, KP = -(-N // 32), -(-K // P)
     padded = weight.new_zeros(NP * 32, KP * P)
     padded[:N, :K] = weight
+    padded[N:] = _linear_pad(weight.dtype).to(weight.device)
     return padded.view(NP, 32, KP, P).permute(0, 2, 1, 3).contiguous()
+
+
+def packed_rows_held(packed_weight: torch.Tensor) -> int:
+    """The output features a packed weight holds: its first padding row (marker in the first column), else all."""
+    NP = packed_weight.shape[0]
+    bits, int_dtype = LINEAR_PAD_BITS[packed_weight.dtype]
+    raw = packed_weight[NP - 1, 0, :, 0].cpu().contiguous().view(int_dtype).to(torch.int64)
+    pad = ((raw & ((1 << 8 * packed_weight.element_size()) - 1)) == bits).nonzero()  # (bits as unsigned)
+    return (NP - 1) * 32 + int(pad[0, 0]) if pad.numel() else NP * 32
+
+
+def check_packed_rows(op: str, name: str, packed_weight: torch.Tensor, N: int, what: str) -> None:
+    """ValueError unless ``packed_weight`` holds exactly N output features (the glue's check, same words)."""
+    held = packed_rows_held(packed_weight)
+    if held != N:
+        raise ValueError(f"{op}: {name} holds {held} output features (pack_linear_weight's output for a weight of "
+                         f"{held} rows) but {what} = {N}")
 
 
 def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None,
                   out_features: int) -> torch.Tensor:
     """``x @ weight.T + bias`` with weight unpacked from ``packed_weight``, accumulated in float64 and rounded once
-    to x's dtype (the kernels accumulate in float32, k in order: tests compare within float32 accumulation error)."""
+    to x's dtype (the kernels accumulate in float32, k in order: tests compare within float32 accumulation error).
+    An ``out_features`` other than the packed weight's row count is a ValueError."""
+    check_packed_rows("packed_linear", "packed_weight", packed_weight, out_features, "out_features")
     K = x.shape[-1]
     NP, KP, _, P = packed_weight.shape
     weight = packed_weight.permute(0, 2, 1, 3).reshape(NP * 32, KP * P)[:out_features, :K]
@@ -724,6 +774,11 @@ def draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv
     nKV, S, D = k_cache.shape[1:]
     nH, I = num_heads, intermediate_size
     Q = (nH + 2 * nKV) * D
+    for name, w, rows, what in (("qkv_weight", qkv_weight, Q, "[(num_heads + 2 nKV) D, Din]"),
+                                ("o_weight", o_weight, H, "[H, num_heads D]"),
+                                ("gate_up_weight", gate_up_weight, 2 * I, "[2 intermediate_size, H]"),
+                                ("down_weight", down_weight, H, "[H, intermediate_size]")):
+        check_packed_rows("draft_decoder_layer", name, w, rows, "the first dimension of " + what)
 
     def rnd(t):  # rounded to the layer's dtype, computed on in float32
         return t.to(dt).float()

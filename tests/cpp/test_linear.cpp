@@ -60,7 +60,8 @@ void check_shape(int64_t N, int64_t K, bool with_bias) {
       for (int64_t j = 0; j < 32; ++j)
         for (int64_t q = 0; q < P; ++q) {
           const int64_t n = panel * 32 + j, k = kp * P + q;
-          const T want = (n < N && k < K) ? w[n * K + k] : make<T>(0.0f);
+          // padding: k >= K zero, rows n >= N the marker that records N (params.h LinearPad)
+          const T want = n >= N ? linear_pad_value<T>() : k < K ? w[n * K + k] : make<T>(0.0f);
           layout_errors += !same_bits(packed[((panel * KP + kp) * 32 + j) * P + q], want);
         }
   CHECK_EQ(layout_errors, 0);

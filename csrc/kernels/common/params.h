@@ -307,9 +307,13 @@ SPECDEC_HD bool tree_mask_allows(const TreeAttentionParams<T>& p, int64_t b, int
 // Linear layers over a packed weight (the few-row products of decoding, drafting and verification).
 //
 // weight[N, K] (out_features N, in_features K) is packed once into panels of kLinearPanel output features:
-//   packed[ceil(N / 32), ceil(K / P), 32, P], packed[n / 32][k / P][n % 32][k % P] = weight[n][k], zero padding,
+//   packed[ceil(N / 32), ceil(K / P), 32, P], packed[n / 32][k / P][n % 32][k % P] = weight[n][k],
 // with P = linear_pack_pair<T>() = 1 for float32 and 2 for 16-bit types (pairs along K: the operand order of
 // AVX512-BF16's dot product). A panel is one contiguous stream of K * 32 weights, read once per block of rows.
+// Padding: k >= K (odd K, 16-bit) is zero; the rows n >= N of the last panel hold the marker LinearPad<T>::bits
+// instead, because the shape gives N only to within 32: the marker tells which rows the weight holds, so a wrong
+// out_features is refused (the CPU glue reads the last panel's first column; a device tensor is not read back),
+// where zero rows would have been extra zero outputs. Padding outputs are computed and never stored.
 // y[M, N] = x[M, K] @ weight^T + bias: every output element is one float32 accumulation over k = 0, 1, .., K - 1
 // in order (plus bias, then one rounding to T), whatever M and however rows are blocked, so a row's result does
 // not depend on the other rows in the call (decoding one token and verifying many give the same bits).
@@ -318,6 +322,33 @@ constexpr int64_t kLinearPanel = 32;
 template <typename T>
 constexpr int64_t linear_pack_pair() {
   return sizeof(T) == 2 ? 2 : 1;
+}
+
+// The padding rows' marker: a fixed value near the type's largest finite one, which no trained weight holds (one
+// whose first column held exactly this value in its last panel would be counted as padding). Finite, so packed
+// weights still compare equal to themselves (torch.equal, opcheck).
+template <typename T>
+struct LinearPad;
+template <>
+struct LinearPad<float> {
+  static constexpr uint32_t bits = 0x7F7FDEC5u;  // 3.40e38
+};
+template <>
+struct LinearPad<bf16> {
+  static constexpr uint32_t bits = 0x7F7Du;  // 3.36e38
+};
+template <>
+struct LinearPad<f16> {
+  static constexpr uint32_t bits = 0x7BDDu;  // 64416
+};
+
+template <typename T>
+SPECDEC_HD T linear_pad_value() {
+  if constexpr (sizeof(T) == 4) {
+    return bits_to_float(LinearPad<T>::bits);
+  } else {
+    return T{static_cast<uint16_t>(LinearPad<T>::bits)};
+  }
 }
 
 template <typename T>
@@ -418,7 +449,8 @@ TreeAttentionParams<T> draft_layer_attention(const DraftLayerParams<T>& p, const
 
 // compact_kv: for every cache c, row b and i < lengths[b]:
 //   cache_c[b, ..., dst_start[b] + i, ...] = OLD cache_c[b, ..., src_positions[b, i], ...]
-// (all reads of a row happen before its writes, so overlapping source and destination ranges are fine). Each
+// (all reads of a row happen before its writes, so overlapping source and destination ranges are fine; the glue
+// refuses caches that share memory, and index tensors over a cache's memory, which would be moved twice). Each
 // cache is contiguous and viewed as [B, outer, S, inner] bytes-wise: outer = the dims between batch and the
 // sequence dim (Hkv for the HF layout [B, Hkv, S, D], 1 for a flat [B, S, F]), inner = elem_size * the dims after.
 // A row fails (and is left untouched in every cache) when lengths[b] is not in [0, L] (kBadLength), dst_start[b]

@@ -362,6 +362,8 @@ void PackLinearWeight(const PackLinearWeightParams<T>& p, int64_t panel_begin, i
       const T* src = p.weight + (n0 + j) * K;
       for (int64_t k = 0; k < K; ++k) dst[((k / P) * kPanel + j) * P + k % P] = src[k];
     }
+    for (int64_t j = valid; j < kPanel; ++j)  // padding rows: the marker (params.h)
+      for (int64_t e = 0; e < KP * P; ++e) dst[((e / P) * kPanel + j) * P + e % P] = linear_pad_value<T>();
   }
 }
 

@@ -26,8 +26,10 @@ __global__ void pack_linear_weight_kernel(PackLinearWeightParams<T> p, int64_t t
     const int64_t j = i % P, lane = (i / P) % kLinearPanel, kp = (i / (P * kLinearPanel)) % KP;
     const int64_t panel = i / (P * kLinearPanel * KP);
     const int64_t n = panel * kLinearPanel + lane, k = kp * P + j;
-    p.packed[i] = (n < p.out_features && k < p.in_features) ? p.weight[n * p.in_features + k]
-                                                              : from_float_rn<T>(0.0f);
+    // padding: k >= K zero, rows n >= N the marker (params.h)
+    p.packed[i] = n >= p.out_features    ? linear_pad_value<T>()
+                  : k < p.in_features ? p.weight[n * p.in_features + k]
+                                      : from_float_rn<T>(0.0f);
   }
 }
 
