@@ -1,11 +1,13 @@
-"""Malformed arguments (shapes, dtypes, devices, layouts, ranges): a clear error naming the argument."""
+"""Malformed arguments (shapes, dtypes, devices, layouts, ranges, index values at the int64 ends): a clear ValueError
+naming the op and the argument (docs/ARCHITECTURE.md, "Errors"); data errors word for word the reference's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers import CUDA_SKIP_REASON, make_gen, ops, random_parents, random_tokens
+from helpers import (CUDA_SKIP_REASON, assert_raises_exactly, expected_error, make_gen, on, ops, random_parents,
+                     random_tokens, ref)
 
 B, N, V = 2, 5, 11
 
@@ -38,7 +40,8 @@ def _typical(x, **over):
 # (id, callable, exception type, regex the message must match)
 CASES = [
     # shapes
-    ("parents_1d", lambda x: ops.build_tree(x["parents"][0]), ValueError, r"build_tree: parents must have 2 dimensions"),
+    ("parents_1d", lambda x: ops.build_tree(x["parents"][0]), ValueError,
+     r"build_tree: parents must have 2 dimensions"),
     ("parents_3d_mask", lambda x: ops.tree_ancestor_mask(x["parents"][None]), ValueError,
      r"parents must have 2 dimensions"),
     ("prefix_wrong_shape", lambda x: ops.build_tree(x["parents"], torch.zeros(3, dtype=torch.int64)), ValueError,
@@ -191,3 +194,189 @@ def test_raw_op_dtype_of_parameters():
     with pytest.raises(ValueError, match=r"temperature must be Float"):
         torch.ops.specdec_ext.verify_tree_typical(x["logits"], x["tokens"], x["parents"], x["u"][:, 0].contiguous(),
                                                   torch.ones(2, dtype=torch.float64), 0.09, 0.3, True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Index and size arguments at the ends of int64 (issue 19: `self_column + S <= C` wrapped for self_column near
+# 2^63 and the kernel wrote out of bounds). Data errors must be the reference's message, word for word.
+
+I64_MAX, I64_MIN = 2**63 - 1, -2**63
+EXTREMES = [I64_MAX, I64_MAX - 1, I64_MIN, I64_MIN + 1, -1]
+
+
+def _same_error(device, op_fn, ref_fn, *args):
+    """The op raises exactly the reference's ValueError for these (CPU) arguments."""
+    message = expected_error(ref_fn, *args)
+    assert_raises_exactly(message, op_fn, *(a.to(device) if isinstance(a, torch.Tensor) else a for a in args))
+    return message
+
+
+@pytest.mark.parametrize("prefix", [I64_MAX, I64_MAX - 3, I64_MIN, -1])
+def test_build_tree_prefix_lens_out_of_range(device, prefix):
+    parents = torch.tensor([[-1, 0, 1, 1, 0]])  # N = 5: prefix may be at most 2^63 - 5
+    message = _same_error(device, torch.ops.specdec_ext.build_tree, ref.build_tree, parents, torch.tensor([prefix]),
+                          True)
+    assert f"prefix_lens[0] = {prefix} is out of range" in message
+
+
+def test_build_tree_largest_prefix_fits(device):
+    parents = torch.tensor([[-1, 0, 1, 2, 3]])  # a chain: the last position id is prefix + 4
+    prefix = torch.tensor([I64_MAX - 4])
+    got = ops.build_tree(parents.to(device), prefix.to(device))
+    want = ref.build_tree(parents, prefix)
+    assert torch.equal(got.position_ids.cpu(), want[1]) and int(got.position_ids.max()) == I64_MAX
+
+
+@pytest.mark.parametrize("bad", EXTREMES)
+def test_tree_and_token_indices_at_the_ends(device, bad):
+    gen = make_gen(1)
+    parents = torch.tensor([[-1, 0, 1, 0]])
+    logits = torch.randn(1, 4, 6, generator=gen)
+    bad_parents = parents.clone()
+    bad_parents[0, 2] = bad
+    _same_error(device, torch.ops.specdec_ext.build_tree, ref.build_tree, bad_parents, torch.zeros(1).long(), True)
+    _same_error(device, torch.ops.specdec_ext.tree_ancestor_mask, ref.tree_ancestor_mask, bad_parents, False, True)
+    tokens = torch.tensor([[0, 1, bad, 2]])
+    _same_error(device, torch.ops.specdec_ext.verify_tree_greedy, ref.verify_tree_greedy, logits, tokens, parents,
+                True)
+    _same_error(device, torch.ops.specdec_ext.verify_tree_greedy, ref.verify_tree_greedy, logits,
+                torch.tensor([[0, 1, 2, 3]]), bad_parents, True)
+
+
+def _sampling_args(B=2, N=3, V=7, seed=2):
+    gen = make_gen(seed)
+    return dict(logits=torch.randn(B, N, V, generator=gen), tokens=torch.randint(0, V, (B, N), generator=gen),
+                parents=torch.tensor([[-1, 0, 0]] * B), u=torch.rand(B, N, generator=gen),
+                T=torch.full((B,), 0.8), k=torch.zeros(B, dtype=torch.long), p=torch.ones(B))
+
+
+@pytest.mark.parametrize("top_k", [-1, -5, I64_MIN])
+def test_negative_top_k_is_an_error_not_off(device, top_k):
+    """generate refuses top_k < 0; so do the ops (it used to mean "no top-k")."""
+    a = _sampling_args()
+    a["k"][1] = top_k
+    message = _same_error(device, torch.ops.specdec_ext.verify_tree_sampling, ref.verify_tree_sampling, a["logits"],
+                          a["tokens"], a["parents"], None, a["u"], a["T"], a["k"], a["p"], True)
+    assert message == f"verify_tree_sampling: top_k[1] = {top_k} must be >= 0 (0 = no top-k)"
+    _same_error(device, torch.ops.specdec_ext.sample_tokens, ref.sample_tokens, a["logits"][:, 0], a["u"][:, 0],
+                a["T"], a["k"], a["p"], True)
+
+
+def test_top_k_int64_max_is_no_top_k(device):
+    a = _sampling_args()
+    big = ops.verify_tree_sampling(*on(device, a["logits"], a["tokens"], a["parents"], a["u"]), top_k=I64_MAX)
+    off = ops.verify_tree_sampling(*on(device, a["logits"], a["tokens"], a["parents"], a["u"]), top_k=0)
+    assert all(torch.equal(x, y) for x, y in zip(big, off))
+
+
+@pytest.mark.parametrize("u", [1.0, 1.5, -1e-9, float("nan"), float("inf")])
+def test_uniforms_outside_0_1_are_errors(device, u):
+    """Uniforms are documented as [0, 1) (torch.rand): 1.0 used to be taken."""
+    a = _sampling_args()
+    a["u"][1, 2] = u
+    message = _same_error(device, torch.ops.specdec_ext.verify_tree_sampling, ref.verify_tree_sampling, a["logits"],
+                          a["tokens"], a["parents"], None, a["u"], a["T"], a["k"], a["p"], True)
+    assert message == "verify_tree_sampling: uniforms[1, 2] must be in [0, 1) (a torch.rand draw)"
+    u1 = a["u"][:, 2].contiguous()
+    message = _same_error(device, torch.ops.specdec_ext.sample_tokens, ref.sample_tokens, a["logits"][:, 0], u1,
+                          a["T"], a["k"], a["p"], True)
+    assert message == "sample_tokens: uniforms[1] must be in [0, 1) (a torch.rand draw)"
+    _same_error(device, torch.ops.specdec_ext.verify_tree_typical, ref.verify_tree_typical, a["logits"], a["tokens"],
+                a["parents"], u1, a["T"], 0.09, 0.3, True)
+
+
+@pytest.mark.parametrize("top_k, num_select", [(I64_MAX, 1), (I64_MIN, 1), (2, I64_MAX), (2, I64_MIN),
+                                                (2**62, 2**62)])
+def test_expand_tree_step_sizes_at_the_ends(top_k, num_select):
+    a = _sampling_args()
+    with pytest.raises(ValueError, match=r"expand_tree_step: (top_k|num_select) must be in \[1, "):
+        ops.expand_tree_step(a["logits"], torch.zeros(2, 3), top_k, num_select)
+
+
+@pytest.mark.parametrize("self_column", [I64_MAX, I64_MAX - 2, I64_MIN, -1, 11])
+def test_advance_tree_frontier_self_column_at_the_ends(self_column):
+    """The reported segfault: self_column + S wrapped below C for self_column near 2^63."""
+    gen = make_gen(3)
+    B, F, K, S, C, L = 2, 3, 2, 3, 13, 5
+    args = (torch.randint(0, 50, (B, F, K), generator=gen), torch.randn(B, F, K, generator=gen),
+            torch.tensor([[0, 5, 2], [1, 3, 4]]), torch.rand(B, F, C, generator=gen) < 0.5)
+    with pytest.raises(ValueError, match=r"advance_tree_frontier: self_column must be in \[0, C - S\] = \[0, 10\]"):
+        ops.advance_tree_frontier(*args, self_column, torch.randint(0, C, (B, L), generator=gen))
+
+
+@pytest.mark.parametrize("bad", EXTREMES)
+def test_advance_tree_frontier_indices_at_the_ends(device, bad):
+    gen = make_gen(4)
+    B, F, K, S, C, L = 2, 3, 2, 3, 13, 5
+    cand = (torch.randint(0, 50, (B, F, K), generator=gen), torch.randn(B, F, K, generator=gen))
+    selected, column = torch.tensor([[0, 5, 2], [1, 3, 4]]), torch.randint(0, C, (B, L), generator=gen)
+    ancestors = torch.rand(B, F, C, generator=gen) < 0.5
+    op, fn = torch.ops.specdec_ext.advance_tree_frontier, ref.advance_tree_frontier
+    bad_selected = selected.clone()
+    bad_selected[1, 1] = bad
+    _same_error(device, op, fn, *cand, bad_selected, ancestors, 2, column, True)
+    bad_column = column.clone()
+    bad_column[0, 3] = bad
+    _same_error(device, op, fn, *cand, selected, ancestors, 2, bad_column, True)
+
+
+@pytest.mark.parametrize("bad", [b for b in EXTREMES if b != -1])  # (-1: a candidate under the root)
+def test_select_tree_nodes_at_the_ends(device, bad):
+    tokens, scores = torch.tensor([[5, 6, 7]]), torch.tensor([[-1.0, -2.0, -3.0]])
+    parents, roots = torch.tensor([[-1, 0, bad]]), torch.tensor([9])
+    _same_error(device, torch.ops.specdec_ext.select_tree_nodes, ref.select_tree_nodes, tokens, scores, parents,
+                roots, 3, True)
+    ok = torch.tensor([[-1, 0, 1]])
+    got = ops.select_tree_nodes(*on(device, tokens, scores, ok, roots), I64_MAX)  # M = min(num_nodes, C)
+    assert all(torch.equal(g.cpu(), w) for g, w in zip(got, ref.select_tree_nodes(tokens, scores, ok, roots, I64_MAX)))
+    with pytest.raises(ValueError, match=r"num_nodes must be >= 0"):
+        ops.select_tree_nodes(tokens, scores, ok, roots, I64_MIN)
+
+
+@pytest.mark.parametrize("prefix", [I64_MAX, I64_MAX - 1, I64_MIN, -1])
+def test_tree_attention_prefix_at_the_ends(device, prefix):
+    gen = make_gen(5)
+    q, k = torch.randn(1, 2, 3, 64, generator=gen), torch.randn(1, 2, 8, 64, generator=gen)
+    mask = ref.tree_ancestor_mask(torch.tensor([[-1, 0, 0]]))
+    _same_error(device, torch.ops.specdec_ext.tree_attention, ref.tree_attention, q, k, k.clone(),
+                torch.tensor([prefix]), mask, 0.125, True)
+
+
+@pytest.mark.parametrize("scale", [float("inf"), float("nan"), -float("inf")])
+def test_tree_attention_scale_must_be_finite(scale):
+    q, k = torch.randn(1, 2, 3, 64), torch.randn(1, 2, 8, 64)
+    with pytest.raises(ValueError, match=r"tree_attention: scale must be a finite number"):
+        ops.tree_attention(q, k, k, 0, ops.tree_ancestor_mask(torch.tensor([[-1, 0, 0]])), scale=scale)
+
+
+@pytest.mark.parametrize("which, bad", [(w, b) for w in ("src", "dst", "len") for b in EXTREMES])
+def test_compact_kv_indices_at_the_ends(device, which, bad):
+    cache = torch.randn(2, 2, 6, 4)
+    src, dst, n = torch.tensor([[3, 4], [5, 1]]), torch.tensor([0, 1]), torch.tensor([2, 2])
+    {"src": lambda: src.__setitem__((1, 1), bad), "dst": lambda: dst.__setitem__(1, bad),
+     "len": lambda: n.__setitem__(1, bad)}[which]()
+    got = cache.clone().to(device)
+    want = cache.clone()
+    message = expected_error(ref.compact_kv, [want], src, dst, n, 2)
+    assert_raises_exactly(message, torch.ops.specdec_ext.compact_kv, [got], *on(device, src, dst, n), 2, True)
+    assert torch.equal(got[1].cpu(), cache[1])  # the bad row is untouched
+
+
+@pytest.mark.parametrize("seq_dim", [I64_MAX, I64_MIN, 0, 4])
+def test_compact_kv_seq_dim_at_the_ends(seq_dim):
+    with pytest.raises(ValueError, match=r"seq_dim must be in \[1, 3\]"):
+        ops.compact_kv([torch.zeros(2, 2, 6, 4)], torch.zeros(2, 1, dtype=torch.long), 0, 1, seq_dim)
+
+
+def test_python_integers_beyond_int64_are_value_errors():
+    a = _sampling_args()
+    with pytest.raises(ValueError, match=r"top_k = 9223372036854775808 does not fit int64"):
+        ops.verify_tree_sampling(a["logits"], a["tokens"], a["parents"], a["u"], top_k=2**63)
+    with pytest.raises(ValueError, match=r"build_tree: prefix_lens = -9223372036854775809 does not fit int64"):
+        ops.build_tree(a["parents"], -2**63 - 1)
+    with pytest.raises(ValueError, match=r"num_select = 9223372036854775808 does not fit int64"):
+        ops.expand_tree_step(a["logits"], torch.zeros(2, 3), 1, 2**63)
+    with pytest.raises(ValueError, match=r"top_k must be an integer, got 2.5"):
+        ops.sample_tokens(a["logits"][:, 0], a["u"][:, 0], top_k=2.5)
+    with pytest.raises(ValueError, match=r"prefix_lens must be an integer tensor, got torch.float32"):
+        ops.build_tree(a["parents"], torch.tensor([1.5, 2.0]))

@@ -148,6 +148,39 @@ def test_intermediate_size_the_packed_weights_do_not_hold_is_refused(device):
         assert str(info.value).splitlines()[0] == message
 
 
+@pytest.mark.parametrize("slot", [2**63 - 1, 2**63 - 2, -2**63, -1])
+def test_write_slots_at_the_int64_ends(device, slot):
+    c = _case(torch.float32)
+    c["write_slots"][1, 0] = slot
+    with pytest.raises(ValueError) as info:
+        _run(c, "cpu", ref.draft_decoder_layer)
+    message = str(info.value)
+    assert message == (f"draft_decoder_layer: write_slots[1, 0] = {slot} is out of range [0, S) (S: the cache's "
+                       "positions)")
+    with pytest.raises(ValueError) as info:
+        _run(c, device)
+    assert str(info.value).splitlines()[0] == message
+    out, k, v = _run(c, device, validate=False)
+    assert torch.equal(k[1], c["k_cache"][1]) and torch.equal(v[1], c["v_cache"][1])  # nothing written
+
+
+@pytest.mark.parametrize("change, message", [
+    # (num_heads + 2 nKV) * D wrapped to a small Q for num_heads = 2^62 (D = 64): overflow-checked now
+    (dict(num_heads=2**62), r"num_heads \* D = 4611686018427387904 \* 64 overflows int64"),
+    (dict(num_heads=2**63 - 1), r"num_heads must be a positive multiple"),
+    (dict(num_heads=2**63 - 2), r"num_heads \* D = .* overflows int64"),
+    (dict(intermediate_size=2**62), r"2 \* intermediate_size = 2 \* 4611686018427387904 overflows int64"),
+    (dict(intermediate_size=2**63 - 1), r"overflows int64"),
+    (dict(intermediate_size=-2**63), r"intermediate_size must be >= 1"),
+    (dict(segments=2**63 - 1), r"input_norm_segments must be >= 1 and divide"),
+])
+def test_sizes_at_the_int64_ends(change, message):
+    c = _case(torch.float32, segments=2)
+    c.update(change)
+    with pytest.raises(ValueError, match=message):
+        _run(c, "cpu")
+
+
 def test_caches_that_alias_are_refused():
     """k_cache and v_cache are written in place: one tensor for both, or a cache over an input, is refused."""
     c = _case(torch.float32)

@@ -143,6 +143,29 @@ def test_meta_shapes():
     assert [tuple(t.shape) for t in tree] == [(2, 5), (2, 5)] and tree[0].dtype == torch.int64
 
 
+@pytest.mark.parametrize("index", range(31))
+def test_a_meta_tensor_among_cpu_ones_is_refused(index):
+    """One argument on the meta device, the rest on CPU: the dispatcher picks the fake (Meta outranks CPU), which
+    used to return uninitialised tensors as results; it must raise naming the argument and both devices. Every
+    tensor argument of every case, in turn."""
+    name, args = _cases("cpu", torch.float32)[index]
+    op = getattr(OPS, name).default
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) or isinstance(a, list)]
+    for i in positions:
+        moved = list(args)
+        if isinstance(args[i], list):
+            moved[i] = [*args[i][:-1], args[i][-1].to("meta")]
+        else:
+            moved[i] = args[i].to("meta")
+        if len(positions) == 1 and not isinstance(args[i], list):  # the only tensor: all on meta, shapes only
+            out = op(*moved)
+            assert all(t.device.type == "meta" for t in (out if isinstance(out, tuple) else (out,)))
+            continue
+        with pytest.raises(ValueError, match=rf"^{name}: \S+ is on (meta but \S+ is on cpu|cpu but \S+ is on meta); "
+                                             "all tensors must be on one device"):
+            op(*moved)
+
+
 def test_every_case_is_checked():
     assert len(_cases("cpu", torch.float32)) == 31  # (the parametrisation of test_opcheck)
 
