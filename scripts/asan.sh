@@ -43,7 +43,7 @@ if [ -z "${ASAN_SKIP_PYTHON:-}" ]; then
   SPECDEC_CUDA=0 MAX_JOBS=${MAX_JOBS:-2} CFLAGS="$SAN" LDFLAGS="$SAN" \
     "$PY" setup.py build_ext --build-lib "$OUT/lib" --build-temp "$OUT/temp"
   so=$(ls "$OUT"/lib/specdec_ext/_C*.so)
-  nm -D "$so" | grep -q __asan_report || { echo "asan.sh: $so is not instrumented" >&2; exit 1; }
+  [ "$(nm -D "$so" | grep -c __asan_report)" -gt 0 ] || { echo "asan.sh: $so is not instrumented" >&2; exit 1; }
   echo "== build took $(( $(date +%s) - start )) s"
 
   # libasan first; libstdc++ with it, or ASan finds no real __cxa_throw to forward C++ exceptions to (python itself
@@ -57,7 +57,7 @@ sys.exit(0 if c.__file__.startswith('$OUT/') else 'asan.sh: the tests would load
   echo "== op tests and fuzz suite under the sanitizers"
   start=$(date +%s)
   set +e
-  LD_PRELOAD="$preload" PYTHONPATH="$OUT/lib" "$PY" -m pytest -q -p no:cacheprovider \
+  LD_PRELOAD="$preload" PYTHONPATH="$OUT/lib" "$PY" -m pytest -q -rfE -p no:cacheprovider \
     "${OP_TESTS[@]/#/$ROOT/python_tests/}" "$@" 2>&1 | tee "$OUT/pytest.log"
   rc=${PIPESTATUS[0]}
   set -e
