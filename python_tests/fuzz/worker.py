@@ -37,11 +37,13 @@ def _signature(message: str) -> str:
     return re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", head)
 
 
-def _minimized(spec, recipe: dict, message: str) -> tuple[dict, str]:
-    """The recipe with each mutation dropped that the same kind of failure does not need."""
+def _minimized(spec, recipe: dict, message: str, record) -> tuple[dict, str]:
+    """The recipe with each mutation dropped that the same kind of failure does not need (``record``: called with
+    each recipe tried, which may crash too)."""
     sig = _signature(message)
     for m in list(recipe["mutations"]):
         trial = {**recipe, "mutations": [x for x in recipe["mutations"] if x is not m]}
+        record(trial)
         try:
             check(spec, trial)
         except Failure as err:
@@ -75,7 +77,7 @@ def run_op(name: str, examples: int, seed: int | None, current_path: str, collec
                 raise
             sig = _signature(str(err))
             if sig not in failures and len(failures) < MAX_COLLECTED:
-                failures[sig] = _minimized(spec, recipe, str(err))[1]
+                failures[sig] = _minimized(spec, recipe, str(err), record)[1]
 
     if seed is not None:
         fuzz = hypothesis_seed(seed)(fuzz)
@@ -83,7 +85,7 @@ def run_op(name: str, examples: int, seed: int | None, current_path: str, collec
         fuzz()
     except Failure as err:
         recipe = json.loads(open(current_path).read())
-        failures[_signature(str(err))] = _minimized(spec, recipe, str(err))[1]
+        failures[_signature(str(err))] = _minimized(spec, recipe, str(err), record)[1]
     except Exception:  # noqa: BLE001  (a bug of the fuzz harness itself: reported as this op's failure)
         failures["harness"] = (f"{name}: the fuzz harness failed on recipe {open(current_path).read()}\n"
                                f"{traceback.format_exc()}")
