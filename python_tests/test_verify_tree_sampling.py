@@ -256,3 +256,21 @@ def test_validation_order(device):
             parents[2, 4] = 3
         elif fix == "tokens":
             tokens[2, 3] = 1
+
+
+def test_nan_draft_probs_away_from_the_drafted_tokens_agree_with_the_reference(device):
+    """A NaN in draft_probs at a token no child drafted is not validated (only drafted tokens are); the residual
+    r - q * sum(r) is then NaN there, and every implementation falls back to the target (params.h). The CPU kernel
+    used to clamp the NaN to 0 and draw from a different residual."""
+    gen = make_gen(40)
+    B, N, V = 1, 3, 6
+    logits = torch.randn(B, N, V, generator=gen)
+    tokens, parents = torch.tensor([[0, 0, 1]]), torch.tensor([[-1, 0, 0]])
+    q = torch.softmax(torch.randn(B, N, V, generator=gen), -1)
+    q[0, 0] = torch.tensor([0.45, 0.45, 0.04, 0.03, 0.02, float("nan")])
+    params = (torch.ones(1), torch.zeros(1, dtype=torch.long), torch.ones(1))
+    for u0 in torch.linspace(0.01, 0.99, 25).tolist():
+        uniforms = torch.tensor([[u0, 0.999, 0.999]])  # both children rejected: next_token from the residual
+        got = ops.verify_tree_sampling(*on(device, logits, tokens, parents, uniforms, q))
+        want = ref.verify_tree_sampling(logits, tokens, parents, q, uniforms, *params)
+        assert_equal_tuples(got, want, NAMES)

@@ -171,7 +171,8 @@ struct VerifyTreeGreedyParams {
 //   accept iff uniforms[b, c] * q(x) < r(x), where q = draft_probs[b, u, :] (drafts sampled i.i.d. from q), or
 //   q = 1 when draft_probs is null (deterministic drafts, e.g. top-k);
 //   on rejection r <- normalise(max(r - q, 0)) (with q = one-hot(x) when draft_probs is null). If that residual is
-//   all zero (possible only through rounding) r falls back to p_u.
+//   all zero (possible only through rounding) or NaN (a NaN in draft_probs away from the drafted tokens: max keeps
+//   NaN) r falls back to p_u.
 // Accepting moves to c and repeats. When no child is accepted (or u is a leaf), next_token is drawn from r by
 // inverse CDF over increasing token ids with uniforms[b, 0]: the first t whose running sum of r exceeds
 // uniforms[b, 0] * sum(r) (the last token with r > 0 if rounding leaves none).

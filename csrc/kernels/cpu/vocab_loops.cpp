@@ -53,7 +53,7 @@ inline void subtract_clamped_impl(float* r, const float* q, int64_t n, float sca
 #pragma omp simd
   for (int64_t t = 0; t < n; ++t) {
     const float v = r[t] - q[t] * scale;
-    r[t] = v > 0.0f ? v : 0.0f;
+    r[t] = v < 0.0f ? 0.0f : v;  // keeps NaN (as the reference's clamp), so a NaN residual falls back to p_u
   }
 }
 

@@ -24,7 +24,7 @@ void exp_weights(const float* x, float* w, int64_t n, float m, float threshold);
 void scaled_exp_weights(const float* x, float* w, int64_t n, float m, float temperature, float threshold);
 // w[t] = x[t] >= cut ? w[t] : 0.
 void zero_below(const float* x, float* w, int64_t n, float cut);
-// r[t] = max(r[t] - q[t] * scale, 0) (two rounded float operations, as the reference).
+// r[t] = max(r[t] - q[t] * scale, 0) (two rounded float operations, as the reference; NaN stays NaN).
 void subtract_clamped(float* r, const float* q, int64_t n, float scale);
 // Sum in float64 over eight fixed lanes (t mod 8), then the lanes pairwise: a fixed order on every ISA.
 double sum_of(const float* w, int64_t n);
