@@ -2,7 +2,7 @@
 
 The ops run in a worker process (fuzz.worker), so that a crash (a signal, a sanitizer report) or a hang fails the
 op's test, naming the example, instead of ending the test run; after a crash the worker restarts for the remaining
-ops. Examples are derandomized: every run tries the same ones.
+ops. Examples come from a fixed seed per op: every run tries the same ones.
 
     SPECDEC_FUZZ_EXAMPLES=20000 python -m pytest python_tests/fuzz -q       # the long run (default: CI_EXAMPLES)
     SPECDEC_FUZZ_SEED=7 ...                                                 # other examples than the fixed ones
