@@ -28,6 +28,8 @@ from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.models.checkpoints import load_eagle, save_eagle  # noqa: E402
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 H, I, NH, NKV, HD = 64, 128, 4, 2, 64
 VD = 40  # EAGLE-3 draft vocabulary
 L_TARGET = 8  # EAGLE-3 reads layers (2, 4, 5)

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from specdec_ext.drafters.medusa import MedusaDrafter
 from specdec_ext.models.checkpoints import load_medusa, medusa_heads_from_state_dict, save_medusa
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 H, V = 64, 101
 
 

@@ -10,6 +10,8 @@ import torch
 
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, grow_dynamic_tree
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 VD = 7
 
 

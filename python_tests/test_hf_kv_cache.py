@@ -18,6 +18,8 @@ from test_hf_tree_attention import (FAMILIES, V, CountCalls, make_model, random_
 from specdec_ext import ops  # noqa: E402
 from specdec_ext.models import TreeKVCache, extend, tree_forward, use_tree_attention  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 @torch.no_grad()
 def scratch(model, seq: torch.Tensor):

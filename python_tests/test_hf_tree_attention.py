@@ -19,6 +19,8 @@ from specdec_ext.models import (TREE_ATTENTION, TreeKVCache, extend, tree_attent
                                 tree_forward, use_tree_attention, uses_attention_interface)
 from specdec_ext.ops import reference as ref  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 V = 101
 _SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, vocab_size=V, head_dim=64)

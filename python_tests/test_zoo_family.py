@@ -13,7 +13,7 @@ from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.zoo import SHIPPED_DIR, load_family  # noqa: E402
 from specdec_ext.zoo.evaluate import evaluate_drafters  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")
