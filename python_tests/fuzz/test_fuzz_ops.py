@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +47,19 @@ def _worker(ops: list[str], report: Path, module: str, examples: int, path: list
         return None, out
 
 
+def _excerpt(out: str) -> str:
+    """What a crash printed: the sanitizer's report (its first lines: the error and the kernel frames) and the
+    Python stack (faulthandler), else the output's end."""
+    lines = out.splitlines()
+    keep = []
+    for mark, n in ((r"ERROR: AddressSanitizer|runtime error:|ERROR: LeakSanitizer", 16),
+                    (r"^Current thread|^Thread 0x", 10)):
+        at = next((i for i, line in enumerate(lines) if re.search(mark, line)), None)
+        if at is not None:
+            keep += lines[at:at + n] + ["..."]
+    return "\n".join(line[:300] for line in keep) if keep else out[-6000:]
+
+
 def _events(report: Path) -> list[dict]:
     if not report.exists():
         return []
@@ -74,7 +88,7 @@ def run_fuzz(ops: list[str], folder: Path, module: str = "fuzz.worker", examples
             how = "hung (killed after the timeout)" if rc is None else (
                 f"crashed ({signal.Signals(-rc).name})" if rc < 0 else f"exited with status {rc}")
             results[victim] = {"crash": how, "recipe": current.read_text() if current.exists() else "(none)",
-                               "output": out[-6000:]}
+                               "output": _excerpt(out)}
         remaining = [op for op in remaining if op not in results]
     return results
 
