@@ -132,6 +132,6 @@ def test_a_crash_fails_its_op_and_the_others_still_run(tmp_path):
                        module="crashing_worker", examples=5, path=[str(tmp_path)])
     assert results["build_tree"]["crash"] == "crashed (SIGABRT)"
     assert json.loads(results["build_tree"]["recipe"])["op"] == "build_tree"  # the example that killed it
-    assert "Fatal Python error: Aborted" in results["build_tree"]["output"]  # with the stack (faulthandler)
+    assert "crashing_worker.py" in results["build_tree"]["output"]  # the Python stack of the crash (faulthandler)
     for op in ("tree_ancestor_mask", "pack_linear_weight"):  # before the crash, and after the restart
         assert "crash" not in results[op] and results[op]["examples"] >= 1
