@@ -25,6 +25,18 @@ def _one_device(op: str, **tensors) -> None:
                                  "must be on one device")
 
 
+_DTYPE_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.bool: "Bool", torch.float32: "Float"}
+
+
+def _expect(op: str, name: str, t: torch.Tensor, dim: int, layout: str, dtype: torch.dtype | None = None) -> None:
+    """The glue's rank and dtype checks (csrc/ops/checks.h), for calls whose tensors are all meta: the fake is then
+    the only code that sees them, and must refuse what the kernels refuse."""
+    if t.dim() != dim:
+        raise ValueError(f"{op}: {name} must be {dim}-D {layout}, got shape {tuple(t.shape)}")
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{op}: {name} must be {_DTYPE_NAMES.get(dtype, dtype)}, got {t.dtype}")
+
+
 def _long(like: torch.Tensor, *shape: int) -> torch.Tensor:
     return like.new_empty(shape, dtype=torch.int64)
 
@@ -39,6 +51,7 @@ def _build_tree(parents, prefix_lens, validate=True):
 
 @torch.library.register_fake("specdec_ext::tree_ancestor_mask")
 def _tree_ancestor_mask(parents, packed=False, validate=True):
+    _expect("tree_ancestor_mask", "parents", parents, 2, "[B, N]", torch.int64)
     B, N = parents.shape
     if packed:
         return parents.new_empty((B, N, (N + 31) // 32), dtype=torch.int32)
@@ -107,6 +120,9 @@ def _packed_linear_shape(dtype, N: int, K: int) -> tuple[int, int, int, int]:
 
 @torch.library.register_fake("specdec_ext::pack_linear_weight")
 def _pack_linear_weight(weight):
+    _expect("pack_linear_weight", "weight", weight, 2, "[out_features, in_features]")
+    if not weight.dtype.is_floating_point:
+        raise ValueError(f"pack_linear_weight: weight must be a floating tensor, got {weight.dtype}")
     N, K = weight.shape
     return weight.new_empty(_packed_linear_shape(weight.dtype, N, K))
 
@@ -132,6 +148,12 @@ def _draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qk
 def _advance_tree_frontier(cand_tokens, cand_scores, selected, ancestors, self_column, column, validate=True):
     _one_device("advance_tree_frontier", cand_tokens=cand_tokens, cand_scores=cand_scores, selected=selected,
                 ancestors=ancestors, column=column)
+    op = "advance_tree_frontier"
+    _expect(op, "cand_tokens", cand_tokens, 3, "[B, F, K]", torch.int64)
+    _expect(op, "cand_scores", cand_scores, 3, "[B, F, K]", torch.float32)
+    _expect(op, "selected", selected, 2, "[B, S]", torch.int64)
+    _expect(op, "ancestors", ancestors, 3, "[B, F, C]", torch.bool)
+    _expect(op, "column", column, 2, "[B, L]", torch.int64)
     B, S = selected.shape
     C, L = ancestors.shape[-1], column.shape[-1]
     return (_long(selected, B, S), cand_scores.new_empty((B, S)), _long(selected, B, S),
