@@ -162,6 +162,8 @@ def test_e2e_records_a_failing_method_and_goes_on():
         def begin(self, *a, **k):
             raise RuntimeError("broken drafter")
 
+        propose = observe = begin  # a full protocol, so that generate reaches it and it fails inside
+
     saved = m.make_drafter
     m.make_drafter = lambda name: Broken() if name == "ngram" else saved(name)
     try:
