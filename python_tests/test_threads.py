@@ -106,3 +106,13 @@ def test_the_command_runs_at_its_thread_count(tmp_path):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(saved)
+
+
+def test_a_command_may_keep_its_own_default():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    threads.add_threads_argument(p, default=1, why="small products")
+    assert p.parse_args([]).threads == 1 and p.parse_args(["--threads", "auto"]).threads == "auto"
+    with pytest.raises(ValueError, match="threads must be"):
+        threads.add_threads_argument(argparse.ArgumentParser(), default=0)

@@ -154,7 +154,8 @@ def add_demo_command(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--drafters", default=None, help="comma-separated subset of the family's drafters")
     p.add_argument("--stream-with", default="eagle3", help="the drafter of the streamed completion")
-    add_threads_argument(p)
+    add_threads_argument(p, default=1, why="the family's products are too small to gain from a second thread "
+                                            "and lost 23-40%% with one on a 2-core machine")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="model dtype; bfloat16 pays on CPUs with bfloat16 instructions (AVX512-BF16, AMX), where "
                         "verifying a tree costs little more than one token, and crawls on others")

@@ -107,11 +107,16 @@ def _argument(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(err).replace("threads must", "must")) from None
 
 
-def add_threads_argument(parser: argparse.ArgumentParser, default: int | str = "auto") -> None:
-    """``--threads N|auto`` on ``parser`` (apply it with :func:`apply_threads`)."""
-    parser.add_argument("--threads", type=_argument, default=default, metavar="N|auto",
-                        help="torch threads (default: %(default)s = the cores not kept busy by other processes; "
-                             "beside a busy process every extra thread makes decoding wait)")
+_AUTO_HELP = ("torch threads (default: auto = the cores not kept busy by other processes; beside a busy process "
+              "every extra thread makes decoding wait)")
+
+
+def add_threads_argument(parser: argparse.ArgumentParser, default: int | str = "auto", why: str | None = None) -> None:
+    """``--threads N|auto`` on ``parser`` (apply it with :func:`apply_threads`); a command whose work is known to
+    gain nothing from threads passes its own ``default`` and says ``why``."""
+    parse_threads(default)
+    help_ = _AUTO_HELP if why is None else f"torch threads (default: {default}: {why}; auto = the cores not kept busy)"
+    parser.add_argument("--threads", type=_argument, default=default, metavar="N|auto", help=help_)
 
 
 def apply_threads(args: argparse.Namespace) -> int:
