@@ -9,6 +9,7 @@ the last ``--window`` requests, and their ratio (1.0 = no drift); the JSON has e
 
     python benchmarks/python/bench_drafter_reuse.py                           # eagle2, 100 requests
     python benchmarks/python/bench_drafter_reuse.py --perturb 0.5             # a target the drafter never saw
+    python benchmarks/python/bench_drafter_reuse.py --set depth=8 --set top_k=10 --set total_tokens=60
     python benchmarks/python/bench_drafter_reuse.py --drafters eagle2,eagle3,medusa,draft-model,ngram,eagle1 \
         --requests 100 --json benchmarks/results/drafter_reuse_cpu.json
 """
@@ -76,8 +77,15 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--perturb", type=float, default=0.0, metavar="SIGMA",
                    help="a target the drafters never saw: every weight matrix of the target times (1 + SIGMA * "
                         "N(0, 1)) noise (seeded), so drafts are accepted less often")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=INT",
+                   help="override a drafter argument (repeatable), e.g. --set depth=8 --set top_k=10 --set "
+                        "total_tokens=60 for EagleDrafter's library defaults")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    try:
+        args.set = dict((k, int(v)) for k, v in (item.split("=", 1) for item in args.set))
+    except ValueError:
+        p.error(f"--set takes KEY=INT, got {args.set}")
     if args.requests < 2 * args.window or args.window < 1:
         p.error("--requests must be at least twice --window (>= 1)")
     args.drafters = args.drafters.split(",")
@@ -101,7 +109,7 @@ def main(argv=None) -> int:
     timed(family, None, prompts[0][:16], 8)  # warm-up (packed weights, first calls)
     results, identical = {}, True
     for name in args.drafters:
-        drafter = family.make_drafter(name)  # one object for every request
+        drafter = family.make_drafter(name, **args.set)  # one object for every request
         timed(family, drafter, prompts[0][:16], 8)
         rows = []
         for i in range(args.requests):
