@@ -55,10 +55,7 @@ def _prepare(args, name: str):
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
     device = args.device or default_device()
-    try:
-        target = load_model(args.model, dtype=dtype, device=device)
-    except (FileNotFoundError, OSError, ValueError) as err:
-        raise SystemExit(f"specdec {name}: {err}") from None
+    target = load_model(args.model, dtype=dtype, device=device)
     tok = load_tokenizer(args.model)
     context = model_max_length(target)
     if args.max_length is None:
@@ -97,12 +94,9 @@ def train_medusa_cmd(args) -> int:
     from specdec_ext.train.medusa import train_medusa
 
     target, _, train, prompts, cfg = _prepare(args, "train-medusa")
-    try:
-        heads, result = train_medusa(target, train, cfg, num_heads=args.heads, num_layers=args.layers,
-                                     decay=args.decay, heldout_prompts=prompts, share_lm_head=args.share_lm_head,
-                                     soft_labels=args.soft_labels)
-    except ValueError as err:
-        raise SystemExit(f"specdec train-medusa: {err}") from None
+    heads, result = train_medusa(target, train, cfg, num_heads=args.heads, num_layers=args.layers,
+                                 decay=args.decay, heldout_prompts=prompts, share_lm_head=args.share_lm_head,
+                                 soft_labels=args.soft_labels)
     save_medusa(heads, args.out, base_model_name_or_path=args.model, safetensors=True)
     _report(args, "train-medusa", result, {"heads": args.heads, "layers": args.layers, "soft_labels": args.soft_labels})
     return 0
@@ -113,15 +107,12 @@ def train_eagle_cmd(args) -> int:
     from specdec_ext.train.eagle import train_eagle
 
     if args.version == 1 and args.draft_vocab:
-        raise SystemExit("specdec train-eagle: --draft-vocab needs --version 3")
+        raise ValueError("--draft-vocab needs --version 3")
     target, _, train, prompts, cfg = _prepare(args, "train-eagle")
-    try:
-        model, result = train_eagle(target, train, cfg, version=args.version, draft_vocab=args.draft_vocab,
-                                    ttt_steps=args.ttt_steps, token_weight=args.token_weight,
-                                    aux_layers=args.aux_layers,
-                                    heldout_prompts=prompts)
-    except ValueError as err:
-        raise SystemExit(f"specdec train-eagle: {err}") from None
+    model, result = train_eagle(target, train, cfg, version=args.version, draft_vocab=args.draft_vocab,
+                                ttt_steps=args.ttt_steps, token_weight=args.token_weight,
+                                aux_layers=args.aux_layers,
+                                heldout_prompts=prompts)
     save_eagle(model, args.out, base_model_name_or_path=args.model, safetensors=True)
     _report(args, "train-eagle", result, {"version": args.version, "draft_vocab": args.draft_vocab})
     return 0
@@ -131,12 +122,9 @@ def train_draft_cmd(args) -> int:
     from specdec_ext.train.draft_lm import train_draft_lm
 
     target, tok, train, prompts, cfg = _prepare(args, "train-draft")
-    try:
-        model, result = train_draft_lm(target, train, cfg, num_layers=args.layers, hidden_size=args.hidden_size,
-                                       intermediate_size=args.intermediate_size, kl_weight=args.kl_weight,
-                                       heldout_prompts=prompts, num_draft_tokens=args.num_draft_tokens)
-    except ValueError as err:
-        raise SystemExit(f"specdec train-draft: {err}") from None
+    model, result = train_draft_lm(target, train, cfg, num_layers=args.layers, hidden_size=args.hidden_size,
+                                   intermediate_size=args.intermediate_size, kl_weight=args.kl_weight,
+                                   heldout_prompts=prompts, num_draft_tokens=args.num_draft_tokens)
     model.save_pretrained(args.out)
     if tok is not None:
         tok.save_pretrained(args.out)
