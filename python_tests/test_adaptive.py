@@ -655,8 +655,12 @@ def test_bad_arguments_name_the_argument(kwargs, match):
 
 
 def test_bad_inner_and_clock():
-    with pytest.raises(TypeError, match="inner must be a drafter"):
+    with pytest.raises(ValueError, match="AdaptiveDrafter: inner: drafter must be a drafter"):
         AdaptiveDrafter(object())
+    no_nodes = FakeChain(FakeClock())
+    no_nodes.max_nodes = 0
+    with pytest.raises(ValueError, match="AdaptiveDrafter: inner: drafter.max_nodes must be an integer >= 1"):
+        AdaptiveDrafter(no_nodes)
     with pytest.raises(TypeError, match="clock must be a function"):
         AdaptiveDrafter(FakeChain(FakeClock()), clock=3.0)
 

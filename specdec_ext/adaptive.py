@@ -75,7 +75,7 @@ import time
 
 import torch
 
-from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult
+from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_drafter
 
 __all__ = ["AdaptiveDrafter", "CostCurve"]
 
@@ -194,13 +194,7 @@ class AdaptiveDrafter:
                  explore_every: int = 16, explore_backoff: int = 4, prior_accept: float = 0.7,
                  prior_weight: float = 1.0, cost_alpha: float = 0.2, catchup_budget: float = 0.05,
                  optimism: float = 1.0, clock=None):
-        for attr in ("propose", "observe", "begin"):
-            if not callable(getattr(inner, attr, None)):
-                raise TypeError(f"AdaptiveDrafter: inner must be a drafter (with begin / propose / observe), got "
-                                f"{type(inner).__name__} without {attr}()")
-        if not isinstance(getattr(inner, "max_nodes", None), int) or inner.max_nodes < 1:
-            raise TypeError(f"AdaptiveDrafter: inner.max_nodes must be an integer >= 1, got "
-                            f"{getattr(inner, 'max_nodes', None)!r}")
+        check_drafter("AdaptiveDrafter: inner", inner)
         if mode not in MODES:
             raise ValueError(f"AdaptiveDrafter: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
         inner_depth = _inner_max_depth(inner)
