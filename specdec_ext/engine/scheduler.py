@@ -1,0 +1,60 @@
+"""Which requests run (:class:`Scheduler`): a FIFO queue in front of ``max_batch`` rows.
+
+``running[i]`` is the request in row i of the engine's batch. Requests wait in arrival order and are admitted
+between steps as rows free up; finished and aborted requests leave the batch after the step in which they ended.
+:meth:`Scheduler.retire` chooses the rows that stay in the order the caches move least: each leaving row's slot
+below the new batch size is taken by a staying row from the end (``[0, 5, 2, 3, 4]`` when row 1 of 6 leaves), so
+rows that keep their slot cost nothing (``TreeKVCache.keep_rows``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from specdec_ext.engine.request import Request
+
+__all__ = ["Scheduler"]
+
+
+class Scheduler:
+    """The queue and the running rows of one engine (``max_batch`` rows at most)."""
+
+    def __init__(self, max_batch: int):
+        self.max_batch = max_batch
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def __len__(self) -> int:
+        """Requests not finished: running and waiting."""
+        return len(self.running) + len(self.waiting)
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def admit(self) -> list[Request]:
+        """The waiting requests that fit in the free rows, oldest first; they become the last running rows."""
+        free = self.max_batch - len(self.running)
+        joining = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+        self.running.extend(joining)
+        return joining
+
+    def drop_waiting(self, request: Request) -> bool:
+        """Takes ``request`` out of the queue; False when it is not waiting (it runs, or finished)."""
+        try:
+            self.waiting.remove(request)
+        except ValueError:
+            return False
+        return True
+
+    def retire(self) -> list[int] | None:
+        """Drops the finished running requests; returns the kept rows (old row of each new row, see the module
+        doc), or None when every row stays."""
+        rows = self.running
+        live = [not r.finished for r in rows]
+        if all(live):
+            return None
+        n = sum(live)
+        tail = iter([b for b in range(n, len(rows)) if live[b]])
+        keep = [b if live[b] else next(tail) for b in range(n)]
+        self.running = [rows[b] for b in keep]
+        return keep
