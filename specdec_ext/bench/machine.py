@@ -9,16 +9,8 @@ import socket
 
 import torch
 
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+import specdec_ext
+from specdec_ext.hardware import cpu_model
 
 
 def _version(module: str) -> str | None:
@@ -32,8 +24,6 @@ def _version(module: str) -> str | None:
 def machine_info() -> dict:
     """CPU model, cores (and the ones this process may use), torch threads, versions of python / torch /
     transformers / specdec_ext (and whether its CUDA kernels are built), and the CUDA device when there is one."""
-    import specdec_ext
-
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from specdec_ext import _C  # the compiled library: registers torch.ops.specdec_ext, answers packed_linear_path
 from specdec_ext.ops import fakes as _fakes  # noqa: F401  (registers the fake implementations)
 
 __all__ = [
@@ -348,8 +349,6 @@ def packed_linear_path(dtype: torch.dtype) -> str:
     """The CPU code path :func:`packed_linear` takes for ``dtype`` on this machine: ``"avx512"`` (float32 on a CPU
     with AVX-512), ``"avx512_bf16"`` (bfloat16 with AVX512-BF16) or ``"generic"`` (a portable loop: correct, but no
     faster than aten's products)."""
-    from specdec_ext import _C
-
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
     if dtype not in names:
         raise ValueError(f"packed_linear_path: dtype must be float32, bfloat16 or float16, got {dtype}")

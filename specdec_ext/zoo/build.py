@@ -30,7 +30,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from specdec_ext.bench.machine import cpu_model
+from specdec_ext.hardware import cpu_model
 from specdec_ext.models.safe_files import read_json
 from specdec_ext.zoo.corpus import python_sources, read_sources, split_sources, stdlib_dir
 from specdec_ext.zoo.spec import ZooSpec
