@@ -25,10 +25,11 @@ from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext import ops  # noqa: E402
 from specdec_ext.drafters.base import DecodeState, SamplingParams, StepResult  # noqa: E402
-from specdec_ext.drafters.medusa import MedusaDrafter, MedusaHeads  # noqa: E402
+from specdec_ext.drafters.medusa import MedusaDrafter  # noqa: E402
 from specdec_ext.drafters.trees import MC_SIM_7B_63, static_tree  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.models.checkpoints import save_medusa  # noqa: E402
+from specdec_ext.models.medusa import MedusaHeads  # noqa: E402
 
 H = 64
 NUM_HEADS = 3

@@ -62,15 +62,11 @@ from specdec_ext.drafters.base import (DecodeState, DraftTree, SamplingParams, S
                                        to_device)
 from specdec_ext.models import TreeKVCache, tree_forward, use_tree_attention
 from specdec_ext.models.causal_lm import load_causal_lm
+from specdec_ext.models.config import check_window, text_config
 from specdec_ext.models.fast_linear import pack_linears_where_fast, packed_linears
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
 
 __all__ = ["DecodeStats", "generate", "load_model"]
-
-
-def _text_config(config):
-    get = getattr(config, "get_text_config", None)
-    return get(decoder=True) if callable(get) else config
 
 
 @dataclass
@@ -186,30 +182,6 @@ def _describe(value) -> str:
         odd = next((t for t in value if not _is_token(t)), None)
         return f"a {type(value).__name__} holding {odd!r} ({type(odd).__name__})"
     return f"{type(value).__name__} {value!r}"[:120]
-
-
-def attention_window(config) -> int | None:
-    """The sliding window of a model's local-attention layers, if it has any (``sliding_window`` with sliding
-    layers, as :class:`~specdec_ext.models.TreeKVCache` reads it, or GPT-Neo's ``window_size`` with local layers)."""
-    cfg = _text_config(config)
-    window = getattr(cfg, "sliding_window", None)
-    layer_types = getattr(cfg, "layer_types", None) or []
-    if window and ("sliding_attention" in layer_types if layer_types else getattr(cfg, "use_sliding_window", True)):
-        return int(window)
-    if "local" in (getattr(cfg, "attention_layers", None) or []) and getattr(cfg, "window_size", None):
-        return int(cfg.window_size)
-    return None
-
-
-def check_window(name: str, config, positions: int) -> None:
-    """Tree verification and the cache do not apply sliding-window masks: refuse a generation that could reach
-    past the window (a clear error, never wrong tokens)."""
-    window = attention_window(config)
-    if window is not None and positions > window:
-        raise NotImplementedError(f"{name}: the model has sliding-window attention (window {window}) and this "
-                                  f"generation may need {positions} positions; tree verification does not apply "
-                                  "sliding-window masks, so prompt + max_new_tokens + the draft tree must fit in the "
-                                  "window")
 
 
 def _accepts(model, name: str) -> bool:
@@ -328,7 +300,7 @@ def generate(target: torch.nn.Module, drafter=None, input_ids=None, *, max_new_t
     prompts, form = _prompts(input_ids)
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate: empty prompt (every prompt needs at least one token)")
-    cfg = _text_config(target.config)
+    cfg = text_config(target.config)
     V = cfg.vocab_size
     bad = [(b, t) for b, p in enumerate(prompts) for t in p if not 0 <= t < V]
     if bad:

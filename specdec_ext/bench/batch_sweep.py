@@ -34,6 +34,7 @@ import torch
 
 from specdec_ext.adaptive import AdaptiveDrafter, _inner_max_depth
 from specdec_ext.generate import generate
+from specdec_ext.models.config import text_config
 
 __all__ = ["DEFAULT_BATCH_SIZES", "run_batch_sweep", "format_table"]
 
@@ -112,8 +113,7 @@ def run_batch_sweep(target, make_drafter, prompts=None, batch_sizes=None, max_ne
                          f"{fixed_depths}")
 
     Bmax = max(batch_sizes)
-    vocab = int(getattr(getattr(target.config, "get_text_config", lambda **k: target.config)(decoder=True),
-                        "vocab_size"))
+    vocab = int(text_config(target.config).vocab_size)
     if prompts is None:
         if models is not None and hasattr(models, "prompts"):
             prompts, prompt_note = models.prompts(Bmax, prompt_len, seed)

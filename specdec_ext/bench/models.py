@@ -21,6 +21,8 @@ from typing import Callable
 
 import torch
 
+from specdec_ext.models.config import text_config
+
 __all__ = ["BenchModels", "RANDOM_SIZES", "from_dirs", "from_zoo", "num_params", "random_llama", "tiny_random"]
 
 DEFAULT_DRAFT_TOKENS = 4
@@ -28,11 +30,6 @@ DEFAULT_DRAFT_TOKENS = 4
 
 def num_params(model) -> int:
     return sum(p.numel() for p in model.parameters()) if model is not None else 0
-
-
-def _text_config(config):
-    get = getattr(config, "get_text_config", None)
-    return get(decoder=True) if callable(get) else config
 
 
 @dataclass
@@ -57,15 +54,15 @@ class BenchModels:
 
     @property
     def vocab_size(self) -> int:
-        return int(_text_config(self.target.config).vocab_size)
+        return int(text_config(self.target.config).vocab_size)
 
     @property
     def max_positions(self) -> int | None:
-        limit = getattr(_text_config(self.target.config), "max_position_embeddings", None)
+        limit = getattr(text_config(self.target.config), "max_position_embeddings", None)
         return int(limit) if limit else None
 
     def describe(self) -> dict:
-        cfg = _text_config(self.target.config)
+        cfg = text_config(self.target.config)
         out = {"name": self.name, "target_params": num_params(self.target),
                "target_layers": getattr(cfg, "num_hidden_layers", None),
                "target_hidden_size": getattr(cfg, "hidden_size", None), "vocab_size": self.vocab_size,

@@ -10,9 +10,10 @@ from specdec_ext.drafters.base import (DecodeState, Drafter, DraftTree, Sampling
                                        pad_chains)
 from specdec_ext.drafters.draft_model import DraftModelDrafter
 from specdec_ext.drafters.eagle import EagleDrafter
-from specdec_ext.drafters.medusa import MedusaDrafter, MedusaHeads
+from specdec_ext.drafters.medusa import MedusaDrafter
 from specdec_ext.drafters.ngram import NgramDrafter, ngram_lookup
 from specdec_ext.drafters.trees import MC_SIM_7B_63, StaticTree, static_tree
+from specdec_ext.models.medusa import MedusaHeads  # (the network; here too for MedusaDrafter's users)
 
 __all__ = ["DecodeState", "DraftModelDrafter", "DraftTree", "Drafter", "EagleDrafter", "MC_SIM_7B_63", "MedusaDrafter",
            "MedusaHeads", "NgramDrafter", "SamplingParams", "StaticTree", "StepResult", "check_vocab",

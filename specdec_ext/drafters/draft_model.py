@@ -45,15 +45,11 @@ from specdec_ext import ops
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.models import TreeKVCache, masked_forward, tree_forward, use_tree_attention
+from specdec_ext.models.config import check_window, text_config
 from specdec_ext.models.eagle import NATIVE_LAYER_MAX_ROWS
 from specdec_ext.models.fast_linear import pack_linears, packed_linears
 from specdec_ext.models.llama_step import LlamaStepOps
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
-
-
-def _text_config(config):
-    get = getattr(config, "get_text_config", None)
-    return get(decoder=True) if callable(get) else config
 
 
 def _param(model: torch.nn.Module) -> torch.Tensor:
@@ -117,11 +113,10 @@ class DraftModelDrafter:
               defer_prefill: bool = False) -> None:
         """Checks the pair, allocates the draft cache and prefills it with the prompts (``defer_prefill``: not
         now; the first speculative :meth:`propose` catches up on them)."""
-        check_vocab("DraftModelDrafter", _text_config(self.model.config).vocab_size, state.vocab_size)
+        check_vocab("DraftModelDrafter", text_config(self.model.config).vocab_size, state.vocab_size)
         if self.width > state.vocab_size:
             raise ValueError(f"DraftModelDrafter: tree_width = {self.width} exceeds the vocabulary "
                              f"({state.vocab_size})")
-        from specdec_ext.generate import check_window
 
         # positions used: below the longest context (prompt + budget) + the tree, i.e. the target cache's size - 1
         check_window("DraftModelDrafter", self.model.config, state.max_len - 1)

@@ -48,17 +48,14 @@ from specdec_ext import ops
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.drafters.trees import StaticTree, static_tree
+from specdec_ext.models.checkpoints import load_eagle
+from specdec_ext.models.config import text_config
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
 from specdec_ext.models.eagle_step import EagleStepOps
 from specdec_ext.models.fast_linear import Linear, tensor_version
 from specdec_ext.models.kv_cache import keep_batch_rows, write_rows
 
 __all__ = ["EagleDrafter"]
-
-
-def _text_config(config):
-    get = getattr(config, "get_text_config", None)
-    return get(decoder=True) if callable(get) else config
 
 
 class EagleDrafter:
@@ -125,7 +122,7 @@ class EagleDrafter:
                 if target is None:
                     raise ValueError("EagleDrafter: an EAGLE-3 draft needs its target feature layers: pass target= "
                                      "(default layers (2, L//2, L-3)) or aux_layers=")
-                layers = default_eagle3_layers(_text_config(target.config).num_hidden_layers)
+                layers = default_eagle3_layers(text_config(target.config).num_hidden_layers)
             layers = tuple(int(x) for x in layers)
             if len(layers) != 3:
                 raise ValueError(f"EagleDrafter: EAGLE-3 reads three target layers, got aux_layers = {layers}")
@@ -141,8 +138,6 @@ class EagleDrafter:
                         dtype: torch.dtype | None = None, device=None) -> "EagleDrafter":
         """An official EAGLE-1 or EAGLE-3 checkpoint directory (``config.json`` + ``pytorch_model.bin`` or
         ``model.safetensors``), checked against ``target`` and moved to its dtype / device unless given."""
-        from specdec_ext.models.checkpoints import load_eagle
-
         return cls(load_eagle(path, target=target, dtype=dtype, device=device), depth, top_k, total_tokens,
                    target=target)
 
@@ -152,7 +147,7 @@ class EagleDrafter:
         """Checks the pair, allocates the draft cache, keeps the prompt's target features and runs the draft over
         them (``defer_prefill``: not now; the first speculative :meth:`propose` catches up on them)."""
         m = self.model
-        cfg = _text_config(target.config)
+        cfg = text_config(target.config)
         H = getattr(cfg, "hidden_size", None)
         name = f"EagleDrafter (EAGLE-{m.version})"
         want_h = m.hidden_size if m.version == 1 else m.config.target_hidden_size

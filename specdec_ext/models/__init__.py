@@ -8,6 +8,9 @@
   :func:`extend` (append tokens per row: prefill, decoding), :func:`tree_attention_mask` (the 4-D fallback mask).
 * :mod:`~specdec_ext.models.fast_linear`: :func:`pack_linears` (a model's ``nn.Linear`` layers multiply with
   packed weights inside :func:`packed_linears` blocks, e.g. ``specdec_ext.generate``), :func:`unpack_linears`.
+* :mod:`~specdec_ext.models.config`: what is read from a model's config (text config, sliding window), in one place.
+* Draft networks: :mod:`~specdec_ext.models.medusa` (Medusa heads), :mod:`~specdec_ext.models.eagle` (EAGLE-1/3);
+  :mod:`~specdec_ext.models.checkpoints` loads and saves them in their published formats.
 """
 
 from specdec_ext.models.attention import (TREE_ATTENTION, is_tree_attention, register, tree_attention_forward,

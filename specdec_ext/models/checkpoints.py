@@ -25,7 +25,10 @@ import warnings
 
 import torch
 
-from specdec_ext.drafters.medusa import MedusaHeads
+from specdec_ext.models.config import text_config
+from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig, default_eagle3_layers
+from specdec_ext.models.fast_linear import bfloat16_is_fast
+from specdec_ext.models.medusa import MedusaHeads
 from specdec_ext.models.safe_files import read_json, read_state_dict
 
 __all__ = ["MEDUSA_CONFIG", "MEDUSA_WEIGHTS", "load_medusa", "load_medusa_state_dict", "medusa_heads_from_state_dict",
@@ -35,11 +38,6 @@ MEDUSA_CONFIG = "config.json"
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
 _KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
-
-
-def _text_config(config):
-    get = getattr(config, "get_text_config", None)
-    return get(decoder=True) if callable(get) else config
 
 
 def _weights_file(path: str) -> str:
@@ -157,7 +155,7 @@ def load_medusa(path: str | os.PathLike, target: torch.nn.Module | None = None, 
     sd, config, wfile = load_medusa_state_dict(path)
     heads = medusa_heads_from_state_dict(sd, config, repr(wfile))
     if target is not None:
-        cfg = _text_config(target.config)
+        cfg = text_config(target.config)
         H, V = getattr(cfg, "hidden_size", None), getattr(cfg, "vocab_size", None)
         base = config.get("base_model_name_or_path")
         built = f" (built for {base!r})" if base else ""
@@ -210,8 +208,6 @@ def save_medusa(heads: MedusaHeads, path: str | os.PathLike, base_model_name_or_
 # ``input_layernorm``, ``fc`` [H, 2H] with optional bias; EAGLE-3 ``midlayer.*`` with 2H attention inputs, ``fc``
 # [H, 3 H_t], ``norm``, ``lm_head`` [Vd, H], ``d2t`` / ``t2d``) decides the version; every key's shape is checked
 # against the config and, with a target, against the target (hidden size, vocabulary), naming the key.
-
-from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig, default_eagle3_layers  # noqa: E402
 
 EAGLE_CONFIG = "config.json"
 EAGLE_WEIGHTS = ("pytorch_model.bin", "model.safetensors")
@@ -357,8 +353,6 @@ def resolve_eagle_dtype(eagle_dtype, dtype: torch.dtype, device="cpu") -> torch.
     ``"auto"`` = bfloat16 for a float32 target where bfloat16 products are fast
     (:func:`~specdec_ext.models.fast_linear.bfloat16_is_fast`: a draft level then reads half the bytes), else
     ``dtype``; or a floating dtype (or its name). The draft's dtype changes its proposals only, never the output."""
-    from specdec_ext.models.fast_linear import bfloat16_is_fast
-
     if eagle_dtype is None:
         return dtype
     if isinstance(eagle_dtype, str) and eagle_dtype == "auto":
@@ -382,7 +376,7 @@ def load_eagle(path: str | os.PathLike, target: torch.nn.Module | None = None, d
     sd, config, wfile = load_eagle_state_dict(path)
     model = eagle_from_state_dict(sd, config, repr(wfile))
     if target is not None:
-        tcfg = _text_config(target.config)
+        tcfg = text_config(target.config)
         Ht, Vt = getattr(tcfg, "hidden_size", None), getattr(tcfg, "vocab_size", None)
         c = model.config
         base = config.get("base_model_name_or_path")

@@ -36,6 +36,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec_ext import ops
+from specdec_ext.models.config import attention_window, row_tensor, text_config
 
 
 def flat_row_index(batch: int, heads: int, length: int, slots: torch.Tensor) -> torch.Tensor:
@@ -71,11 +72,6 @@ def write_rows(buf: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> Non
     must lie in ``[0, S)`` (a slot outside lands in another head's rows)."""
     B, H, S, _ = buf.shape
     copy_rows(buf, flat_row_index(B, H, S, slots), src)
-
-
-def _text_config(config):
-    get = getattr(config, "get_text_config", None)
-    return get(decoder=True) if callable(get) else config
 
 
 class _WriteIndex:
@@ -201,7 +197,7 @@ class TreeKVCache(Cache):
 
     def __init__(self, config, batch_size: int, max_len: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu"):
-        cfg = _text_config(config)
+        cfg = text_config(config)
         L = cfg.num_hidden_layers
         heads = cfg.num_attention_heads
         Hkv = getattr(cfg, "num_key_value_heads", None) or heads
@@ -220,10 +216,7 @@ class TreeKVCache(Cache):
         super().__init__(layers=layers)
         self.max_len = max_len
         # The window of the model's sliding-window layers, if any (tree_forward refuses trees that reach past it).
-        window = getattr(cfg, "sliding_window", None)
-        has_sliding = ("sliding_attention" in layer_types if layer_types
-                       else getattr(cfg, "use_sliding_window", True))
-        self.sliding_window = window if window and has_sliding else None
+        self.sliding_window = attention_window(config)
 
     # -- state -------------------------------------------------------------------------------------------------
 
@@ -249,16 +242,7 @@ class TreeKVCache(Cache):
         return [self.storage[l, kv] for l in range(self.storage.shape[0]) for kv in (0, 1)]
 
     def _row_tensor(self, value, name: str) -> torch.Tensor:
-        B = self.batch_size
-        if isinstance(value, torch.Tensor):
-            t = value.to(device=self.device, dtype=torch.int64)
-            if t.dim() == 0:
-                t = t.expand(B)
-            if t.shape != (B,):
-                raise ValueError(f"TreeKVCache: {name} must be a number or a [{B}] tensor (batch size {B}), got "
-                                 f"shape {tuple(value.shape)}")
-            return t
-        return torch.full((B,), int(value), dtype=torch.int64, device=self.device)
+        return row_tensor(value, self.batch_size, self.device, name, "TreeKVCache")
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keeps only the rows ``index`` (int64 ``[B']``, distinct, any order; best a CPU tensor: a device one is

@@ -49,7 +49,8 @@ def _common(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
 
 def _prepare(args, name: str):
     from specdec_ext.generate import load_model
-    from specdec_ext.train.common import load_tokenizer, text_config
+    from specdec_ext.models.config import text_config
+    from specdec_ext.train.common import load_tokenizer
     from specdec_ext.train.data import DataError, load_corpus, model_max_length, self_distill, split_heldout
     from specdec_ext.train.loop import TrainConfig, default_device
 

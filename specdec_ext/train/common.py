@@ -6,12 +6,7 @@ import os
 
 import torch
 
-__all__ = ["text_config", "freeze", "target_hidden", "load_tokenizer", "first_param"]
-
-
-def text_config(config):
-    get = getattr(config, "get_text_config", None)
-    return get(decoder=True) if callable(get) else config
+__all__ = ["freeze", "target_hidden", "load_tokenizer", "first_param"]
 
 
 def first_param(module):

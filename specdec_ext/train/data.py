@@ -17,6 +17,10 @@ import os
 
 import torch
 
+from specdec_ext.generate import generate
+from specdec_ext.models.config import text_config
+from specdec_ext.train.progress import Progress
+
 __all__ = ["DataError", "load_corpus", "encode_texts", "document_stream", "windows", "self_distill", "split_heldout",
            "pad_batch", "BatchSampler", "model_max_length"]
 
@@ -26,10 +30,7 @@ class DataError(ValueError):
 
 
 def model_max_length(target) -> int | None:
-    cfg = target.config
-    get = getattr(cfg, "get_text_config", None)
-    cfg = get(decoder=True) if callable(get) else cfg
-    return getattr(cfg, "max_position_embeddings", None)
+    return getattr(text_config(target.config), "max_position_embeddings", None)
 
 
 def encode_texts(tokenizer, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
@@ -186,9 +187,6 @@ def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens
                  progress: bool = True) -> list[list[int]]:
     """The target's own continuations: each sequence's first ``prompt_len`` tokens (at most half of it) followed by
     ``new_tokens`` tokens the target generates (greedy at ``temperature`` 0, else sampled with ``seed``)."""
-    from specdec_ext.generate import generate
-    from specdec_ext.train.loop import Progress
-
     out: list[list[int]] = []
     prompts = [s[: max(1, min(prompt_len, len(s) // 2))] for s in seqs]
     bar = Progress(len(prompts), "self-distill", enabled=progress)

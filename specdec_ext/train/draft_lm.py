@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec_ext.drafters.draft_model import DraftModelDrafter
-from specdec_ext.train.common import first_param, freeze, text_config
+from specdec_ext.models.config import text_config
+from specdec_ext.train.common import first_param, freeze
 from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
 
 __all__ = ["draft_config_for", "train_draft_lm"]

@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from specdec_ext.drafters.eagle import EagleDrafter
+from specdec_ext.models.config import text_config
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig, default_eagle3_layers
-from specdec_ext.train.common import first_param, freeze, target_hidden, text_config
+from specdec_ext.train.common import first_param, freeze, target_hidden
 from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
 
 __all__ = ["eagle_config_for", "draft_vocab_ids", "train_eagle"]

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from specdec_ext.generate import generate
 from specdec_ext.models.safe_files import read_weights_only
 from specdec_ext.train.data import BatchSampler, pad_batch
+from specdec_ext.train.progress import Progress
 
-__all__ = ["TrainConfig", "TrainResult", "Progress", "train_loop", "evaluate_acceptance", "default_device",
+__all__ = ["TrainConfig", "TrainResult", "train_loop", "evaluate_acceptance", "default_device",
            "read_checkpoint", "check_resumable", "CHECKPOINT_FILE"]
 
 CHECKPOINT_FILE = "trainer_state.pt"
@@ -60,50 +61,6 @@ class TrainResult:
         return {"steps": self.step, "first_loss": sum(self.losses[:k]) / k if self.losses else None,
                 "last_loss": sum(self.losses[-k:]) / k if self.losses else None, "evals": self.evals,
                 "seconds": round(self.seconds, 2), "tokens": self.tokens}
-
-
-class Progress:
-    """tqdm when installed, else a plain printer to stderr (every ~2 s)."""
-
-    def __init__(self, total: int, desc: str, enabled: bool = True, initial: int = 0):
-        self.enabled, self.total, self.n, self.desc = enabled, total, initial, desc
-        self.bar = None
-        self.last = 0.0
-        self.post = ""
-        if enabled:
-            try:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, file=sys.stderr)
-            except ImportError:
-                self.bar = None
-
-    def update(self, n: int = 1, **postfix) -> None:
-        self.n += n
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            if postfix:
-                self.bar.set_postfix(postfix, refresh=False)
-            self.bar.update(n)
-            return
-        now = time.perf_counter()
-        if now - self.last > 2 or self.n >= self.total:
-            self.last = now
-            extra = " ".join(f"{k}={v}" for k, v in postfix.items())
-            print(f"{self.desc}: {self.n}/{self.total} {extra}", file=sys.stderr, flush=True)
-
-    def write(self, msg: str) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.write(msg, file=sys.stderr)
-        else:
-            print(msg, file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _check_config(cfg: TrainConfig, name: str) -> None:
@@ -175,8 +132,6 @@ def check_resumable(state: dict, module: torch.nn.Module, signature: dict | None
 @torch.no_grad()
 def evaluate_acceptance(target, drafter, prompts: list[list[int]], max_new_tokens: int = 32) -> float:
     """Mean accepted length (tokens per target forward) of greedy speculative decoding of ``prompts``."""
-    from specdec_ext.generate import generate
-
     if not prompts:
         return float("nan")
     _, stats = generate(target, drafter, [torch.tensor(p) for p in prompts], max_new_tokens=max_new_tokens,

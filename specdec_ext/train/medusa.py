@@ -12,8 +12,10 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from specdec_ext.drafters.medusa import MedusaDrafter, MedusaHeads
-from specdec_ext.train.common import first_param, freeze, target_hidden, text_config
+from specdec_ext.drafters.medusa import MedusaDrafter
+from specdec_ext.models.config import text_config
+from specdec_ext.models.medusa import MedusaHeads
+from specdec_ext.train.common import first_param, freeze, target_hidden
 from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
 
 __all__ = ["medusa_loss", "train_medusa"]
