@@ -5,7 +5,8 @@ calibration across generations on purpose). Each request here is one greedy gene
 prompts taken in turn); plain decoding runs the same request right before it, as the control, so a machine that
 slows down slows both. Per request: the drafter's speedup over plain decoding, its mean accepted length and its
 state (the calibrated score scale where it has one). Printed per drafter: the mean speedup over the first and over
-the last ``--window`` requests, and their ratio (1.0 = no drift); the JSON has every request.
+the last ``--window`` requests and their ratio (1.0 = no drift), the same for the two halves, the accepted length's
+ratio (timing-free) and how much plain decoding's own time moved (the machine's load); the JSON has every request.
 
     python benchmarks/python/bench_drafter_reuse.py                           # eagle2, 100 requests
     python benchmarks/python/bench_drafter_reuse.py --perturb 0.5             # a target the drafter never saw
@@ -92,6 +93,23 @@ def parse(argv=None) -> argparse.Namespace:
     return args
 
 
+def drift(rows: list[dict], window: int) -> dict:
+    """Speed and acceptance at the start against the end. The accepted length is free of timing noise: a drafter that
+    degrades across requests accepts less. ``plain_time_spread`` (slowest over fastest window of plain decoding,
+    the same work every time) says how much the machine's load moved the timings meanwhile."""
+    def mean(key, part):
+        return statistics.mean(r[key] for r in part)
+    half = len(rows) // 2
+    plain = [mean("plain_s", rows[i:i + window]) for i in range(0, len(rows) - window + 1, window)]
+    return {"first_window_speedup": mean("speedup", rows[:window]),
+            "last_window_speedup": mean("speedup", rows[-window:]),
+            "last_over_first": mean("speedup", rows[-window:]) / mean("speedup", rows[:window]),
+            "second_half_over_first": mean("speedup", rows[half:]) / mean("speedup", rows[:half]),
+            "accepted_last_over_first": mean("mean_accepted_length", rows[-window:])
+            / mean("mean_accepted_length", rows[:window]),
+            "plain_time_spread": max(plain) / min(plain)}
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     torch.set_num_threads(args.threads)
@@ -126,14 +144,13 @@ def main(argv=None) -> int:
                       f"{statistics.mean(r['mean_accepted_length'] for r in last):.2f}"
                       + (f", score scale {last[-1]['score_scale']:.3f}" if "score_scale" in last[-1] else ""),
                       flush=True)
-        first = statistics.mean(r["speedup"] for r in rows[:args.window])
-        last = statistics.mean(r["speedup"] for r in rows[-args.window:])
-        results[name] = {"first_window_speedup": first, "last_window_speedup": last, "last_over_first": last / first,
-                         "requests": rows}
-    print(f"\n{'drafter':<12} {'first ' + str(args.window):>10} {'last ' + str(args.window):>10} {'last/first':>11}")
+        results[name] = {**drift(rows, args.window), "requests": rows}
+    print(f"\n{'drafter':<12} {'first ' + str(args.window):>10} {'last ' + str(args.window):>10} {'last/first':>11} "
+          f"{'halves':>7} {'accepted last/first':>20} {'plain-time spread':>18}")
     for name, r in results.items():
         print(f"{name:<12} {r['first_window_speedup']:9.3f}x {r['last_window_speedup']:9.3f}x "
-              f"{r['last_over_first']:10.3f}")
+              f"{r['last_over_first']:10.3f} {r['second_half_over_first']:7.3f} {r['accepted_last_over_first']:20.3f} "
+              f"{r['plain_time_spread']:17.2f}x")
     print(f"same tokens as plain decoding: {'yes' if identical else 'NO'}")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
