@@ -9,16 +9,20 @@ from specdec_ext import ops
 
 __version__ = "0.1.0"
 
-__all__ = ["AdaptiveDrafter", "ops", "built_with_cuda", "__version__"]
+__all__ = ["AdaptiveDrafter", "Engine", "RequestSettings", "ops", "built_with_cuda", "__version__"]
 
 
 def __getattr__(name: str):
-    # AdaptiveDrafter (specdec_ext/adaptive.py) imports the drafters and through them transformers: loaded on first
+    # AdaptiveDrafter and Engine import the drafters and through them transformers: loaded on first
     # use, so that `import specdec_ext` for the ops alone stays light.
     if name == "AdaptiveDrafter":
         from specdec_ext.adaptive import AdaptiveDrafter
 
         return AdaptiveDrafter
+    if name in ("Engine", "RequestSettings"):  # (the engine imports the models layer: transformers)
+        from specdec_ext import engine
+
+        return getattr(engine, name)
     raise AttributeError(f"module 'specdec_ext' has no attribute {name!r}")
 
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
+from specdec_ext.drafters.base import check_vocab, to_device
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.models import TreeKVCache, masked_forward, tree_forward, use_tree_attention
 from specdec_ext.models.config import check_window, text_config
@@ -50,6 +50,7 @@ from specdec_ext.models.eagle import NATIVE_LAYER_MAX_ROWS
 from specdec_ext.models.fast_linear import pack_linears, packed_linears
 from specdec_ext.models.llama_step import LlamaStepOps
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
+from specdec_ext.state import DecodeState, DraftTree, StepResult
 
 
 def _param(model: torch.nn.Module) -> torch.Tensor:
@@ -76,6 +77,7 @@ class DraftModelDrafter:
     """
 
     hidden_state_layers: tuple[int, ...] = ()
+    defers_prefill = True
 
     def __init__(self, model: torch.nn.Module, num_draft_tokens: int = 4, tree_width: int = 1,
                  tree_attention: bool = True, confidence_threshold: float = 0.0, total_tokens: int | None = None,
@@ -97,7 +99,7 @@ class DraftModelDrafter:
             raise ValueError("DraftModelDrafter: confidence_threshold applies to chains (tree_width = 1)")
         self.confidence_threshold = float(confidence_threshold)
         self.model = model.eval()
-        self.k = num_draft_tokens
+        self.k = self.max_depth = num_draft_tokens
         self.width = tree_width
         self.max_nodes = (max_tree_nodes(num_draft_tokens, tree_width, total_tokens) if self.dynamic
                           else 1 + tree_width * num_draft_tokens)
@@ -128,26 +130,46 @@ class DraftModelDrafter:
             use_tree_attention(self.model)
         if self.packed_linears:
             pack_linears(self.model)
-        room = (self.k - 1) * self.width if self.dynamic else self.k  # positions written after the context
-        self.cache = TreeKVCache(self.model.config, state.batch_size, state.max_len + room + 1, dtype=p.dtype,
-                                 device=state.device)
-        self.valid = [0] * state.batch_size  # per row: context tokens the draft cache holds correctly
         self.fed = 0  # drafts fed in the last propose (their K/V sit after the context)
         self.forwards = 0
         self._ops, self._ops_built = None, False  # (the prompt's prefill below is long: the Hugging Face forward)
-        # Prefill the draft cache with each prompt but its last token (the first root) now, in the generation's
-        # prefill: left to the first propose it would bill a whole prompt forward to the first decoding step.
-        lengths = [n - 1 for n in state.prompt_lens]
+        self.cache, self.valid = None, []
+        self.add_rows(target, state, defer_prefill=defer_prefill)
+
+    def add_rows(self, target: torch.nn.Module, rows: DecodeState, prefill_hidden_states=None, *,
+                 defer_prefill: bool = False) -> None:
+        """The joining rows' draft cache, prefilled with each prompt but its last token (the first root) now, in
+        their prefill (left to the first propose it would bill a whole prompt forward to a decoding step), then
+        appended to the running rows' cache."""
+        p = _param(self.model)
+        room = (self.k - 1) * self.width if self.dynamic else self.k  # positions written after the context
+        cache = TreeKVCache(self.model.config, rows.batch_size, rows.max_len + room + 1, dtype=p.dtype,
+                            device=rows.device)
+        lengths = [n - 1 for n in rows.prompt_lens]
         T = max(lengths)
+        valid = [0] * rows.batch_size  # per row: context tokens the draft cache holds correctly
         if T > 0 and not defer_prefill:
             with packed_linears(self.packed_linears):
-                self._forward(state.tokens[:, :T], torch.zeros(state.batch_size, dtype=torch.int64,
-                                                               device=state.device), to_device(lengths, state.device))
-            self.valid = lengths
+                self._forward(rows.tokens[:, :T], torch.zeros(rows.batch_size, dtype=torch.int64, device=rows.device),
+                              to_device(lengths, rows.device), cache)
+            valid = lengths
+        if self.cache is None:
+            self.cache = cache
+        else:
+            self.cache.add_rows(cache)
+        self.valid = self.valid + valid
 
-    def _forward(self, tokens: torch.Tensor, prefix: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
-        """Appends ``tokens[B, T]`` (row b's first ``num[b]``) after ``prefix[b]``; returns logits ``[B, T, V]``."""
+    def _forward(self, tokens: torch.Tensor, prefix: torch.Tensor, num: torch.Tensor,
+                 cache: TreeKVCache | None = None) -> torch.Tensor:
+        """Appends ``tokens[B, T]`` (row b's first ``num[b]``) after ``prefix[b]`` in ``cache`` (default: the draft
+        cache); returns logits ``[B, T, V]``."""
         B, T = tokens.shape
+        if cache is not None:  # joining rows' own cache (their prefill): the Hugging Face forward
+            logits = tree_forward(self.model, cache, tokens, None, prefix, validate=False,
+                                  use_kernel=False if T > extend_kernel_max_tokens(tokens.device) else None)
+            cache.rewind(prefix + num)
+            self.forwards += 1
+            return logits
         if self._ops is not None and B * T <= NATIVE_LAYER_MAX_ROWS:  # (a CPU: reading prefix's maximum is free)
             pos = prefix[:, None] + torch.arange(T, device=tokens.device)
             mask = torch.arange(int(prefix.max()) + T, device=tokens.device)[None, None, :] <= pos[:, :, None]
@@ -164,6 +186,7 @@ class DraftModelDrafter:
         s = state.sampling
         if s.greedy:
             return logits.argmax(-1), None
+        # (per row: a greedy row of a mixed batch gets temperature 0, which samples its argmax)
         return ops.sample_tokens(logits, state.uniforms(logits.shape[0]), s.temperature, s.top_k, s.top_p,
                                  validate=False)
 

@@ -73,6 +73,13 @@ class EagleDrafter:
     token outside them is simply never drafted (lossless).
     """
 
+    defers_prefill = True
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest tree this drafter builds (its ``depth``)."""
+        return self.depth
+
     def __init__(self, model: nn.Module, depth: int = 8, top_k: int = 10, total_tokens: int = 60,
                  target: nn.Module | None = None, aux_layers=None, choices=None, calibrate: bool = True,
                  calibration_rate: float = 0.2, draft_vocab=None):
@@ -193,24 +200,37 @@ class EagleDrafter:
                         sub.bias.copy_(bias.index_select(0, self._vocab_ids))
                 self._lm_sub = sub
                 self._lm_sub_weight, self._lm_sub_key = w, key
-        B, dev = state.batch_size, state.device
         self._tree_slots = max((self.depth - 1) * self.top_k, self.max_nodes)
-        S = state.max_len + self._tree_slots + 2  # the last slot takes padding writes, never read
-        c = m.config
-        self.cache = EagleKVCache(B, c.num_key_value_heads, S, c.head_dim, p.dtype, dev)
-        self.feats = torch.zeros(B, state.max_len + 1, m.feature_size, dtype=p.dtype, device=dev)
-        self._positions = torch.arange(S, device=dev)
-        self.valid = [0] * B
+        self.cache, self.feats, self.valid = None, None, []
         self.forwards = 0
         self._ops, self._ops_built = None, False  # (the prompt's catch-up below is long: the modules' path)
+        self.add_rows(target, state, prefill_hidden_states, defer_prefill=defer_prefill)
+
+    def add_rows(self, target: nn.Module, rows: DecodeState, prefill_hidden_states=None, *,
+                 defer_prefill: bool = False) -> None:
+        """The joining rows' draft cache and target features, and the draft's prefill over their prompts (the
+        modules' path, into their own cache), then appended to the running rows'."""
+        running = (self.cache, self.feats, self.valid, self._ops)
+        p = next(q for q in self.model.parameters() if q.is_floating_point())
+        B, dev = rows.batch_size, rows.device
+        S = rows.max_len + self._tree_slots + 2  # the last slot takes padding writes, never read
+        c = self.model.config
+        self.cache = EagleKVCache(B, c.num_key_value_heads, S, c.head_dim, p.dtype, dev)
+        self.feats = torch.zeros(B, rows.max_len + 1, self.model.feature_size, dtype=p.dtype, device=dev)
+        self._positions = torch.arange(S, device=dev)
+        self.valid, self._ops = [0] * B, None
         if prefill_hidden_states is not None:
             f = torch.cat([h.to(p.dtype) for h in prefill_hidden_states], -1)  # [B, P_max - 1, Hf]
             self.feats[:, : f.shape[1]] = f
-            # The draft's own prefill, now (the generation's prefill): every prompt position but the last, which
-            # the first propose's catch-up reads to predict the root's feature. Left to that propose, a whole
-            # prompt's forward would be billed to the first decoding step.
-            if max(state.prompt_lens) >= 3 and not defer_prefill:
-                self._catch_up(state, hold=1)
+            # The draft's own prefill, now (the rows' prefill): every prompt position but the last, which the
+            # first propose's catch-up reads to predict the root's feature. Left to that propose, a whole prompt's
+            # forward would be billed to a decoding step.
+            if max(rows.prompt_lens) >= 3 and not defer_prefill:
+                self._catch_up(rows, hold=1)
+        if running[0] is not None:  # (the running cache object stays: the step ops read its tensors)
+            cache, feats, valid, self._ops = running
+            cache.k, cache.v = torch.cat([cache.k, self.cache.k]), torch.cat([cache.v, self.cache.v])
+            self.cache, self.feats, self.valid = cache, torch.cat([feats, self.feats]), valid + self.valid
 
     @property
     def score_scale(self) -> float:

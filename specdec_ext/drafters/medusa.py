@@ -53,6 +53,14 @@ class MedusaDrafter:
     ``calibration_rate`` as for :class:`~specdec_ext.drafters.EagleDrafter` (:attr:`score_scale`).
     """
 
+    defers_prefill = False  # no network forward over the prompt
+    forwards = 0  # (the heads run on the target's hidden states: no forwards of their own are counted)
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest tree this drafter builds (its tree's depth: one level per head)."""
+        return self.tree.max_depth
+
     hidden_state_layers: tuple[int, ...] = (-1,)
 
     def __init__(self, heads: MedusaHeads, choices=None, max_nodes: int | None = None, dynamic: bool = False,
@@ -127,17 +135,24 @@ class MedusaDrafter:
             raise ValueError(f"MedusaDrafter: the Medusa heads are on {p.device} but the target on {state.device}; "
                              "put both on one device")
         self._lm_head = lm_head
-        B, dev = state.batch_size, state.device
-        self.hidden = torch.zeros(B, self.heads.hidden_size, dtype=p.dtype, device=dev)
-        self._ready = False
+        self.hidden, self._ready = None, False
+        self.add_rows(target, state, prefill_hidden_states)
+
+    def add_rows(self, target: nn.Module, rows: DecodeState, prefill_hidden_states=None) -> None:
+        """The joining rows' hidden states (each prompt's last position before its root; zeros for a one-token
+        prompt), appended to the running rows'."""
+        p = next(self.heads.parameters())
+        B, dev = rows.batch_size, rows.device
+        hidden = torch.zeros(B, self.heads.hidden_size, dtype=p.dtype, device=dev)
         if prefill_hidden_states is not None:
             hs = prefill_hidden_states[0]  # [B, P_max - 1, H]
-            last = torch.tensor([max(n - 2, 0) for n in state.prompt_lens], dtype=torch.int64)
+            last = torch.tensor([max(n - 2, 0) for n in rows.prompt_lens], dtype=torch.int64)
             last = last.to(dev, non_blocking=True)
-            has = torch.tensor([n >= 2 for n in state.prompt_lens]).to(dev, non_blocking=True)
+            has = torch.tensor([n >= 2 for n in rows.prompt_lens]).to(dev, non_blocking=True)
             picked = hs.gather(1, last[:, None, None].expand(B, 1, hs.shape[-1]))[:, 0]
-            self.hidden = torch.where(has[:, None], picked.to(p.dtype), self.hidden)
-            self._ready = any(n >= 2 for n in state.prompt_lens)
+            hidden = torch.where(has[:, None], picked.to(p.dtype), hidden)
+            self._ready = self._ready or any(n >= 2 for n in rows.prompt_lens)
+        self.hidden = hidden if self.hidden is None else torch.cat([self.hidden, hidden])
 
     @torch.no_grad()
     def candidates(self, num_heads: int, top_k: int) -> torch.Tensor:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, pad_chains
+from specdec_ext.drafters.base import pad_chains
+from specdec_ext.state import DecodeState, DraftTree, StepResult
 
 
 def ngram_lookup(context: list[int], max_ngram_size: int, num_pred_tokens: int, min_ngram_size: int = 1) -> list[int]:
@@ -40,6 +41,8 @@ class NgramDrafter:
     """Prompt-lookup drafter (see the module doc). ``num_pred_tokens``: longest chain proposed."""
 
     hidden_state_layers: tuple[int, ...] = ()
+    forwards = 0  # no network
+    defers_prefill = False  # no prefill forward to defer
 
     def __init__(self, num_pred_tokens: int = 8, max_ngram_size: int = 3, min_ngram_size: int = 1):
         if num_pred_tokens < 1 or max_ngram_size < 1 or not 1 <= min_ngram_size <= max_ngram_size:
@@ -49,11 +52,17 @@ class NgramDrafter:
         self.max_ngram_size = max_ngram_size
         self.min_ngram_size = min_ngram_size
         self.max_nodes = num_pred_tokens + 1
+        self.max_depth = num_pred_tokens
 
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
+        self._index, self._indexed = [], []
+        self.add_rows(target, state)
+
+    def add_rows(self, target: torch.nn.Module, rows: DecodeState, prefill_hidden_states=None) -> None:
+        """Empty indices for the joining rows (built from their contexts at their first lookup)."""
         sizes = range(self.min_ngram_size, self.max_ngram_size + 1)
-        self._index = [{n: {} for n in sizes} for _ in range(state.batch_size)]
-        self._indexed = [0] * state.batch_size  # per row: context length the index covers
+        self._index += [{n: {} for n in sizes} for _ in range(rows.batch_size)]
+        self._indexed += [0] * rows.batch_size  # per row: context length the index covers
 
     def _lookup(self, b: int, ctx: list[int], k: int) -> list[int]:
         """:func:`ngram_lookup` through row b's incremental index."""
@@ -74,8 +83,7 @@ class NgramDrafter:
         if getattr(self, "_index", None) is None or len(self._index) != state.batch_size:
             self.begin(None, state)
         k = min(self.num_pred_tokens, max_depth)
-        chains = [[] if done else self._lookup(b, ctx, k)
-                  for b, (ctx, done) in enumerate(zip(state.host_tokens, state.done))]
+        chains = [self._lookup(b, ctx, k) for b, ctx in enumerate(state.host_tokens)]
         return pad_chains(chains, [ctx[-1] for ctx in state.host_tokens], state.device)
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:

@@ -22,10 +22,12 @@ Speculative step. ``tree_forward`` rewinds to the prefix, runs the tree's N node
 ``prefix_lens[b] + j``) and rewinds again; after verification :meth:`accept` (or :meth:`compact`) moves the accepted
 path right after the prefix and sets the lengths.
 
-Retiring rows. :meth:`keep_rows` drops finished rows of a batch in place: surviving rows that must move to a lower
-slot are copied there (the decode loop fills finished rows' slots with the last live rows, so only those move), and
-the batch dimension becomes a view of the first B' slots; nothing is reallocated. The decode loop calls it once per
-retirement event, so a finished row costs nothing in later steps.
+Rows joining and leaving. The rows are allocated once (``capacity``, default the batch size) and the batch is a
+view of the first ``batch_size`` of them. :meth:`keep_rows` drops finished rows in place: surviving rows that must
+move to a lower slot are copied there (the engine fills finished rows' slots with the last live rows, so only those
+move), and the batch becomes a view of the first B' slots; nothing is reallocated. :meth:`add_rows` appends the rows
+of another cache (joining requests' prefill) into the allocated rows after the batch. The engine calls them once
+per retirement or join, so a finished row costs nothing in later steps.
 
 Sliding-window layers are stored in full (no ring buffer); per-layer head counts and head dims must be equal.
 """
@@ -196,7 +198,7 @@ class TreeKVCache(Cache):
     """
 
     def __init__(self, config, batch_size: int, max_len: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", capacity: int | None = None):
         cfg = text_config(config)
         L = cfg.num_hidden_layers
         heads = cfg.num_attention_heads
@@ -206,10 +208,15 @@ class TreeKVCache(Cache):
         unsupported = sorted({t for t in layer_types if t not in ("full_attention", "sliding_attention")})
         if unsupported:
             raise NotImplementedError(f"TreeKVCache holds full/sliding attention layers only, got {unsupported}")
-        if batch_size < 1 or max_len < 1:
-            raise ValueError(f"TreeKVCache: batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
-        self.storage = torch.zeros(L, 2, batch_size, Hkv, max_len, D, dtype=dtype, device=device)
-        self._lengths = torch.zeros(L, batch_size, dtype=torch.int64, device=device)
+        capacity = batch_size if capacity is None else capacity
+        if batch_size < 0 or capacity < max(batch_size, 1) or max_len < 1:
+            raise ValueError(f"TreeKVCache: need 0 <= batch_size <= capacity, capacity >= 1 and max_len >= 1, got "
+                             f"batch_size {batch_size}, capacity {capacity}, max_len {max_len}")
+        # rows allocated once; the batch is a view of the first batch_size of them (see add_rows / keep_rows)
+        self._all_storage = torch.zeros(L, 2, capacity, Hkv, max_len, D, dtype=dtype, device=device)
+        self._all_lengths = torch.zeros(L, capacity, dtype=torch.int64, device=device)
+        self.storage = self._all_storage.narrow(2, 0, batch_size)
+        self._lengths = self._all_lengths.narrow(1, 0, batch_size)
         self._write_index = _WriteIndex()
         layers = [TreeKVLayer(self.storage[l, 0], self.storage[l, 1], self._lengths[l], l, self._write_index)
                   for l in range(L)]
@@ -244,6 +251,42 @@ class TreeKVCache(Cache):
     def _row_tensor(self, value, name: str) -> torch.Tensor:
         return row_tensor(value, self.batch_size, self.device, name, "TreeKVCache")
 
+    @property
+    def capacity(self) -> int:
+        """Rows allocated (the batch may grow to this many without reallocating)."""
+        return self._all_storage.shape[2]
+
+    def _view_rows(self, n: int) -> None:
+        """The batch becomes the first n allocated rows (layers view them; earlier views are stale)."""
+        self.storage = self._all_storage.narrow(2, 0, n)
+        self._lengths = self._all_lengths.narrow(1, 0, n)
+        for l, layer in enumerate(self.layers):
+            layer.keys, layer.values, layer.lengths = self.storage[l, 0], self.storage[l, 1], self._lengths[l]
+            layer.batch_size = n
+        self._write_index.lengths_set(None)
+
+    def add_rows(self, src: "TreeKVCache") -> None:
+        """``src``'s rows (a cache of the same model and ``max_len``: joining rows' prefill) join as the last rows,
+        with their lengths. They are copied into the allocated rows after the batch; past the capacity the storage
+        is reallocated (twice as many rows, so that joins cost amortised O(1) reallocations)."""
+        if not isinstance(src, TreeKVCache) or src.storage.shape[:2] != self.storage.shape[:2] or (
+                src.storage.shape[3:] != self.storage.shape[3:]):
+            raise ValueError(f"TreeKVCache.add_rows: src must be a TreeKVCache of the same model and max_len "
+                             f"(storage [L, 2, B, Hkv, S, D] = {list(self.storage.shape[:2])} + [B] + "
+                             f"{list(self.storage.shape[3:])}), got "
+                             f"{tuple(src.storage.shape) if isinstance(src, TreeKVCache) else type(src).__name__}")
+        B, n = self.batch_size, src.batch_size
+        if B + n > self.capacity:
+            grown = torch.zeros(*self._all_storage.shape[:2], max(B + n, 2 * self.capacity),
+                                *self._all_storage.shape[3:], dtype=self.dtype, device=self.device)
+            grown.narrow(2, 0, B).copy_(self.storage)
+            lengths = torch.zeros(self._all_lengths.shape[0], grown.shape[2], dtype=torch.int64, device=self.device)
+            lengths.narrow(1, 0, B).copy_(self._lengths)
+            self._all_storage, self._all_lengths = grown, lengths
+        self._all_storage.narrow(2, B, n).copy_(src.storage)
+        self._all_lengths.narrow(1, B, n).copy_(src._lengths)
+        self._view_rows(B + n)
+
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keeps only the rows ``index`` (int64 ``[B']``, distinct, any order; best a CPU tensor: a device one is
         read back), which become rows ``0 .. B' - 1``. In place: row ``index[i]`` moves to slot i where they differ
@@ -252,20 +295,16 @@ class TreeKVCache(Cache):
         as the decode loop orders it) moves one row; an ``index_select`` would copy and reallocate the whole cache
         (45 ms for a 93 MB cache of 64 rows on a CPU core, more than a decoding step). Layers then view the new
         slots (views taken earlier, e.g. :meth:`kv_views`, are stale)."""
-        if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.numel() < 1:
-            raise ValueError(f"TreeKVCache.keep_rows: index must be a non-empty 1-D tensor of row indices, got "
+        if not isinstance(index, torch.Tensor) or index.dim() != 1:
+            raise ValueError(f"TreeKVCache.keep_rows: index must be a 1-D tensor of row indices, got "
                              f"{tuple(index.shape) if isinstance(index, torch.Tensor) else type(index).__name__}")
         rows = index.tolist()
         B = self.batch_size
         if any(not 0 <= r < B for r in rows) or len(set(rows)) != len(rows):
             raise ValueError(f"TreeKVCache.keep_rows: rows {rows} must be distinct and in [0, {B})")
-        n = len(rows)
-        self.storage = keep_batch_rows(self.storage, rows, dim=2)
-        self._lengths = keep_batch_rows(self._lengths, rows, dim=1)
-        for l, layer in enumerate(self.layers):
-            layer.keys, layer.values, layer.lengths = self.storage[l, 0], self.storage[l, 1], self._lengths[l]
-            layer.batch_size = n
-        self._write_index.lengths_set(None)
+        keep_batch_rows(self.storage, rows, dim=2)
+        keep_batch_rows(self._lengths, rows, dim=1)
+        self._view_rows(len(rows))
 
     def crop(self, tokens_to_remove: int) -> None:
         uniform = self._write_index.uniform

@@ -1,0 +1,376 @@
+"""The decode engine (:class:`Engine`): serving code adds requests, steps, aborts; rows join and leave between steps.
+
+::
+
+    engine = Engine(target, drafter, max_batch=8, max_len=512, tokenizer=tok)
+    rid = engine.add_request(prompt_ids, max_new_tokens=64, temperature=0.7, seed=1, stop=["\\n\\n"])
+    while engine.has_unfinished():
+        for request_id, new_tokens, finish_reason in engine.step():
+            ...
+
+One step (:meth:`Engine.step`)::
+
+    leave(aborted rows); join(queued requests)            # prefill of the joining rows alone, then appended
+    tree   = drafter.propose(state, max_depth)            # a 1-node tree without a drafter: plain decoding
+    logits = tree_forward(target, cache, tree)            # ONE target forward for every row
+    v      = verify(logits, tree, state)                  # per row: greedy, lossless sampling or typical
+    cache.accept(v.accepted, v.accept_len)                # one compact_kv call for every layer
+    emit: read back (the step's one synchronisation), cut at stop tokens / budget / stop strings, state += tokens
+    drafter.observe(...); leave(finished rows)
+
+Every emitted token comes out of a verification: a prompt's last token is not prefilled but is its first root, so
+plain decoding is the same loop with 1-node trees.
+
+Joining. Requests wait in a FIFO queue (:class:`~specdec_ext.engine.scheduler.Scheduler`) and join when rows are
+free. The joining rows' prefill runs alone, as a batch of its own, into a cache of their own, whose rows are then
+appended to the running cache (:meth:`~specdec_ext.models.TreeKVCache.add_rows`); the drafter gains the rows
+(``Drafter.add_rows``, or ``begin`` when the batch was empty) and the rows take part in the same step. A prefill
+beside the decoding rows (chunked into the step's forward) would need a forward whose rows carry different numbers
+of tokens; here a prompt's prefill is one forward of its own, which costs what it costs alone.
+
+Leaving. Finished and aborted rows leave after the step in which they ended (aborted ones before the next step's
+work): the target cache, the state and the drafter keep the live rows (``keep_rows`` / ``Drafter.retire``), so they
+cost nothing in later steps.
+
+Budget. The drafter is asked for trees at most ``remaining - 1`` deep for the row with the most budget left.
+
+Synchronisation. Inside a step every op runs with ``validate=False``; the host reads one small tensor per step
+(accepted lengths and emitted tokens). Times in :attr:`Engine.stats` are host wall times per phase.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import numbers
+import time
+
+import torch
+
+from specdec_ext.drafters.base import check_drafter, serving, to_device
+from specdec_ext.engine.request import Request
+from specdec_ext.engine.scheduler import Scheduler
+from specdec_ext.engine.settings import RequestSettings
+from specdec_ext.engine.stats import DecodeStats
+from specdec_ext.engine.stop_strings import TextStops
+from specdec_ext.engine.verify import Verifier
+from specdec_ext.models import TreeKVCache, tree_forward, use_tree_attention
+from specdec_ext.models.config import check_window, text_config
+from specdec_ext.models.fast_linear import pack_linears_where_fast, packed_linears
+from specdec_ext.models.tree_forward import extend_kernel_max_tokens
+from specdec_ext.state import DecodeState, SamplingParams, StepResult, plain_tree
+
+__all__ = ["Engine"]
+
+Event = tuple[int, list[int], "str | None"]
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _accepts(model, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def prompt_list(prompt_ids, where: str = "add_request") -> list[int]:
+    """A prompt (a list of ints or a 1-D integer tensor) as a non-empty list of ints, or a ValueError."""
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dtype.is_floating_point or prompt_ids.dtype.is_complex or prompt_ids.dtype == torch.bool:
+            raise ValueError(f"{where}: prompt_ids must hold integer token ids, got a tensor of dtype "
+                             f"{prompt_ids.dtype}")
+        if prompt_ids.dim() != 1:
+            raise ValueError(f"{where}: prompt_ids must be a 1-D tensor (one prompt), got shape "
+                             f"{tuple(prompt_ids.shape)}")
+        prompt_ids = prompt_ids.tolist()
+    if not isinstance(prompt_ids, (list, tuple)) or not all(_is_int(t) for t in prompt_ids):
+        raise ValueError(f"{where}: prompt_ids must be a list of integer token ids or a 1-D integer tensor, got "
+                         f"{type(prompt_ids).__name__}")
+    if not prompt_ids:
+        raise ValueError(f"{where}: prompt_ids is empty (a prompt needs at least one token)")
+    return [int(t) for t in prompt_ids]
+
+
+class Engine:
+    """Continuous-batching speculative decoding of ``target`` (an HF causal LM) with ``drafter`` (None: plain).
+
+    ``max_batch``: rows decoded together (more requests queue). ``max_len``: cache positions per row (a request
+    needs its prompt + ``max_new_tokens`` + the drafter's tree size; default: the target's
+    ``max_position_embeddings``). ``tokenizer``: needed by requests with stop strings. ``eos_token_id``: ids that
+    end every request (default: the target's ``generation_config``; ``[]``: none). ``acceptance`` /
+    ``posterior_threshold`` / ``posterior_alpha``: :mod:`~specdec_ext.engine.verify`. ``tree_attention``: switch the
+    target to the ``specdec_tree`` attention implementation. ``packed_linears``: the target's linear layers multiply
+    with packed weights where that is faster (CPU).
+
+    The engine holds ``drafter`` until :meth:`close` (or the end of a ``with`` block): one engine per drafter.
+    """
+
+    def __init__(self, target: torch.nn.Module, drafter=None, *, max_batch: int = 8, max_len: int | None = None,
+                 tokenizer=None, eos_token_id=None, acceptance: str = "exact", posterior_threshold: float = 0.09,
+                 posterior_alpha: float = 0.3, tree_attention: bool = True, packed_linears: bool = True):
+        t_start = time.perf_counter()
+        if not isinstance(target, torch.nn.Module) or getattr(target, "config", None) is None:
+            raise ValueError(f"Engine: target must be a Hugging Face causal LM (a torch.nn.Module with a config), "
+                             f"got {type(target).__name__}")
+        if drafter is not None:
+            check_drafter("Engine", drafter)
+        if not _is_int(max_batch) or max_batch < 1:
+            raise ValueError(f"Engine: max_batch must be an integer >= 1, got {max_batch!r}")
+        cfg = text_config(target.config)
+        self.vocab_size = V = cfg.vocab_size
+        self.max_nodes = drafter.max_nodes if drafter is not None else 1
+        self.position_limit = getattr(cfg, "max_position_embeddings", None)
+        if max_len is None:
+            if self.position_limit is None:
+                raise ValueError("Engine: max_len is required (the target's config has no max_position_embeddings)")
+            max_len = self.position_limit + self.max_nodes
+        if not _is_int(max_len) or max_len < self.max_nodes + 1:
+            raise ValueError(f"Engine: max_len must be an integer >= {self.max_nodes + 1} (one prompt token, one new "
+                             f"token and the drafter's tree of {self.max_nodes} nodes), got {max_len!r}")
+        if not isinstance(packed_linears, bool):
+            raise ValueError(f"Engine: packed_linears must be True or False, got {packed_linears!r}")
+        self.eos = self._eos_ids(eos_token_id, target)
+        self.verify = Verifier(acceptance, self.max_nodes, posterior_threshold, posterior_alpha)
+        check_window("Engine", target.config, max_len - 1)
+        self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
+        self.max_batch, self.max_len = int(max_batch), int(max_len)
+        param = next(p for p in target.parameters() if p.is_floating_point())
+        self.device, self.dtype = param.device, param.dtype
+        if tree_attention:
+            use_tree_attention(target)
+        self.packed = packed_linears
+        if packed_linears:
+            pack_linears_where_fast(target)
+        self._hold = contextlib.ExitStack()
+        self._hold.enter_context(serving(drafter, "Engine"))
+        self.layers = tuple(drafter.hidden_state_layers) if drafter is not None else ()
+        self._hidden_kwargs = {"output_hidden_states": True, "return_outputs": True} if self.layers else {}
+        self._logits_to_keep = {"logits_to_keep": 1} if _accepts(target, "logits_to_keep") else {}
+        self.cache = TreeKVCache(target.config, 0, self.max_len, dtype=self.dtype, device=self.device,
+                                 capacity=self.max_batch)
+        self.scheduler = Scheduler(self.max_batch)
+        self.state: DecodeState | None = None
+        self.requests: dict[int, Request] = {}  # unfinished requests (running or queued) by id
+        self._next_id = 0
+        self._events: list[Event] = []  # aborts of queued requests, reported by the next step
+        self.stats = DecodeStats(batch_size=0, accept_hist=[0] * self.max_nodes)
+        self._t_start = t_start
+
+    # ---- the interface --------------------------------------------------------------------------------------------
+    def add_request(self, prompt_ids, settings: RequestSettings | None = None, **kwargs) -> int:
+        """Queues a request (``settings``, or the :class:`RequestSettings` fields as keywords); returns its id."""
+        s = RequestSettings.of(settings, **kwargs)
+        prompt = prompt_list(prompt_ids)
+        bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"add_request: prompt_ids holds token {bad}, outside the target's vocabulary "
+                             f"[0, {self.vocab_size})")
+        if any(t >= self.vocab_size for t in s.stop_token_ids):
+            raise ValueError(f"add_request: stop_token_ids {list(s.stop_token_ids)} outside the target's vocabulary "
+                             f"[0, {self.vocab_size})")
+        needed = len(prompt) + s.max_new_tokens
+        if self.position_limit is not None and needed > self.position_limit:
+            raise ValueError(f"add_request: prompt_ids ({len(prompt)} tokens) plus max_new_tokens "
+                             f"({s.max_new_tokens}) needs {needed} positions, more than the target's "
+                             f"max_position_embeddings = {self.position_limit}")
+        if needed + self.max_nodes > self.max_len:
+            raise ValueError(f"add_request: prompt_ids ({len(prompt)} tokens) plus max_new_tokens "
+                             f"({s.max_new_tokens}) plus the drafter's tree ({self.max_nodes}) needs "
+                             f"{needed + self.max_nodes} positions, more than the engine's max_len = {self.max_len}")
+        if s.stop and self.tokenizer is None:
+            raise ValueError("add_request: stop strings need the engine's tokenizer (Engine(..., tokenizer=...))")
+        rid = self._next_id
+        self._next_id += 1
+        stop_ids = frozenset(s.stop_token_ids) | (frozenset() if s.ignore_eos else frozenset(self.eos))
+        text = TextStops(self.tokenizer, s.stop, prompt) if s.stop else None
+        request = Request(rid, prompt, s, stop_ids, s.make_generator(self.device), text)
+        self.requests[rid] = request
+        self.scheduler.add(request)
+        return rid
+
+    def abort(self, request_id: int) -> None:
+        """Ends a request: a queued one leaves the queue, a running one leaves the batch before the next step's
+        work. Either way the next :meth:`step` reports ``(request_id, [], "abort")``. A finished request: nothing to
+        do. An id this engine never gave out is a ValueError."""
+        if not _is_int(request_id) or not 0 <= request_id < self._next_id:
+            raise ValueError(f"abort: unknown request_id {request_id!r} (this engine gave out ids 0 .. "
+                             f"{self._next_id - 1})")
+        request = self.requests.pop(request_id, None)
+        if request is None or request.finished:
+            return
+        request.finish_reason = "abort"
+        self.scheduler.drop_waiting(request)  # (a running one leaves at the next retirement)
+        self._events.append((request_id, [], "abort"))
+
+    def has_unfinished(self) -> bool:
+        """Whether some request is running or queued."""
+        return bool(self.requests)
+
+    def step(self) -> list[Event]:
+        """Admits queued requests into free rows, runs one speculative step over the batch, and returns
+        ``[(request id, new token ids, finish reason or None)]`` for every request that emitted or ended."""
+        events, self._events = self._events, []
+        with packed_linears(self.packed), torch.no_grad():
+            self._leave()
+            self._join()
+            if self.state is not None:
+                events += self._step()
+                self._leave()
+        self.stats.total_s = time.perf_counter() - self._t_start
+        return events
+
+    def close(self) -> None:
+        """Lets the drafter go (another engine or generation may use it)."""
+        self._hold.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- the step -------------------------------------------------------------------------------------------------
+    def _step(self) -> list[Event]:
+        st, stats, drafter, rows = self.state, self.stats, self.drafter, self.scheduler.running
+        t0 = time.perf_counter()
+        budget = max(r.remaining for r in rows)
+        tree = drafter.propose(st, budget - 1) if drafter is not None else plain_tree(st.last_tokens)
+        t1 = time.perf_counter()
+        prefix = st.prefix_lens
+        out = tree_forward(self.target, self.cache, tree.tokens, tree.parents, prefix, validate=False,
+                           **self._hidden_kwargs)
+        v = self.verify(out.logits if self.layers else out, tree, st)
+        self.cache.accept(v.accepted, v.accept_len, prefix, validate=False)
+        emitted, host = self._read_back(tree, v)
+        t2 = time.perf_counter()
+        events, appended = [], []
+        for b, r in enumerate(rows):
+            new = r.emit(host[b][1: host[b][0] + 2])
+            st.host_tokens[b].extend(new)
+            st.done[b] = r.finished
+            appended.append(len(new))
+            events.append((r.id, new, r.finish_reason))
+            if r.finished:
+                self.requests.pop(r.id, None)
+            stats.accept_hist[host[b][0]] += 1
+        self._advance(emitted, appended)
+        t3 = time.perf_counter()
+        if drafter is not None:
+            drafter.observe(st, tree, StepResult(v.accepted, v.accept_len, v.next_token, appended,
+                                                 tuple(out.hidden_states[i] for i in self.layers) or None))
+        t4 = time.perf_counter()
+        stats.steps += 1
+        stats.target_forwards += 1
+        stats.row_steps += len(rows)
+        stats.new_tokens += sum(appended)
+        stats.draft_forwards = int(drafter.forwards) if drafter is not None else 0
+        stats.draft_s += (t1 - t0) + (t4 - t3)
+        stats.verify_s += t2 - t1
+        stats.bookkeeping_s += t3 - t2
+        return events
+
+    def _read_back(self, tree, v) -> tuple[torch.Tensor, list[list[int]]]:
+        """Each row's accepted path tokens after the root then the next token (``[B, N]``, the first
+        ``accept_len + 1`` meaningful), and on the host ``[accept_len, tokens...]`` per row: the step's one
+        synchronisation."""
+        N = tree.num_nodes
+        path = tree.tokens.gather(1, v.accepted.clamp(min=0))  # [B, N] accepted path tokens, root first
+        j = torch.arange(N, device=self.device)
+        emitted = torch.where(j == v.accept_len[:, None], v.next_token[:, None],
+                              torch.cat([path[:, 1:], v.next_token[:, None]], 1))
+        return emitted, torch.cat([v.accept_len[:, None], emitted], 1).tolist()
+
+    def _advance(self, emitted: torch.Tensor, appended: list[int]) -> None:
+        """The state takes each row's first ``appended[b]`` emitted tokens."""
+        st = self.state
+        j = torch.arange(emitted.shape[1], device=self.device)
+        n = to_device(appended, self.device)
+        pos = st.lengths[:, None] + j
+        st.tokens.scatter_(1, pos, torch.where(j < n[:, None], emitted, st.tokens.gather(1, pos)))
+        st.lengths = st.lengths + n
+        st.step += 1
+
+    # ---- rows joining and leaving ---------------------------------------------------------------------------------
+    def _join(self) -> None:
+        """Queued requests take the free rows: their prefill alone, then their rows join the cache, the drafter and
+        the state."""
+        joining = self.scheduler.admit()
+        if not joining:
+            return
+        t0 = time.perf_counter()
+        rows = self._rows_of(joining)
+        cache = TreeKVCache(self.target.config, len(joining), self.max_len, dtype=self.dtype, device=self.device)
+        T = max(rows.prompt_lens) - 1  # everything but each prompt's last token (its first root)
+        hidden = None
+        if T > 0:
+            out = tree_forward(self.target, cache, rows.tokens[:, :T], None, 0, validate=False,
+                               use_kernel=False if T > extend_kernel_max_tokens(self.device) else None,
+                               **self._hidden_kwargs, **self._logits_to_keep)
+            if self.layers:
+                hidden = tuple(out.hidden_states[i] for i in self.layers)
+            self.stats.prefill_forwards += 1
+        cache.rewind(rows.prefix_lens)
+        self.cache.add_rows(cache)
+        if self.state is None:
+            self.state = rows
+            if self.drafter is not None:
+                self.drafter.begin(self.target, rows, hidden)
+        else:
+            if self.drafter is not None:
+                self.drafter.add_rows(self.target, rows, hidden)
+            self.state.append(rows)
+        self.stats.joins += 1
+        self.stats.batch_size = max(self.stats.batch_size, self.state.batch_size)
+        self.stats.prefill_s += time.perf_counter() - t0
+
+    def _rows_of(self, requests: list[Request]) -> DecodeState:
+        """The decode state of ``requests`` alone (their prompts, sampling and generators)."""
+        buf = torch.zeros(len(requests), self.max_len, dtype=torch.int64)
+        for b, r in enumerate(requests):
+            buf[b, : len(r.prompt)] = torch.tensor(r.prompt)
+        s = [r.settings for r in requests]
+        sampling = SamplingParams.rows([x.temperature for x in s], [x.top_k for x in s], [x.top_p for x in s],
+                                       self.device)
+        return DecodeState(tokens=buf.to(self.device), lengths=to_device([len(r.prompt) for r in requests],
+                                                                        self.device),
+                           host_tokens=[list(r.prompt) for r in requests], prompt_lens=[len(r.prompt) for r in requests],
+                           done=[False] * len(requests), max_len=self.max_len, sampling=sampling,
+                           generators=[r.generator for r in requests], vocab_size=self.vocab_size)
+
+    def _leave(self) -> None:
+        """Finished and aborted rows leave the cache, the state and the drafter (see the module doc)."""
+        keep = self.scheduler.retire()
+        if keep is None:
+            return
+        t0 = time.perf_counter()
+        keep_t = torch.tensor(keep, dtype=torch.int64)  # host values: caches and drafters read them, no sync
+        self.cache.keep_rows(keep_t)
+        if not keep:
+            self.state = None
+        else:
+            self.state.keep_rows(keep_t.to(self.device, non_blocking=True), keep)
+            t1 = time.perf_counter()
+            if self.drafter is not None:
+                self.drafter.retire(keep_t)
+            self.stats.draft_s += time.perf_counter() - t1
+        self.stats.retirements += 1
+        self.stats.bookkeeping_s += time.perf_counter() - t0
+
+    @staticmethod
+    def _eos_ids(eos_token_id, target) -> list[int]:
+        if eos_token_id is None:
+            eos_token_id = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+        if eos_token_id is None:
+            return []
+        if isinstance(eos_token_id, torch.Tensor):
+            eos_token_id = eos_token_id.flatten().tolist()
+        ids = [eos_token_id] if _is_int(eos_token_id) else eos_token_id
+        if not isinstance(ids, (list, tuple)) or not all(_is_int(i) for i in ids):
+            raise ValueError(f"Engine: eos_token_id must be a token id, a list of them or None, got {eos_token_id!r}")
+        V = text_config(target.config).vocab_size
+        if any(not 0 <= i < V for i in ids):
+            raise ValueError(f"Engine: eos_token_id {list(ids)} outside the target's vocabulary [0, {V})")
+        return [int(i) for i in ids]

@@ -1,0 +1,157 @@
+"""The decode loop's state types, which the engine (:mod:`specdec_ext.engine`) and the drafters both use.
+
+* :class:`DraftTree`: one step's draft tree per row (``tokens[B, N]``, ``parents[B, N]``, ``draft_probs``).
+* :class:`SamplingParams`: per-row temperature (0 = greedy), top-k and top-p, as ``[B]`` tensors.
+* :class:`DecodeState`: every row's context, lengths, sampling and random stream; rows join (:meth:`append`) and
+  leave (:meth:`keep_rows`) between steps.
+* :class:`StepResult`: a step's verification outcome, handed to the drafter's ``observe``.
+
+The drafter protocol that reads them is :mod:`specdec_ext.drafters.base`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DecodeState", "DraftTree", "GREEDY_TEMPERATURE", "SamplingParams", "StepResult", "plain_tree"]
+
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this are greedy: the ops' epsilon (docs/ARCHITECTURE.md)
+
+
+@dataclass
+class DraftTree:
+    """One step's draft tree per row (see :mod:`specdec_ext.drafters.base`)."""
+
+    tokens: torch.Tensor  # [B, N] int64; tokens[:, 0] is the root (last emitted token)
+    parents: torch.Tensor  # [B, N] int64; parents[:, 0] == -1, parents[:, i] < i
+    draft_probs: torch.Tensor | None = None  # [B, N, V] float32, row u = distribution of u's children; or None
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+
+def plain_tree(roots: torch.Tensor) -> DraftTree:
+    """The 1-node tree of each row's root ``roots[B]``: a plain decoding step."""
+    return DraftTree(roots[:, None], torch.full((roots.shape[0], 1), -1, dtype=torch.int64, device=roots.device))
+
+
+@dataclass
+class SamplingParams:
+    """Each row's sampling: ``temperature`` / ``top_p`` float32 ``[B]``, ``top_k`` int64 ``[B]`` on the state's
+    device (the ops take them per row), and ``greedy_rows`` on the host. Built by :meth:`rows`, validated by the
+    engine's :class:`~specdec_ext.engine.RequestSettings`."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    greedy_rows: list[bool]
+
+    @classmethod
+    def rows(cls, temperature: list[float], top_k: list[int], top_p: list[float], device) -> "SamplingParams":
+        t = torch.tensor(temperature, dtype=torch.float32)
+        return cls(t.to(device), torch.tensor(top_k, dtype=torch.int64).to(device),
+                   torch.tensor(top_p, dtype=torch.float32).to(device), [x < GREEDY_TEMPERATURE for x in temperature])
+
+    @property
+    def greedy(self) -> bool:
+        """Every row is greedy (then argmax drafting and greedy verification suffice)."""
+        return all(self.greedy_rows)
+
+    def keep_rows(self, keep: torch.Tensor, rows: list[int]) -> "SamplingParams":
+        return SamplingParams(self.temperature.index_select(0, keep), self.top_k.index_select(0, keep),
+                              self.top_p.index_select(0, keep), [self.greedy_rows[i] for i in rows])
+
+    def append(self, other: "SamplingParams") -> "SamplingParams":
+        return SamplingParams(torch.cat([self.temperature, other.temperature]), torch.cat([self.top_k, other.top_k]),
+                              torch.cat([self.top_p, other.top_p]), self.greedy_rows + other.greedy_rows)
+
+
+@dataclass
+class DecodeState:
+    """What the loop knows about every row; drafters read it (and must not modify it).
+
+    ``tokens`` is a device buffer ``[B, max_len]`` (right-padded) with each row's context; ``host_tokens`` the same
+    as Python lists (available without a device sync: the loop reads its results back once per step).
+    ``generators[b]``: row b's random stream (None for a greedy row); rows may share one generator.
+    """
+
+    tokens: torch.Tensor  # [B, max_len] int64 on the target's device
+    lengths: torch.Tensor  # [B] int64 on the device: context length (prompt + emitted, root included)
+    host_tokens: list[list[int]]  # per row, the context as Python ints
+    prompt_lens: list[int]
+    done: list[bool]  # per row: finished (stop, budget or abort); the row leaves the batch after the step
+    max_len: int  # capacity of ``tokens`` and of the target cache
+    sampling: SamplingParams
+    generators: list[torch.Generator | None]
+    vocab_size: int
+    step: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    @property
+    def prefix_lens(self) -> torch.Tensor:
+        """``[B]``: tokens in the target cache before the root (``lengths - 1``)."""
+        return self.lengths - 1
+
+    @property
+    def last_tokens(self) -> torch.Tensor:
+        """``[B]``: each row's root, the last context token."""
+        return self.tokens.gather(1, (self.lengths - 1)[:, None])[:, 0]
+
+    def keep_rows(self, keep: torch.Tensor, keep_host: list[int] | None = None) -> None:
+        """Keeps only the rows ``keep`` (int64 ``[B']``, distinct), which become rows ``0 .. B' - 1``: the device
+        tensors by one ``index_select`` each, the host lists by ``keep_host`` (= ``keep.tolist()``, passed by the
+        loop so that a device ``keep`` costs no synchronisation)."""
+        rows = keep.tolist() if keep_host is None else list(keep_host)
+        keep = keep.to(self.device, non_blocking=True)
+        self.tokens = self.tokens.index_select(0, keep)
+        self.lengths = self.lengths.index_select(0, keep)
+        self.host_tokens = [self.host_tokens[i] for i in rows]
+        self.prompt_lens = [self.prompt_lens[i] for i in rows]
+        self.done = [self.done[i] for i in rows]
+        self.sampling = self.sampling.keep_rows(keep, rows)
+        self.generators = [self.generators[i] for i in rows]
+
+    def append(self, other: "DecodeState") -> None:
+        """The rows of ``other`` (same ``max_len`` and vocabulary) join as the last rows."""
+        if other.max_len != self.max_len or other.vocab_size != self.vocab_size:
+            raise ValueError(f"DecodeState.append: rows of max_len {other.max_len} / vocabulary {other.vocab_size} "
+                             f"cannot join a state of max_len {self.max_len} / vocabulary {self.vocab_size}")
+        self.tokens = torch.cat([self.tokens, other.tokens])
+        self.lengths = torch.cat([self.lengths, other.lengths])
+        self.host_tokens = self.host_tokens + other.host_tokens
+        self.prompt_lens = self.prompt_lens + other.prompt_lens
+        self.done = self.done + other.done
+        self.sampling = self.sampling.append(other.sampling)
+        self.generators = self.generators + other.generators
+
+    def uniforms(self, rows: int, *shape: int) -> torch.Tensor:
+        """Uniform [0, 1) numbers ``[rows, *shape]`` on the state's device, row b's drawn from row b's generator
+        (``prod(shape)`` numbers per row, whatever else is in the batch); zeros for a greedy row, which draws
+        nothing."""
+        if rows != self.batch_size:
+            raise ValueError(f"DecodeState.uniforms: {rows} rows asked of a batch of {self.batch_size}")
+        dev = self.device
+        draws = [torch.rand(*shape, generator=gen, device=gen.device).to(dev, non_blocking=True)
+                 if gen is not None and not greedy else torch.zeros(*shape, device=dev)
+                 for gen, greedy in zip(self.generators, self.sampling.greedy_rows)]
+        return torch.stack(draws) if draws else torch.zeros(0, *shape, device=dev)
+
+@dataclass
+class StepResult:
+    """Verification outcome of one step, handed to the drafter's ``observe`` after ``state`` was updated."""
+
+    accepted: torch.Tensor  # [B, N] int64 node indices of the accepted path, root first, -1 padded
+    accept_len: torch.Tensor  # [B] int64 accepted draft tokens (root excluded)
+    next_token: torch.Tensor  # [B] int64 correction or bonus token
+    appended: list[int]  # per row, tokens appended to the context this step (cut at a stop or the budget)
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # per requested layer, [B, N, H] at every tree node
