@@ -146,8 +146,8 @@ def test_meta_shapes():
 @pytest.mark.parametrize("index", range(31))
 def test_a_meta_tensor_among_cpu_ones_is_refused(index):
     """One argument on the meta device, the rest on CPU: the dispatcher picks the fake (Meta outranks CPU), which
-    used to return uninitialised tensors as results; it must raise naming the argument and both devices. Every
-    tensor argument of every case, in turn."""
+    used to return uninitialised tensors as results; it must raise naming the argument and both devices (the
+    glue's own message, run by the fake: fakes._checks). Every tensor argument of every case, in turn."""
     name, args = _cases("cpu", torch.float32)[index]
     op = getattr(OPS, name).default
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) or isinstance(a, list)]
@@ -161,9 +161,64 @@ def test_a_meta_tensor_among_cpu_ones_is_refused(index):
             out = op(*moved)
             assert all(t.device.type == "meta" for t in (out if isinstance(out, tuple) else (out,)))
             continue
-        with pytest.raises(ValueError, match=rf"^{name}: \S+ is on (meta but \S+ is on cpu|cpu but \S+ is on meta); "
-                                             "all tensors must be on one device"):
+        with pytest.raises(ValueError, match=rf"^{name}: (\S+ is on (meta but \S+ is on cpu|cpu but \S+ is on meta); "
+                                             r"all tensors must be on one device|every cache must have caches\[0\]'s "
+                                             r"shape .* and device (cpu|meta); caches\[\d+\] has .*, (meta|cpu)$)"):
             op(*moved)
+
+
+def _to_meta(a):
+    if isinstance(a, list):
+        return [_to_meta(x) for x in a]
+    return a.to("meta") if isinstance(a, torch.Tensor) else a
+
+
+def _spoiled(args, position: int):
+    """args with the tensor at ``position`` (a list: its last element) given a wrong dtype: float64 for a float or
+    integer tensor, int64 for a bool one."""
+    def spoil(t):
+        return t.to(torch.int64) if t.dtype == torch.bool else t.to(torch.float64 if t.dtype != torch.float64
+                                                                      else torch.float32)
+    out = list(args)
+    a = args[position]
+    out[position] = [*a[:-1], spoil(a[-1])] if isinstance(a, list) else spoil(a)
+    return out
+
+
+@pytest.mark.parametrize("index", range(31))
+def test_all_meta_calls_are_refused_as_cpu_calls_are(index):
+    """Every tensor argument in turn given a wrong dtype: when the CPU op refuses it, the same call on meta tensors
+    (which only the fake sees) raises the same ValueError, word for word; when the CPU op takes it, so does meta."""
+    name, args = _cases("cpu", torch.float32)[index]
+    op = getattr(OPS, name).default
+    refused = 0
+    for i, a in enumerate(args):
+        if not isinstance(a, (torch.Tensor, list)):
+            continue
+        bad = _spoiled(args, i)
+        try:
+            op(*[x.clone() if isinstance(x, torch.Tensor) else [y.clone() for y in x] if isinstance(x, list) else x
+                 for x in bad])
+        except ValueError as err:
+            refused += 1
+            with pytest.raises(ValueError) as meta_err:
+                op(*_to_meta(bad))
+            assert str(meta_err.value).replace("meta", "cpu") == str(err)  # (messages naming the device)
+        else:
+            op(*_to_meta(bad))
+    assert refused >= 1  # every op checks the dtype of at least one of its tensors
+
+
+def test_meta_calls_meet_the_scalar_checks():
+    """Scalar arguments too: an expand_tree_step num_select beyond F * top_k (the size of an output) and a negative
+    top_k are refused on meta as on CPU, before any allocation."""
+    x = _inputs("cpu")
+    for top_k, num_select in ((3, 2**63 - 2), (-1, 1)):
+        with pytest.raises(ValueError) as cpu_err:
+            ops.expand_tree_step(x["logits"], x["scores"], top_k, num_select)
+        with pytest.raises(ValueError) as meta_err:
+            ops.expand_tree_step(x["logits"].to("meta"), x["scores"].to("meta"), top_k, num_select)
+        assert str(meta_err.value) == str(cpu_err.value)
 
 
 def test_every_case_is_checked():

@@ -80,8 +80,10 @@ inline int64_t checked_add(const char* op, const char* what, int64_t a, int64_t 
 // ceil(a / b) for a >= 0, b >= 1, without the a + b - 1 that wraps near 2^63.
 inline int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
-// The bytes [first, last) of `t`'s storage that its elements occupy (strides are non-negative in torch).
+// The bytes [first, last) of `t`'s storage that its elements occupy (strides are non-negative in torch); empty
+// for a meta tensor, which owns no memory to share.
 inline std::pair<uintptr_t, uintptr_t> byte_extent(const at::Tensor& t) {
+  if (t.is_meta()) return {0, 0};
   const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
   if (t.numel() == 0) return {first, first};
   uint64_t span = 1;  // elements from the first to the last one, inclusive
@@ -116,6 +118,19 @@ inline void check_unit_last_stride(const char* op, const char* name, const at::T
 // which synchronises with the device, so callers skip it when validate=false.
 void raise_on_bad_status(const char* op, const at::Tensor& status);
 
+// A tensor's data; nullptr for a meta tensor, which has none (torch refuses to point at it). Only the meta
+// backend (ops_meta.cpp), which runs no kernel, ever gets these nullptrs.
+template <typename T>
+const T* const_data(const at::Tensor& t) {
+  return t.is_meta() ? nullptr : t.const_data_ptr<T>();
+}
+template <typename T>
+T* mutable_data(const at::Tensor& t) {
+  return t.is_meta() ? nullptr : t.data_ptr<T>();
+}
+inline const void* const_data(const at::Tensor& t) { return t.is_meta() ? nullptr : t.const_data_ptr(); }
+inline void* mutable_data(const at::Tensor& t) { return t.is_meta() ? nullptr : t.data_ptr(); }
+
 // Status buffer for `rows` rows on `like`'s device, written entirely by the kernel (no initialisation needed).
 inline at::Tensor new_status(int64_t rows, const at::Tensor& like) {
   return at::empty({rows, 3}, like.options().dtype(at::kLong));
@@ -123,7 +138,7 @@ inline at::Tensor new_status(int64_t rows, const at::Tensor& like) {
 
 inline RowStatus* status_ptr(const at::Tensor& status) {
   static_assert(sizeof(RowStatus) == 3 * sizeof(int64_t), "RowStatus must be three int64");
-  return reinterpret_cast<RowStatus*>(status.data_ptr<int64_t>());
+  return reinterpret_cast<RowStatus*>(mutable_data<int64_t>(status));
 }
 
 }  // namespace specdec::glue

@@ -3,7 +3,8 @@
 // Each op is written once as `<op>_impl<Backend>(...)`. A backend is a struct with one static template per kernel
 // (`Backend::verify_tree_greedy(params)` etc.) that runs it: CpuBackend (ops_cpu.cpp) parallelises rows with
 // at::parallel_for, CudaBackend (ops_cuda.cu) launches on the current stream. The backends register these
-// functions for their dispatch key.
+// functions for their dispatch key; MetaBackend (ops_meta.cpp) runs nothing, so that the checks alone run on meta
+// tensors (registry.cpp, specdec_ext_checks).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -45,7 +46,7 @@ using at::Tensor;
 
 template <typename T>
 const T* float_ptr(const Tensor& t) {
-  return reinterpret_cast<const T*>(t.const_data_ptr());
+  return reinterpret_cast<const T*>(const_data(t));
 }
 
 // parents [B, N] (and optionally tokens [B, N]): int64, on `ref`'s device; returned contiguous.
@@ -90,9 +91,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> build_tree_impl(const
   Tensor first_child = at::empty({B, N}, opts), next_sibling = at::empty({B, N}, opts);
   Tensor paths = at::empty({B, N, N}, opts), num_leaves = at::empty({B}, opts);
   Tensor status = new_status(B, parents);
-  BuildTreeParams p{parents.const_data_ptr<int64_t>(), prefix_lens.const_data_ptr<int64_t>(), B, N,
-                    depth.data_ptr<int64_t>(), position_ids.data_ptr<int64_t>(), first_child.data_ptr<int64_t>(),
-                    next_sibling.data_ptr<int64_t>(), paths.data_ptr<int64_t>(), num_leaves.data_ptr<int64_t>(),
+  BuildTreeParams p{const_data<int64_t>(parents),      const_data<int64_t>(prefix_lens),
+                    B,
+                    N,
+                    mutable_data<int64_t>(depth),        mutable_data<int64_t>(position_ids),
+                    mutable_data<int64_t>(first_child),  mutable_data<int64_t>(next_sibling),
+                    mutable_data<int64_t>(paths),        mutable_data<int64_t>(num_leaves),
                     status_ptr(status)};
   Backend::build_tree(p);
   if (validate) raise_on_bad_status(op, status);
@@ -109,8 +113,8 @@ Tensor tree_ancestor_mask_impl(const Tensor& parents_in, bool packed, bool valid
   Tensor mask = packed ? at::empty({B, N, packed_mask_words(N)}, parents.options().dtype(at::kInt))
                        : at::empty({B, N, N}, parents.options().dtype(at::kBool));
   Tensor status = new_status(B, parents);
-  TreeMaskParams p{parents.const_data_ptr<int64_t>(), B, N, packed ? nullptr : mask.data_ptr<bool>(),
-                   packed ? mask.data_ptr<int32_t>() : nullptr, status_ptr(status)};
+  TreeMaskParams p{const_data<int64_t>(parents), B, N, packed ? nullptr : mutable_data<bool>(mask),
+                   packed ? mutable_data<int32_t>(mask) : nullptr, status_ptr(status)};
   Backend::tree_ancestor_mask(p);
   if (validate) raise_on_bad_status(op, status);
   return mask;
@@ -167,15 +171,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> advance_tree_frontier_impl(co
   Tensor ancestors_out = at::empty({B, S, C}, opts.dtype(at::kBool));
   Tensor mask = at::empty({B, S, L}, opts.dtype(at::kBool));
   Tensor status = new_status(B, cand_tokens);
-  AdvanceTreeFrontierParams p{cand_tokens.const_data_ptr<int64_t>(), cand_scores.const_data_ptr<float>(),
-                              selected.const_data_ptr<int64_t>(),    ancestors.const_data_ptr<bool>(),
-                              column.const_data_ptr<int64_t>(),      B,
+  AdvanceTreeFrontierParams p{const_data<int64_t>(cand_tokens), const_data<float>(cand_scores),
+                              const_data<int64_t>(selected),    const_data<bool>(ancestors),
+                              const_data<int64_t>(column),      B,
                               F,                                      K,
                               S,                                      C,
                               self_column,                            L,
-                              tokens.data_ptr<int64_t>(),             scores.data_ptr<float>(),
-                              parents.data_ptr<int64_t>(),            ancestors_out.data_ptr<bool>(),
-                              mask.data_ptr<bool>(),                  status_ptr(status)};
+                              mutable_data<int64_t>(tokens),             mutable_data<float>(scores),
+                              mutable_data<int64_t>(parents),            mutable_data<bool>(ancestors_out),
+                              mutable_data<bool>(mask),                  status_ptr(status)};
   Backend::advance_tree_frontier(p);
   if (validate) raise_on_bad_status(op, status);
   return {tokens, scores, parents, ancestors_out, mask};
@@ -202,14 +206,14 @@ std::tuple<Tensor, Tensor> select_tree_nodes_impl(const Tensor& tokens_in, const
   Tensor tree_tokens = at::empty({B, M + 1}, tokens.options()), tree_parents = at::empty({B, M + 1}, tokens.options());
   Tensor scratch = at::empty({B, 2 * std::max<int64_t>(C, 1)}, tokens.options());
   Tensor status = new_status(B, tokens);
-  SelectTreeNodesParams p{tokens.const_data_ptr<int64_t>(), scores.const_data_ptr<float>(),
-                          parents.const_data_ptr<int64_t>(), roots.const_data_ptr<int64_t>(),
+  SelectTreeNodesParams p{const_data<int64_t>(tokens), const_data<float>(scores),
+                          const_data<int64_t>(parents), const_data<int64_t>(roots),
                           B,
                           C,
                           M,
-                          tree_tokens.data_ptr<int64_t>(),
-                          tree_parents.data_ptr<int64_t>(),
-                          scratch.data_ptr<int64_t>(),
+                          mutable_data<int64_t>(tree_tokens),
+                          mutable_data<int64_t>(tree_parents),
+                          mutable_data<int64_t>(scratch),
                           status_ptr(status)};
   Backend::select_tree_nodes(p);
   if (validate) raise_on_bad_status(op, status);
@@ -224,7 +228,7 @@ struct VerifyArgs {
   Tensor accepted, accept_len, next_token, status;
 
   VerifyOutputs outputs() {
-    return {accepted.data_ptr<int64_t>(), accept_len.data_ptr<int64_t>(), next_token.data_ptr<int64_t>(),
+    return {mutable_data<int64_t>(accepted), mutable_data<int64_t>(accept_len), mutable_data<int64_t>(next_token),
             status_ptr(status)};
   }
   std::tuple<Tensor, Tensor, Tensor> result() const { return {accepted, accept_len, next_token}; }
@@ -259,7 +263,7 @@ std::tuple<Tensor, Tensor, Tensor> verify_tree_greedy_impl(const Tensor& logits,
   c10::OptionalDeviceGuard guard(logits.device());
   SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
     VerifyTreeGreedyParams<scalar_t> p{float_ptr<scalar_t>(logits), logits.stride(0), logits.stride(1),
-                                       a.tokens.const_data_ptr<int64_t>(), a.parents.const_data_ptr<int64_t>(),
+                                       const_data<int64_t>(a.tokens), const_data<int64_t>(a.parents),
                                        a.B, a.N, a.V, a.outputs()};
     Backend::verify_tree_greedy(p);
   });
@@ -272,7 +276,7 @@ inline SamplingParams checked_sampling(const char* op, Tensor& temperature, Tens
   temperature = checked_row_vector(op, "temperature", temperature, B, at::kFloat, ref, "logits");
   top_k = checked_row_vector(op, "top_k", top_k, B, at::kLong, ref, "logits");
   top_p = checked_row_vector(op, "top_p", top_p, B, at::kFloat, ref, "logits");
-  return {temperature.const_data_ptr<float>(), top_k.const_data_ptr<int64_t>(), top_p.const_data_ptr<float>()};
+  return {const_data<float>(temperature), const_data<int64_t>(top_k), const_data<float>(top_p)};
 }
 
 template <class Backend>
@@ -299,7 +303,7 @@ std::tuple<Tensor, Tensor, Tensor> verify_tree_sampling_impl(const Tensor& logit
     check_same_device(op, "draft_probs", d, logits, "logits");
     check_shape(op, "draft_probs", d, {a.B, a.N, a.V}, "[B, N, V]");
     check_unit_last_stride(op, "draft_probs", d);
-    q = d.const_data_ptr<float>();
+    q = const_data<float>(d);
     q_stride_b = d.stride(0);
     q_stride_n = d.stride(1);
     workspace = at::empty({a.B, a.V}, logits.options().dtype(at::kFloat));
@@ -312,14 +316,14 @@ std::tuple<Tensor, Tensor, Tensor> verify_tree_sampling_impl(const Tensor& logit
                                          q,
                                          q_stride_b,
                                          q_stride_n,
-                                         a.tokens.const_data_ptr<int64_t>(),
-                                         a.parents.const_data_ptr<int64_t>(),
-                                         uniforms.const_data_ptr<float>(),
+                                         const_data<int64_t>(a.tokens),
+                                         const_data<int64_t>(a.parents),
+                                         const_data<float>(uniforms),
                                          sampling,
                                          a.B,
                                          a.N,
                                          a.V,
-                                         workspace.defined() ? workspace.data_ptr<float>() : nullptr,
+                                         workspace.defined() ? mutable_data<float>(workspace) : nullptr,
                                          a.outputs()};
     Backend::verify_tree_sampling(p);
   });
@@ -346,10 +350,10 @@ std::tuple<Tensor, Tensor, Tensor> verify_tree_typical_impl(const Tensor& logits
     VerifyTreeTypicalParams<scalar_t> p{float_ptr<scalar_t>(logits),
                                         logits.stride(0),
                                         logits.stride(1),
-                                        a.tokens.const_data_ptr<int64_t>(),
-                                        a.parents.const_data_ptr<int64_t>(),
-                                        uniforms.const_data_ptr<float>(),
-                                        temperature.const_data_ptr<float>(),
+                                        const_data<int64_t>(a.tokens),
+                                        const_data<int64_t>(a.parents),
+                                        const_data<float>(uniforms),
+                                        const_data<float>(temperature),
                                         posterior_threshold,
                                         posterior_alpha,
                                         a.B,
@@ -382,8 +386,8 @@ std::tuple<Tensor, Tensor> sample_tokens_impl(const Tensor& logits, const Tensor
   Tensor probs = at::empty({R, V}, logits.options().dtype(at::kFloat));
   Tensor status = new_status(R, logits);
   SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
-    SampleTokensParams<scalar_t> p{float_ptr<scalar_t>(logits), logits.stride(0), uniforms.const_data_ptr<float>(),
-                                   sampling, R, V, tokens.data_ptr<int64_t>(), probs.data_ptr<float>(),
+    SampleTokensParams<scalar_t> p{float_ptr<scalar_t>(logits), logits.stride(0), const_data<float>(uniforms),
+                                   sampling, R, V, mutable_data<int64_t>(tokens), mutable_data<float>(probs),
                                    status_ptr(status)};
     Backend::sample_tokens(p);
   });
@@ -420,15 +424,15 @@ std::tuple<Tensor, Tensor, Tensor> expand_tree_step_impl(const Tensor& logits, c
     ExpandTreeStepParams<scalar_t> p{float_ptr<scalar_t>(logits),
                                      logits.stride(0),
                                      logits.stride(1),
-                                     parent_scores.const_data_ptr<float>(),
+                                     const_data<float>(parent_scores),
                                      B,
                                      F,
                                      V,
                                      top_k,
                                      num_select,
-                                     cand_tokens.data_ptr<int64_t>(),
-                                     cand_scores.data_ptr<float>(),
-                                     selected.data_ptr<int64_t>(),
+                                     mutable_data<int64_t>(cand_tokens),
+                                     mutable_data<float>(cand_scores),
+                                     mutable_data<int64_t>(selected),
                                      status_ptr(status),
                                      node_status.defined() ? status_ptr(node_status) : nullptr};
     Backend::expand_tree_step(p);
@@ -489,7 +493,7 @@ Tensor pack_linear_weight_impl(const Tensor& weight_in) {
   Tensor packed = at::empty(packed_linear_shape(op, weight.scalar_type(), N, K), weight.options());
   SPECDEC_DISPATCH_FLOAT(weight.scalar_type(), op, [&] {
     PackLinearWeightParams<scalar_t> p{float_ptr<scalar_t>(weight), N, K,
-                                       reinterpret_cast<scalar_t*>(packed.data_ptr())};
+                                       reinterpret_cast<scalar_t*>(mutable_data(packed))};
     Backend::pack_linear_weight(p);
   });
   return packed;
@@ -536,16 +540,17 @@ Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const
                                      N,
                                      float_ptr<scalar_t>(packed_weight),
                                      bias.defined() ? float_ptr<scalar_t>(bias) : nullptr,
-                                     reinterpret_cast<scalar_t*>(y.data_ptr())};
+                                     reinterpret_cast<scalar_t*>(mutable_data(y))};
       Backend::packed_linear(p);
     });
   }
   return y.view(out_sizes);
 }
 
-// Registers every op's implementation for one dispatch key: `SPECDEC_REGISTER_BACKEND(CPU, CpuBackend)`.
-#define SPECDEC_REGISTER_BACKEND(KEY, BACKEND)                                                        \
-  TORCH_LIBRARY_IMPL(specdec_ext, KEY, m) {                                                           \
+// Registers every op's implementation for one dispatch key of one library (registry.cpp):
+// `SPECDEC_REGISTER_BACKEND(specdec_ext, CPU, CpuBackend)`.
+#define SPECDEC_REGISTER_BACKEND(LIBRARY, KEY, BACKEND)                                               \
+  TORCH_LIBRARY_IMPL(LIBRARY, KEY, m) {                                                               \
     m.impl("build_tree", &::specdec::glue::build_tree_impl<BACKEND>);                                 \
     m.impl("tree_ancestor_mask", &::specdec::glue::tree_ancestor_mask_impl<BACKEND>);                 \
     m.impl("advance_tree_frontier", &::specdec::glue::advance_tree_frontier_impl<BACKEND>);           \

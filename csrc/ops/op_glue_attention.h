@@ -83,9 +83,9 @@ at::Tensor tree_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, c
                                     v_cache.stride(0),
                                     v_cache.stride(1),
                                     v_cache.stride(2),
-                                    prefix_lens.const_data_ptr<int64_t>(),
-                                    packed ? nullptr : tree_mask.const_data_ptr<bool>(),
-                                    packed ? tree_mask.const_data_ptr<int32_t>() : nullptr,
+                                    const_data<int64_t>(prefix_lens),
+                                    packed ? nullptr : const_data<bool>(tree_mask),
+                                    packed ? const_data<int32_t>(tree_mask) : nullptr,
                                     B,
                                     H,
                                     Hkv,
@@ -94,8 +94,8 @@ at::Tensor tree_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, c
                                     D,
                                     S,
                                     static_cast<float>(scale),
-                                    reinterpret_cast<scalar_t*>(out.data_ptr()),
-                                    workspace.defined() ? workspace.data_ptr<float>() : nullptr,
+                                    reinterpret_cast<scalar_t*>(mutable_data(out)),
+                                    workspace.defined() ? mutable_data<float>(workspace) : nullptr,
                                     ws_floats,
                                     status_ptr(status)};
     Backend::tree_attention(p);
@@ -174,15 +174,15 @@ void compact_kv_impl(at::TensorList caches, const at::Tensor& src_positions_in, 
   for (int64_t first = 0; first < n; first += CompactKvParams::kMaxCaches) {
     CompactKvParams p{};
     p.num_caches = std::min<int64_t>(CompactKvParams::kMaxCaches, n - first);
-    for (int64_t c = 0; c < p.num_caches; ++c) p.caches[c] = caches[first + c].data_ptr();
+    for (int64_t c = 0; c < p.num_caches; ++c) p.caches[c] = mutable_data(caches[first + c]);
     p.batch = B;
     p.outer = outer;
     p.seq_len = S;
     p.inner_bytes = inner * static_cast<int64_t>(c0.element_size());
-    p.src_positions = src_positions.const_data_ptr<int64_t>();
+    p.src_positions = const_data<int64_t>(src_positions);
     p.max_len = L;
-    p.dst_start = dst_start.const_data_ptr<int64_t>();
-    p.lengths = lengths.const_data_ptr<int64_t>();
+    p.dst_start = const_data<int64_t>(dst_start);
+    p.lengths = const_data<int64_t>(lengths);
     p.write_status = first == 0;
     p.status = status_ptr(status);
     Backend::compact_kv(p);

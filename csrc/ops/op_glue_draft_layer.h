@@ -64,8 +64,9 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
   check_dtype(op, "k_cache", k_cache, x_in.scalar_type());
   check_same_device(op, "k_cache", k_cache, x_in, "x");
   SPECDEC_CHECK(k_cache.is_contiguous(), op, ": k_cache must be contiguous");
+  check_same_device(op, "v_cache", v_cache, k_cache, "k_cache");
   SPECDEC_CHECK(v_cache.sizes().equals(k_cache.sizes()) && v_cache.scalar_type() == k_cache.scalar_type() &&
-                  v_cache.device() == k_cache.device() && v_cache.is_contiguous(),
+                  v_cache.is_contiguous(),
                 op, ": v_cache must be a contiguous tensor of k_cache's shape ", shape_str(k_cache), " and dtype, got ",
                 shape_str(v_cache), " ", v_cache.scalar_type());
   const int64_t nKV = k_cache.size(1), S = k_cache.size(2), D = k_cache.size(3);
@@ -145,7 +146,7 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
   if (ws_floats > 0) attn_ws = at::empty({ws_floats}, x.options().dtype(at::kFloat));
   SPECDEC_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
     using U = scalar_t;
-    U* base = reinterpret_cast<U*>(buffers.data_ptr());
+    U* base = reinterpret_cast<U*>(mutable_data(buffers));
     U* parts[9];
     for (size_t i = 0; i < sizes.size(); ++i) {
       parts[i] = base;
@@ -163,11 +164,11 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
                           ptr(qkv_bias),
                           float_ptr<U>(norm_weight),
                           static_cast<float>(eps),
-                          position_ids.const_data_ptr<int64_t>(),
-                          inv_freq.const_data_ptr<float>(),
-                          reinterpret_cast<U*>(k_cache.data_ptr()),
-                          reinterpret_cast<U*>(v_cache.data_ptr()),
-                          write_slots.const_data_ptr<int64_t>(),
+                          const_data<int64_t>(position_ids),
+                          const_data<float>(inv_freq),
+                          reinterpret_cast<U*>(mutable_data(k_cache)),
+                          reinterpret_cast<U*>(mutable_data(v_cache)),
+                          const_data<int64_t>(write_slots),
                           B,
                           T,
                           Din,
@@ -186,11 +187,11 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
                           parts[6],
                           parts[7],
                           parts[8],
-                          reinterpret_cast<U*>(out.data_ptr()),
+                          reinterpret_cast<U*>(mutable_data(out)),
                           status_ptr(status)};
     const TreeAttentionParams<U> a = draft_layer_attention(
-        p, mask.const_data_ptr<bool>(), kv_len, zero_prefix.const_data_ptr<int64_t>(),
-        attn_ws.defined() ? attn_ws.data_ptr<float>() : nullptr, ws_floats, status_ptr(status) + B);
+        p, const_data<bool>(mask), kv_len, const_data<int64_t>(zero_prefix),
+        attn_ws.defined() ? mutable_data<float>(attn_ws) : nullptr, ws_floats, status_ptr(status) + B);
     Backend::draft_decoder_layer(p, a);
   });
   if (validate) raise_on_bad_status(op, status.narrow(0, 0, B));

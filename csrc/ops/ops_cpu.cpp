@@ -120,6 +120,6 @@ struct CpuBackend {
 
 }  // namespace
 
-SPECDEC_REGISTER_BACKEND(CPU, CpuBackend)
+SPECDEC_REGISTER_BACKEND(specdec_ext, CPU, CpuBackend)
 
 }  // namespace specdec::glue

@@ -98,6 +98,6 @@ struct CudaBackend {
 
 }  // namespace
 
-SPECDEC_REGISTER_BACKEND(CUDA, CudaBackend)
+SPECDEC_REGISTER_BACKEND(specdec_ext, CUDA, CudaBackend)
 
 }  // namespace specdec::glue

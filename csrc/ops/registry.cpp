@@ -3,6 +3,11 @@
 // Implementations attach by dispatch key in ops_cpu.cpp and (in a CUDA build) ops_cuda.cu, so a CPU-only build
 // still has every schema. Fakes (meta implementations for torch.compile) are registered in Python:
 // specdec_ext/ops/fakes.py. Argument names are public API: they appear in error messages and keyword calls.
+//
+// The same schemas form a second library, specdec_ext_checks, whose only kernels are Meta ones (ops_meta.cpp): the
+// glue's argument checks with no kernel behind them. The fakes call it for tensors with concrete shapes, so that a
+// call on meta tensors (which the dispatcher sends to the fake, also when meta is mixed with other devices) is
+// refused by the very checks that refuse it on CPU and CUDA.
 #include <Python.h>
 #include <torch/library.h>
 
@@ -10,7 +15,9 @@
 
 #include "../kernels/cpu/kernels.h"
 
-TORCH_LIBRARY(specdec_ext, m) {
+namespace {
+
+void define_ops(torch::Library& m) {
   // Tree topology from parents[B, N].
   m.def(
       "build_tree(Tensor parents, Tensor prefix_lens, bool validate=True) -> (Tensor depth, Tensor position_ids, "
@@ -69,6 +76,11 @@ TORCH_LIBRARY(specdec_ext, m) {
       "Tensor write_slots, Tensor mask, int num_heads, int intermediate_size, float eps, bool validate=True) -> "
       "Tensor");
 }
+
+}  // namespace
+
+TORCH_LIBRARY(specdec_ext, m) { define_ops(m); }
+TORCH_LIBRARY(specdec_ext_checks, m) { define_ops(m); }
 
 // A plain Python module so that `import specdec_ext._C` loads the library (and runs the registrations above).
 namespace {

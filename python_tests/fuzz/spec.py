@@ -246,6 +246,16 @@ def _tensors(args: dict) -> list[torch.Tensor]:
     return out
 
 
+# Argument checks that read a tensor's values even with validate=False, so that meta tensors (no values) cannot meet
+# them: the row-count marker in a packed weight's padding (csrc/ops/checks.h, check_packed_rows).
+CHECKS_OF_DATA = (" output features (pack_linear_weight's output for a weight of ",)
+
+
+def to_meta(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the meta device with its strides (``Tensor.to`` makes a gapped layout contiguous)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
 def apply_mutations(args: dict, kinds: dict[str, Arg], mutations: list) -> dict:
     """``args`` with ``mutations`` applied: values first, then shapes, dtypes, aliases, layouts, devices."""
     args = dict(args)
@@ -254,9 +264,9 @@ def apply_mutations(args: dict, kinds: dict[str, Arg], mutations: list) -> dict:
         if kind == "all_meta":
             for n, v in args.items():
                 if isinstance(v, torch.Tensor):
-                    args[n] = v.to("meta")
+                    args[n] = to_meta(v)
                 elif isinstance(v, list):
-                    args[n] = [t.to("meta") for t in v]
+                    args[n] = [to_meta(t) for t in v]
             continue
         a = kinds[name]
         if a.kind == "caches":
@@ -268,7 +278,7 @@ def apply_mutations(args: dict, kinds: dict[str, Arg], mutations: list) -> dict:
                     _set(args, f"{name}.{(i + 1) % len(caches)}", caches[i])
                 continue
             if kind == "meta":
-                _set(args, target, caches[i].to("meta"))
+                _set(args, target, to_meta(caches[i]))
                 continue
             name = target
         v = _get(args, name)
@@ -287,7 +297,7 @@ def apply_mutations(args: dict, kinds: dict[str, Arg], mutations: list) -> dict:
         elif kind == "layout":
             v = _layout(v, m[3])
         elif kind == "meta":
-            v = v.to("meta") if isinstance(v, torch.Tensor) else v
+            v = to_meta(v) if isinstance(v, torch.Tensor) else v
         _set(args, name, v)
     return args
 
@@ -450,7 +460,7 @@ def check(spec: OpSpec, recipe: dict) -> str:
         cpu_got, cpu_exc = _run(lambda: call(spec, cpu_recipe, cpu_args, validate=False))
         if cpu_exc is None and exc is not None:
             fail("all-meta arguments refused although the CPU kernel answers the same arguments")
-        if cpu_exc is not None and exc is None:
+        if cpu_exc is not None and exc is None and not any(c in str(cpu_exc) for c in CHECKS_OF_DATA):
             fail(f"all-meta arguments accepted although the CPU kernel refuses them ({_first_line(cpu_exc)})")
         if exc is None and (_shapes(got) != _shapes(cpu_got) or _devices(got) - {"meta"}):
             fail(f"all-meta outputs {_shapes(got)} on {_devices(got)}, the CPU kernel gives {_shapes(cpu_got)}")
