@@ -25,7 +25,7 @@ from test_hf_tree_attention import V, make_model  # noqa: E402
 from specdec_ext import AdaptiveDrafter  # noqa: E402
 from specdec_ext.adaptive import CostCurve  # noqa: E402
 from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter  # noqa: E402
-from specdec_ext.drafters.base import DecodeState, DraftTree, SamplingParams, StepResult  # noqa: E402
+from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 
 
@@ -158,13 +158,19 @@ def test_draft_model_drafter_depth_zero_keeps_its_cache_in_sync():
     inner = DraftModelDrafter(copy.deepcopy(tgt), num_draft_tokens=3)
 
     class Alternate:
-        max_nodes, hidden_state_layers = inner.max_nodes, ()
+        max_nodes, max_depth, hidden_state_layers, forwards, defers_prefill = inner.max_nodes, 3, (), 0, False
 
         def __init__(self):
             self.i, self.acc = 0, []
 
         def begin(self, *a):
             inner.begin(*a)
+
+        def add_rows(self, *a):
+            inner.add_rows(*a)
+
+        def retire(self, keep):
+            inner.retire(keep)
 
         def propose(self, state, max_depth):
             self.i += 1
@@ -230,12 +236,18 @@ class FakeChain:
     """A chain drafter (depth ``D``) whose propose costs ``draft_time(d)`` seconds on the fake clock."""
 
     hidden_state_layers = ()
+    forwards = 0
+    defers_prefill = False
 
     def __init__(self, clock: FakeClock, D: int = 6, draft_time=lambda d: 0.0):
         self.clock, self.num_pred_tokens, self.max_nodes, self.draft_time = clock, D, D + 1, draft_time
+        self.max_depth = D
         self.retired = []
 
     def begin(self, target, state, prefill_hidden_states=None):
+        pass
+
+    def add_rows(self, target, rows, prefill_hidden_states=None):
         pass
 
     def propose(self, state, max_depth):
@@ -253,9 +265,7 @@ class FakeChain:
 
 
 def fake_state(B: int) -> DecodeState:
-    return DecodeState(tokens=torch.zeros(B, 4, dtype=torch.int64), lengths=torch.ones(B, dtype=torch.int64),
-                       host_tokens=[[0] for _ in range(B)], prompt_lens=[1] * B, done=[False] * B, max_len=4,
-                       sampling=SamplingParams(), generator=None, vocab_size=V)
+    return DecodeState.of_prompts([[0]] * B, max_len=4, vocab_size=V)
 
 
 def fake_run(ad: AdaptiveDrafter, clock: FakeClock, steps: int, B: int, target_time, accept, state=None,
@@ -514,6 +524,8 @@ def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():
 
 class FakeDeferred(FakeCatchUp):
     """FakeCatchUp that defers its prompt prefill when asked (the prompt then joins the first catch-up)."""
+
+    defers_prefill = True
 
     def begin(self, target, state, prefill_hidden_states=None, *, defer_prefill=False):
         self.lag = max(state.prompt_lens) - 1 if defer_prefill else 0

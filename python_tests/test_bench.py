@@ -156,13 +156,12 @@ def test_e2e_records_a_failing_method_and_goes_on():
     m = models()
 
     class Broken:
-        max_nodes = 3
-        hidden_state_layers = ()
+        max_nodes, max_depth, hidden_state_layers, forwards, defers_prefill = 3, 2, (), 0, False
 
         def begin(self, *a, **k):
             raise RuntimeError("broken drafter")
 
-        propose = observe = begin  # a full protocol, so that generate reaches it and it fails inside
+        add_rows = propose = observe = retire = begin  # a full protocol, so that generate reaches it and it fails
 
     saved = m.make_drafter
     m.make_drafter = lambda name: Broken() if name == "ngram" else saved(name)

@@ -30,7 +30,7 @@ from hf_reference import CountForwards, hf_greedy  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext import ops  # noqa: E402
-from specdec_ext.drafters.base import DecodeState, SamplingParams, StepResult  # noqa: E402
+from specdec_ext.drafters.base import DecodeState, StepResult  # noqa: E402
 from specdec_ext.drafters.eagle import EagleDrafter  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig  # noqa: E402
@@ -71,13 +71,7 @@ def random_draft(version: int, seed: int = 0):
 
 
 def make_state(prompts: list[list[int]], max_len: int = 64) -> DecodeState:
-    B = len(prompts)
-    buf = torch.zeros(B, max_len, dtype=torch.int64)
-    for b, p in enumerate(prompts):
-        buf[b, : len(p)] = torch.tensor(p)
-    return DecodeState(tokens=buf, lengths=torch.tensor([len(p) for p in prompts]),
-                       host_tokens=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts],
-                       done=[False] * B, max_len=max_len, sampling=SamplingParams(), generator=None, vocab_size=V)
+    return DecodeState.of_prompts(prompts, max_len, V)
 
 
 @torch.no_grad()
@@ -375,16 +369,27 @@ def test_features_kept_and_catch_up_after_rollback(rows):
     drafter's batch-1 paths (catch-up by slices, features by one index_select), two rows the general ones."""
     m = target()
     drafter = EagleDrafter(trained_draft(1), depth=3, top_k=3, total_tokens=8, target=m)
-    drafter.retire = None  # no retirement: finished rows stay (frozen), so the drafter holds every row at the end
     prompts = [PROMPTS[i] for i in rows]
+    held, left = list(range(len(prompts))), {}  # prompt of each drafter row; features of the rows that left
+    retire = drafter.retire
+
+    def snapshot_then_retire(keep):
+        for i, b in enumerate(held):
+            if i not in keep.tolist():
+                left[b] = drafter.feats[i].clone()
+        held[:] = [held[i] for i in keep.tolist()]
+        retire(keep)
+
+    drafter.retire = snapshot_then_retire
     outs, stats = generate(m, drafter, prompts, max_new_tokens=15, eos_token_id=[])
     assert stats.mean_accepted_length > 1
     for b, o in enumerate(outs):
         seq = o.tolist()
         f = target_features(drafter, seq)
-        torch.testing.assert_close(drafter.feats[b, : len(seq) - 1], f[:-1], atol=1e-4, rtol=1e-4)
-    # draft a chain from the final state with the same drafter state (top_k = 1 view of the same cache)
-    seqs = [o.tolist() for o in outs]
+        feats = left[b] if b in left else drafter.feats[held.index(b)]
+        torch.testing.assert_close(feats[: len(seq) - 1], f[:-1], atol=1e-4, rtol=1e-4)
+    # draft a chain from the final state of the rows still held (top_k = 1 view of the same cache)
+    seqs = [outs[b].tolist() for b in held]
     state = make_state(seqs)
     drafter.top_k, drafter.total_tokens, drafter.depth = 1, 3, 3
     tree = drafter.propose(state, 3)
@@ -556,15 +561,15 @@ def test_draft_prefill_runs_in_begin(version):
 # Score calibration.
 
 
-def _step_result(B: int, N: int, best_child_accepted: list[bool], live: list[bool]) -> StepResult:
+def _step_result(B: int, N: int, best_child_accepted: list[bool]) -> StepResult:
     accepted = torch.full((B, N), -1, dtype=torch.int64)
     accepted[:, 0] = 0
     for b, ok in enumerate(best_child_accepted):
         if ok:
             accepted[b, 1] = 1
-    accept_len = torch.tensor([(1 if ok else 0) if lv else -1 for ok, lv in zip(best_child_accepted, live)])
+    accept_len = torch.tensor([1 if ok else 0 for ok in best_child_accepted])
     return StepResult(accepted=accepted, accept_len=accept_len, next_token=torch.zeros(B, dtype=torch.int64),
-                      appended=[int(lv) for lv in live], hidden_states=(torch.zeros(B, N, H),))
+                      appended=[1] * B, hidden_states=(torch.zeros(B, N, H),))
 
 
 @torch.no_grad()
@@ -587,32 +592,34 @@ def test_calibration_follows_the_best_childs_acceptance():
     tree = d.propose(state, 10)
     predicted = d.calibration.predicted.clone()
     assert predicted.shape == (3,) and bool(((predicted > 0) & (predicted < 1)).all())
-    d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3, [True] * 3))
+    d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3))
     want = math.exp(0.2 * float((1 - predicted).mean()))
     assert d.score_scale == pytest.approx(want, rel=1e-5)  # accepted more often than predicted: sharper
     for _ in range(200):
         tree = d.propose(state, 10)
-        d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3, [True] * 3))
+        d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3))
     assert d.score_scale == pytest.approx(16.0)  # clamped
     scales = []
     for _ in range(100):  # never accepted: the scale falls (towards flat scores, where the prediction -> 0)
         tree = d.propose(state, 10)
-        d.observe(state, tree, _step_result(3, tree.num_nodes, [False] * 3, [True] * 3))
+        d.observe(state, tree, _step_result(3, tree.num_nodes, [False] * 3))
         scales.append(d.score_scale)
     assert all(b < a for a, b in zip(scales, scales[1:])) and scales[-1] < 4.0
     d.calibration.log_scale = torch.tensor(-10.0)
     tree = d.propose(state, 10)
-    d.observe(state, tree, _step_result(3, tree.num_nodes, [False] * 3, [True] * 3))
+    d.observe(state, tree, _step_result(3, tree.num_nodes, [False] * 3))
     assert d.score_scale == pytest.approx(1 / 16)  # clamped
-    # frozen rows (accept_len -1) do not count; a step without a tree (depth 0) changes nothing
+    # every row of the batch counts (rows that finished have left it); a step without a tree (depth 0) changes
+    # nothing
     d, state = fresh(calibration_rate=0.5)
     tree = d.propose(state, 10)
     p = d.calibration.predicted.clone()
-    d.observe(state, tree, _step_result(3, tree.num_nodes, [True, False, False], [True, False, False]))
-    assert d.score_scale == pytest.approx(math.exp(0.5 * (1 - float(p[0]))), rel=1e-5)
+    d.observe(state, tree, _step_result(3, tree.num_nodes, [True, False, False]))
+    want = math.exp(0.5 * float((torch.tensor([1.0, 0.0, 0.0]) - p).mean()))
+    assert d.score_scale == pytest.approx(want, rel=1e-5)
     before = d.score_scale
     tree = d.propose(state, 0)
-    d.observe(state, tree, _step_result(3, 1, [False] * 3, [True] * 3))
+    d.observe(state, tree, _step_result(3, 1, [False] * 3))
     assert d.score_scale == before
     # the scale ranks candidates; it never changes them: a chain is the same whatever the scale
     d, state = fresh()
@@ -624,7 +631,7 @@ def test_calibration_follows_the_best_childs_acceptance():
     # off: raw EAGLE-2 scores
     d, state = fresh(calibrate=False)
     tree = d.propose(state, 10)
-    d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3, [True] * 3))
+    d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3))
     assert d.score_scale == 1.0
     with pytest.raises(ValueError, match="calibration_rate"):
         EagleDrafter(random_draft(1), calibration_rate=0.0)

@@ -24,7 +24,7 @@ from hf_reference import CountForwards, hf_greedy  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext import ops  # noqa: E402
-from specdec_ext.drafters.base import DecodeState, SamplingParams, StepResult  # noqa: E402
+from specdec_ext.drafters.base import DecodeState, StepResult  # noqa: E402
 from specdec_ext.drafters.medusa import MedusaDrafter  # noqa: E402
 from specdec_ext.drafters.trees import MC_SIM_7B_63, static_tree  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
@@ -126,13 +126,7 @@ def random_heads(own_lm_head: bool = True, seed: int = 0, num_heads: int = NUM_H
 
 
 def make_state(prompts: list[list[int]], max_len: int = 64) -> DecodeState:
-    B = len(prompts)
-    buf = torch.zeros(B, max_len, dtype=torch.int64)
-    for b, p in enumerate(prompts):
-        buf[b, : len(p)] = torch.tensor(p)
-    return DecodeState(tokens=buf, lengths=torch.tensor([len(p) for p in prompts]),
-                       host_tokens=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts], done=[False] * B, max_len=max_len,
-                       sampling=SamplingParams(), generator=None, vocab_size=V)
+    return DecodeState.of_prompts(prompts, max_len, V)
 
 
 @pytest.mark.parametrize("own_lm_head", [True, False], ids=["own_lm_head", "legacy"])
@@ -170,10 +164,10 @@ def test_propose_and_observe(own_lm_head):
     hs = torch.randn(3, N, H, generator=gen)
     accepted = torch.full((3, N), -1, dtype=torch.int64)
     accepted[0, :3] = torch.tensor([0, 1, 11])
-    accepted[1, :1] = 0
-    result = StepResult(accepted, torch.tensor([2, 0, -1]), torch.tensor([1, 2, 3]), [3, 1, 0], (hs,))
+    accepted[1:, :1] = 0
+    result = StepResult(accepted, torch.tensor([2, 0, 0]), torch.tensor([1, 2, 3]), [3, 1, 1], (hs,))
     drafter.observe(state, tree, result)
-    torch.testing.assert_close(drafter.hidden, torch.stack([hs[0, 11], hs[1, 0], torch.zeros(H)]))
+    torch.testing.assert_close(drafter.hidden, torch.stack([hs[0, 11], hs[1, 0], hs[2, 0]]))
 
 
 @pytest.mark.parametrize("scale", [1.0, 2.5])

@@ -22,7 +22,10 @@ class Probe:
     is the n-gram guess, so that some drafts are accepted."""
 
     max_nodes = 6
+    max_depth = 5
     hidden_state_layers = (0, 1, -1)
+    forwards = 0
+    defers_prefill = False
 
     def __init__(self):
         self.gen = torch.Generator().manual_seed(0)
@@ -32,6 +35,12 @@ class Probe:
     def begin(self, target, state: DecodeState, prefill_hidden_states=None):
         self.prefill = prefill_hidden_states
         self.prompt = list(state.host_tokens[0])
+
+    def add_rows(self, target, rows: DecodeState, prefill_hidden_states=None):
+        raise AssertionError("never reached: every row of a generate call joins at its first step")
+
+    def retire(self, keep):
+        raise AssertionError("never reached: one row")
 
     def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
         assert torch.equal(state.last_tokens.cpu(), torch.tensor([ctx[-1] for ctx in state.host_tokens]))

@@ -64,9 +64,18 @@ class _Partial:
     """A drafter with one member missing or wrong (see the tests below)."""
 
     max_nodes = 3
+    max_depth = 2
     hidden_state_layers = ()
+    forwards = 0
+    defers_prefill = False
 
     def begin(self, target, state, prefill_hidden_states=None):
+        pass
+
+    def add_rows(self, target, rows, prefill_hidden_states=None):
+        pass
+
+    def retire(self, keep):
         pass
 
     def propose(self, state, max_depth):
@@ -77,10 +86,11 @@ def test_non_drafters_are_refused_naming_the_argument(model):
     """Item 10: a model (or anything else) where a drafter is expected is a ValueError at the start, not an
     AttributeError from inside the loop."""
     ids = torch.tensor([1, 2, 3])
-    with pytest.raises(ValueError, match=r"generate: drafter must be a drafter \(max_nodes, hidden_state_layers, "
-                                         r"begin\(\), propose\(\), observe\(\).*got LlamaForCausalLM without "
-                                         r"max_nodes, hidden_state_layers, begin, propose, observe.*"
-                                         r"DraftModelDrafter\(model\)"):
+    with pytest.raises(ValueError, match=r"generate: drafter must be a drafter \(max_nodes, max_depth, "
+                                         r"hidden_state_layers, forwards, defers_prefill, begin, add_rows, propose, "
+                                         r"observe, retire: .*got LlamaForCausalLM without max_nodes, max_depth, "
+                                         r"hidden_state_layers, forwards, defers_prefill, begin, add_rows, propose, "
+                                         r"observe, retire.*DraftModelDrafter\(model\)"):
         generate(model, model, ids)
     with pytest.raises(ValueError, match="got str without max_nodes"):
         generate(model, "ngram", ids)
@@ -88,6 +98,7 @@ def test_non_drafters_are_refused_naming_the_argument(model):
         generate(model, _Partial(), ids)
     for attr, value, msg in (("max_nodes", 0, r"drafter.max_nodes must be an integer >= 1, got 0"),
                              ("max_nodes", 2.5, r"drafter.max_nodes must be an integer >= 1, got 2.5"),
+                             ("max_depth", -1, r"drafter.max_depth must be an integer >= 0, got -1"),
                              ("hidden_state_layers", None, r"hidden_state_layers must be a sequence of integers"),
                              ("hidden_state_layers", (-1.0,), r"hidden_state_layers must be a sequence of integers")):
         bad = _Partial()

@@ -317,14 +317,13 @@ def test_dynamic_tree_of_the_draft_model():
 
 def test_ngram_index_equals_the_scan():
     """The drafter's incremental n-gram index proposes exactly what the plain scan (ngram_lookup) proposes."""
-    from specdec_ext.drafters import DecodeState, SamplingParams
+    from specdec_ext.drafters import DecodeState
 
     gen = torch.Generator().manual_seed(3)
     for trial in range(20):
         vocab = 3 + trial % 5
         ctx = torch.randint(0, vocab, (1,), generator=gen).tolist()
-        state = DecodeState(torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, dtype=torch.int64), [ctx], [1],
-                            [False], 1, SamplingParams(), None, vocab)
+        state = DecodeState.of_prompts([ctx], max_len=1, vocab_size=vocab)
         drafter = NgramDrafter(num_pred_tokens=4, max_ngram_size=3, min_ngram_size=1 + trial % 2)
         drafter.begin(None, state)
         for _ in range(15):

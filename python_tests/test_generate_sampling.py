@@ -2,7 +2,7 @@
 
 A tiny-vocabulary target (V = 8, random 1-layer Llama) and a draft model with a perturbed output head. One generate
 call runs B copies of the prompt as a batch (rows accept different lengths, so this also exercises per-row lengths
-and frozen rows); the first three generated tokens of every row are compared with the exact target distribution
+and retired rows); the first three generated tokens of every row are compared with the exact target distribution
 (computed by running the target on every continuation): a chi-square test on the joint distribution of the first two
 tokens and on the marginal of the third, for the draft-model drafter (chain of sampled drafts with their
 probabilities, and the deterministic top-2 tree), the n-gram drafter (deterministic drafts) and, as a check of the

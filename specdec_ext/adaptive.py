@@ -53,7 +53,8 @@ otherwise settle the choice a depth short until an exploration happened to succe
 Depth 0 is a plain decoding step: the inner drafter is still asked (``propose(state, 0)`` returns a 1-node tree)
 and observes the result, so its caches stay in sync. A drafter with its own model skips its forwards on plain steps
 and catches up on them at the next speculative step. The wrapper also asks it to defer its prefill
-(``begin(..., defer_prefill=True)``, where the inner drafter takes that keyword; not in ``"fixed"`` mode): the
+(``begin`` / ``add_rows`` with ``defer_prefill=True``, where the inner drafter's ``defers_prefill`` says it
+can; not in ``"fixed"`` mode): the
 prompt is then caught up on at the first speculative step, so a generation that stays plain (large batches) never
 pays for the draft's pass over the prompts. The *lag* counts the context tokens per row the drafter has not read
 (the longest prompt - 1 after a deferred prefill, then one per plain step). A speculative step's draft time with a
@@ -70,12 +71,12 @@ keep plain steps for good). With a lag of k tokens, the argmax charges every spe
 from __future__ import annotations
 
 import bisect
-import inspect
 import time
 
 import torch
 
-from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_drafter
+from specdec_ext.drafters.base import check_drafter
+from specdec_ext.state import DecodeState, DraftTree, StepResult
 
 __all__ = ["AdaptiveDrafter", "CostCurve"]
 
@@ -150,18 +151,6 @@ class CostCurve:
         return max(ys[base] + slope * (x - xs[base]), 0.0)
 
 
-def _inner_max_depth(inner) -> int:
-    """The deepest tree the inner drafter can build (its own depth setting)."""
-    tree = getattr(inner, "tree", None)
-    if tree is not None and isinstance(getattr(tree, "max_depth", None), int):  # MedusaDrafter
-        return tree.max_depth
-    for name in ("depth", "k", "num_pred_tokens"):  # EagleDrafter, DraftModelDrafter, NgramDrafter
-        v = getattr(inner, name, None)
-        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-            return v
-    return int(inner.max_nodes) - 1  # a chain
-
-
 def _check_number(name: str, value, low: float, high: float, low_open: bool = False, high_open: bool = False):
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if ok:
@@ -197,7 +186,7 @@ class AdaptiveDrafter:
         check_drafter("AdaptiveDrafter: inner", inner)
         if mode not in MODES:
             raise ValueError(f"AdaptiveDrafter: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
-        inner_depth = _inner_max_depth(inner)
+        inner_depth = inner.max_depth
         if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
             raise ValueError(f"AdaptiveDrafter: depth must be an integer >= 0, got {depth!r}")
         if depth is not None and depth > inner_depth:
@@ -223,13 +212,9 @@ class AdaptiveDrafter:
             raise TypeError(f"AdaptiveDrafter: clock must be a function returning seconds, got {clock!r}")
         self.inner = inner
         self.mode = mode
-        try:
-            begin_params = inspect.signature(inner.begin).parameters
-        except (TypeError, ValueError):
-            begin_params = {}
         # pinned depths speculate from the first step: the prefill costs the same then, and "fixed" stays the inner
-        # drafter as it is
-        self.defers_prefill = "defer_prefill" in begin_params and mode != "fixed"
+        # drafter as it is. (As the protocol's member: its begin / add_rows defer the inner drafter's prefill.)
+        self.defers_prefill = bool(inner.defers_prefill) and mode != "fixed"
         self.max_depth = inner_depth if depth is None else depth  # deepest depth considered
         if mode == "off":
             self.max_depth = 0
@@ -251,11 +236,11 @@ class AdaptiveDrafter:
 
     @property
     def hidden_state_layers(self) -> tuple[int, ...]:
-        return tuple(getattr(self.inner, "hidden_state_layers", ()))
+        return tuple(self.inner.hidden_state_layers)
 
     @property
     def forwards(self) -> int:
-        return int(getattr(self.inner, "forwards", 0) or 0)
+        return int(self.inner.forwards)
 
     def reset(self) -> None:
         """Forget everything learned (acceptance, costs, node counts, histograms)."""
@@ -279,28 +264,32 @@ class AdaptiveDrafter:
         self._last_best: tuple[int, int] | None = None  # (batch rows, argmax) of the last step
         self.explorations = 0
 
-    def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
-        # the lag: context tokens per row the inner drafter has not read (it catches up on them when it next drafts)
-        if self.defers_prefill:
-            self.inner.begin(target, state, prefill_hidden_states, defer_prefill=True)
-            self._lag = max(0, max(state.prompt_lens) - 1)
-        else:
-            self.inner.begin(target, state, prefill_hidden_states)
-            self._lag = 0
+    def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None, *,
+              defer_prefill: bool = False) -> None:
+        self._lag = 0
+        self.inner.begin(target, state, prefill_hidden_states, **self._defer(state))
         self.history = []
         self._gen_step = 0
         self._pending = None
 
-    @property
-    def retire(self):
-        """``retire(keep)``: rows leave the batch (``keep``: int64 indices of the rows that stay); forwarded to the
-        inner drafter. Present only when the inner drafter has ``retire`` (so the loop freezes finished rows for
-        drafters that cannot follow). The next steps see the new batch size through the state, and the cost model
-        through the tokens in flight."""
-        fn = getattr(self.inner, "retire", None)
-        if not callable(fn):
-            raise AttributeError(f"AdaptiveDrafter.retire: the inner {type(self.inner).__name__} has no retire()")
-        return fn
+    def add_rows(self, target: torch.nn.Module, rows: DecodeState, prefill_hidden_states=None, *,
+                 defer_prefill: bool = False) -> None:
+        """Forwarded to the inner drafter (its prefill deferred as in :meth:`begin`)."""
+        self.inner.add_rows(target, rows, prefill_hidden_states, **self._defer(rows))
+
+    def _defer(self, rows: DecodeState) -> dict:
+        """The inner drafter's ``defer_prefill`` keyword for ``rows``, and the lag it leaves: context tokens per row
+        the inner drafter has not read (it catches up on them when it next drafts). The wrapper defers whenever it
+        can (``defers_prefill``), whatever its caller asks."""
+        if not self.defers_prefill:
+            return {}
+        self._lag = max(self._lag, max(rows.prompt_lens) - 1)
+        return {"defer_prefill": True}
+
+    def retire(self, keep: torch.Tensor) -> None:
+        """Rows leave the batch (``keep``: int64 indices of the rows that stay); forwarded to the inner drafter. The
+        next steps see the new batch size through the state, and the cost model through the tokens in flight."""
+        self.inner.retire(keep)
 
     def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
         t0 = self.clock()
@@ -347,7 +336,7 @@ class AdaptiveDrafter:
             elig = [0] * (d + 1)
             succ = [0] * (d + 1)
             for b, a in enumerate(result.appended):
-                if a <= 0 or state.done[b]:
+                if state.done[b]:
                     continue
                 L = min(a - 1, d)
                 for i in range(1, min(L + 1, d) + 1):  # depths 1 .. L + 1 were reached (depth i needs i - 1 accepted)

@@ -55,6 +55,11 @@ class SamplingParams:
         return cls(t.to(device), torch.tensor(top_k, dtype=torch.int64).to(device),
                    torch.tensor(top_p, dtype=torch.float32).to(device), [x < GREEDY_TEMPERATURE for x in temperature])
 
+    @classmethod
+    def greedy_rows_of(cls, batch: int, device="cpu") -> "SamplingParams":
+        """``batch`` greedy rows (temperature 0, no top-k / top-p filter)."""
+        return cls.rows([0.0] * batch, [0] * batch, [1.0] * batch, device)
+
     @property
     def greedy(self) -> bool:
         """Every row is greedy (then argmax drafting and greedy verification suffice)."""
@@ -88,6 +93,23 @@ class DecodeState:
     generators: list[torch.Generator | None]
     vocab_size: int
     step: int = 0
+
+    @classmethod
+    def of_prompts(cls, prompts: list[list[int]], max_len: int, vocab_size: int, device="cpu",
+                   sampling: SamplingParams | None = None,
+                   generators: list[torch.Generator | None] | None = None) -> "DecodeState":
+        """The state of rows that start with ``prompts`` (nothing emitted yet): greedy unless ``sampling`` says
+        otherwise, with ``generators`` (default: none)."""
+        B = len(prompts)
+        buf = torch.zeros(B, max_len, dtype=torch.int64)
+        for b, p in enumerate(prompts):
+            buf[b, : len(p)] = torch.tensor(p, dtype=torch.int64)
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
+        dev = torch.device(device)
+        return cls(tokens=buf.to(dev), lengths=lengths.to(dev), host_tokens=[list(p) for p in prompts],
+                   prompt_lens=[len(p) for p in prompts], done=[False] * B, max_len=max_len,
+                   sampling=sampling if sampling is not None else SamplingParams.greedy_rows_of(B, dev),
+                   generators=list(generators) if generators is not None else [None] * B, vocab_size=vocab_size)
 
     @property
     def batch_size(self) -> int:
@@ -141,10 +163,10 @@ class DecodeState:
         if rows != self.batch_size:
             raise ValueError(f"DecodeState.uniforms: {rows} rows asked of a batch of {self.batch_size}")
         dev = self.device
-        draws = [torch.rand(*shape, generator=gen, device=gen.device).to(dev, non_blocking=True)
-                 if gen is not None and not greedy else torch.zeros(*shape, device=dev)
+        draws = [torch.rand(shape, generator=gen, device=gen.device).to(dev, non_blocking=True)
+                 if gen is not None and not greedy else torch.zeros(shape, device=dev)
                  for gen, greedy in zip(self.generators, self.sampling.greedy_rows)]
-        return torch.stack(draws) if draws else torch.zeros(0, *shape, device=dev)
+        return torch.stack(draws) if draws else torch.zeros((0, *shape), device=dev)
 
 @dataclass
 class StepResult:

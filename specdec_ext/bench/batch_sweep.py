@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from specdec_ext.adaptive import AdaptiveDrafter, _inner_max_depth
+from specdec_ext.adaptive import AdaptiveDrafter
 from specdec_ext.generate import generate
 from specdec_ext.models.config import text_config
 
@@ -102,7 +102,7 @@ def run_batch_sweep(target, make_drafter, prompts=None, batch_sizes=None, max_ne
     else:
         name = drafter_name or "drafter"
         fresh = make_drafter
-    inner_depth = _inner_max_depth(fresh())
+    inner_depth = fresh().max_depth  # (the protocol's deepest tree)
     if fixed_depths is None:
         fixed_depths = [d for d in (1, 2, 3, 4, 6, 8) if d <= inner_depth]
         if inner_depth not in fixed_depths and inner_depth <= 16:

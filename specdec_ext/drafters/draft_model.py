@@ -293,7 +293,7 @@ class DraftModelDrafter:
             # The last tree forward left the nodes' K/V at prefix + node index: keep the accepted path's fed nodes.
             prefix = to_device([len(ctx) - n - 1 for ctx, n in zip(state.host_tokens, result.appended)],
                                state.device)
-            self.cache.accept(result.accepted, result.accept_len.clamp(min=0, max=self.fed), prefix, validate=False)
+            self.cache.accept(result.accepted, result.accept_len.clamp(max=self.fed), prefix, validate=False)
             self.tree_fed = False
         if not getattr(self, "caught_up", True):
             return  # the cache still holds the first valid[b] tokens of each row, which are still its context

@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import DraftTree, StepResult
+from specdec_ext.state import DraftTree, StepResult
 
 __all__ = ["ScoreCalibration", "check_tree_shape", "grow_dynamic_tree", "max_tree_nodes"]
 
@@ -95,12 +95,7 @@ class ScoreCalibration:
         predicted, self.predicted = self.predicted, None
         if predicted is None or result.accepted.shape[1] < 2:
             return
-        hit = (result.accepted[:, 1] == 1).float()
-        if all(result.appended):  # every row live (a frozen row appends nothing): a plain mean
-            gap = (hit - predicted).mean()
-        else:
-            live = result.accept_len >= 0
-            gap = torch.where(live, hit - predicted, 0.0).sum() / live.sum().clamp(min=1)
+        gap = ((result.accepted[:, 1] == 1).float() - predicted).mean()
         self.log_scale = torch.add(self.log_scale, gap, alpha=self.rate).clamp_(_MIN_LOG_SCALE, _MAX_LOG_SCALE)
 
 

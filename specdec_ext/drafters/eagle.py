@@ -45,7 +45,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab, to_device
+from specdec_ext.drafters.base import check_vocab, to_device
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.checkpoints import load_eagle
@@ -54,6 +54,7 @@ from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, def
 from specdec_ext.models.eagle_step import EagleStepOps
 from specdec_ext.models.fast_linear import Linear, tensor_version
 from specdec_ext.models.kv_cache import keep_batch_rows, write_rows
+from specdec_ext.state import DecodeState, DraftTree, StepResult
 
 __all__ = ["EagleDrafter"]
 

@@ -33,12 +33,13 @@ import torch
 from torch import nn
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult, check_vocab
+from specdec_ext.drafters.base import check_vocab
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration
 from specdec_ext.drafters.trees import MC_SIM_7B_63, StaticTree, static_tree
 from specdec_ext.models.checkpoints import load_medusa
 from specdec_ext.models.config import text_config
 from specdec_ext.models.medusa import MedusaHeads
+from specdec_ext.state import DecodeState, DraftTree, StepResult
 
 __all__ = ["MedusaDrafter"]
 
@@ -230,10 +231,8 @@ class MedusaDrafter:
                              "target with output_hidden_states for hidden_state_layers = (-1,))")
         hs = result.hidden_states[0]  # [B, N, H]
         B, N, H = hs.shape
-        alen = result.accept_len
-        node = result.accepted.gather(1, alen.clamp(min=0)[:, None]).clamp(min=0)  # last accepted node
-        new = hs.gather(1, node[:, :, None].expand(B, 1, H))[:, 0].to(self.hidden.dtype)
-        self.hidden = torch.where((alen >= 0)[:, None], new, self.hidden)
+        node = result.accepted.gather(1, result.accept_len[:, None])  # last accepted node
+        self.hidden = hs.gather(1, node[:, :, None].expand(B, 1, H))[:, 0].to(self.hidden.dtype)
         self._ready = True
 
     def retire(self, keep: torch.Tensor) -> None:

@@ -106,17 +106,19 @@ class Engine:
     with packed weights where that is faster (CPU).
 
     The engine holds ``drafter`` until :meth:`close` (or the end of a ``with`` block): one engine per drafter.
+    ``caller``: the name the drafter's errors start with (a wrapper such as ``generate`` passes its own).
     """
 
     def __init__(self, target: torch.nn.Module, drafter=None, *, max_batch: int = 8, max_len: int | None = None,
                  tokenizer=None, eos_token_id=None, acceptance: str = "exact", posterior_threshold: float = 0.09,
-                 posterior_alpha: float = 0.3, tree_attention: bool = True, packed_linears: bool = True):
+                 posterior_alpha: float = 0.3, tree_attention: bool = True, packed_linears: bool = True,
+                 caller: str = "Engine"):
         t_start = time.perf_counter()
         if not isinstance(target, torch.nn.Module) or getattr(target, "config", None) is None:
             raise ValueError(f"Engine: target must be a Hugging Face causal LM (a torch.nn.Module with a config), "
                              f"got {type(target).__name__}")
         if drafter is not None:
-            check_drafter("Engine", drafter)
+            check_drafter(caller, drafter)
         if not _is_int(max_batch) or max_batch < 1:
             raise ValueError(f"Engine: max_batch must be an integer >= 1, got {max_batch!r}")
         cfg = text_config(target.config)
@@ -145,7 +147,7 @@ class Engine:
         if packed_linears:
             pack_linears_where_fast(target)
         self._hold = contextlib.ExitStack()
-        self._hold.enter_context(serving(drafter, "Engine"))
+        self._hold.enter_context(serving(drafter, caller))
         self.layers = tuple(drafter.hidden_state_layers) if drafter is not None else ()
         self._hidden_kwargs = {"output_hidden_states": True, "return_outputs": True} if self.layers else {}
         self._logits_to_keep = {"logits_to_keep": 1} if _accepts(target, "logits_to_keep") else {}
@@ -328,17 +330,11 @@ class Engine:
 
     def _rows_of(self, requests: list[Request]) -> DecodeState:
         """The decode state of ``requests`` alone (their prompts, sampling and generators)."""
-        buf = torch.zeros(len(requests), self.max_len, dtype=torch.int64)
-        for b, r in enumerate(requests):
-            buf[b, : len(r.prompt)] = torch.tensor(r.prompt)
         s = [r.settings for r in requests]
         sampling = SamplingParams.rows([x.temperature for x in s], [x.top_k for x in s], [x.top_p for x in s],
                                        self.device)
-        return DecodeState(tokens=buf.to(self.device), lengths=to_device([len(r.prompt) for r in requests],
-                                                                        self.device),
-                           host_tokens=[list(r.prompt) for r in requests], prompt_lens=[len(r.prompt) for r in requests],
-                           done=[False] * len(requests), max_len=self.max_len, sampling=sampling,
-                           generators=[r.generator for r in requests], vocab_size=self.vocab_size)
+        return DecodeState.of_prompts([r.prompt for r in requests], self.max_len, self.vocab_size, self.device,
+                                      sampling, [r.generator for r in requests])
 
     def _leave(self) -> None:
         """Finished and aborted rows leave the cache, the state and the drafter (see the module doc)."""

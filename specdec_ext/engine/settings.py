@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GREEDY_TEMPERATURE", "RequestSettings"]
+from specdec_ext.state import GREEDY_TEMPERATURE  # (the ops' greedy epsilon)
 
-# Temperatures below this are greedy: the ops' epsilon (specdec_ext/ops/reference.py, docs/ARCHITECTURE.md).
-GREEDY_TEMPERATURE = 1e-5
+__all__ = ["GREEDY_TEMPERATURE", "RequestSettings"]
 
 
 def _is_int(value) -> bool:
