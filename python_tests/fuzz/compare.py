@@ -35,8 +35,9 @@ def same_all(got, want, names) -> None:
         same(g, w, n)
 
 
-def close(got, want: torch.Tensor, atol: float, rtol: float, name: str = "output") -> None:
-    """Equal NaN and infinity positions; finite values within ``atol + rtol * |want|``."""
+def close(got, want: torch.Tensor, atol, rtol: float, name: str = "output") -> None:
+    """Equal NaN and infinity positions; finite values within ``atol + rtol * |want|`` (``atol``: a number, or a
+    tensor of want's shape: a tolerance per element)."""
     got = _meta(got, want, name).float()
     want = want.float()
     assert torch.equal(got.isnan(), want.isnan()), f"{name}: NaN at other positions than the reference's"
@@ -44,8 +45,10 @@ def close(got, want: torch.Tensor, atol: float, rtol: float, name: str = "output
     assert torch.equal(got[inf], want[inf]), f"{name}: infinities differ from the reference's"
     fin = ~(inf | want.isnan())
     err = (got[fin] - want[fin]).abs()
-    bad = err > atol + rtol * want[fin].abs()
-    assert not bool(bad.any()), (f"{name}: {int(bad.sum())} values beyond atol {atol:g} + rtol {rtol:g} (max error "
+    per_element = isinstance(atol, torch.Tensor)
+    bad = err > (atol.float()[fin] if per_element else atol) + rtol * want[fin].abs()
+    shown = f"{float(atol.max()):g} (largest)" if per_element else f"{atol:g}"
+    assert not bool(bad.any()), (f"{name}: {int(bad.sum())} values beyond atol {shown} + rtol {rtol:g} (max error "
                                  f"{float(err.max()):.3g})")
 
 

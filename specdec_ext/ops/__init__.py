@@ -264,8 +264,8 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     dtype. With ``validate`` a prefix length out of range raises ValueError (else that row's output is zero).
     """
     B = _rows(q, "q", 4)
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
+    if scale is None:  # (an empty head dim: the op's own check refuses it, naming the supported ones)
+        scale = q.shape[-1] ** -0.5 if q.dim() >= 1 and q.shape[-1] > 0 else 1.0
     prefix = _per_row("tree_attention", "prefix_lens", prefix_lens, B, torch.int64, q, "q")
     return _ops.tree_attention(q, k_cache, v_cache, prefix, tree_mask, float(scale), validate)
 

@@ -631,11 +631,11 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         v = v_cache[b, :, :T].cpu().to(compute_dtype).repeat_interleave(G, dim=0)
         allowed = torch.ones(N, T, dtype=torch.bool)
         allowed[:, prefix:] = dense[b]
-        additive = torch.zeros(N, T, dtype=compute_dtype).masked_fill(~allowed, -math.inf)
-        scores = (q[b].cpu().to(compute_dtype) @ k.transpose(-1, -2)) * scale + additive
-        p = torch.softmax(scores, dim=-1)
-        p = torch.where(allowed.any(-1, keepdim=True), p, torch.zeros((), dtype=compute_dtype))
-        out[b] = (p @ v).to(q.dtype)
+        # masked keys: exactly -inf whatever q . k is (NaN too); a query that sees no key: zeros, whatever V holds
+        scores = ((q[b].cpu().to(compute_dtype) @ k.transpose(-1, -2)) * scale).masked_fill(~allowed, -math.inf)
+        sees = allowed.any(-1, keepdim=True)
+        p = torch.softmax(scores, dim=-1).masked_fill(~sees, 0.0)
+        out[b] = (p @ v).masked_fill(~sees, 0.0).to(q.dtype)
     return out.to(q.device)
 
 
@@ -821,8 +821,10 @@ def draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv
         values = v_cache[b, :, :kv_len].float().repeat_interleave(G, 0)
         scores = q[b].transpose(0, 1) @ keys.transpose(1, 2) / math.sqrt(D)  # [nH, T, kv_len]
         scores = scores.masked_fill(~mask[b], -math.inf)
-        p = torch.softmax(scores, -1).nan_to_num(0.0)  # (a query that sees nothing: zeros)
-        o = rnd(p @ values).transpose(0, 1).reshape(T, nH * D)
+        # a query that sees nothing gets zeros (whatever V holds); NaN anywhere else stays NaN, as in the kernels
+        sees = mask[b].any(-1)[None, :, None]
+        p = torch.softmax(scores, -1).masked_fill(~sees, 0.0)
+        o = rnd((p @ values).masked_fill(~sees, 0.0)).transpose(0, 1).reshape(T, nH * D)
         h1 = rnd(residual[b].float() + lin(o, o_weight, H, nH * D))
         gate, up = lin(rms(h1, norm_weight), gate_up_weight, 2 * I, H).chunk(2, -1)
         act = rnd(rnd(torch.nn.functional.silu(gate)) * up)

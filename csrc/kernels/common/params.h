@@ -236,7 +236,8 @@ struct SampleTokensParams {
 
 // One EAGLE-2 dynamic-tree expansion step. For frontier node f of row b: lp = log_softmax(logits[b, f]); its
 // top_k tokens by lp (descending, ties: lower token id) become candidates with score parent_scores[b, f] + lp.
-// Then the num_select best of the F * top_k candidates (descending score, ties: lower flat index f * top_k + j).
+// Then the num_select best of the F * top_k candidates (descending score, ties: lower flat index f * top_k + j;
+// a NaN score, from a NaN parent score, ranks first whatever its sign, as in torch.sort).
 template <typename T>
 struct ExpandTreeStepParams {
   const T* logits;  // [B, F, V]
@@ -266,7 +267,9 @@ SPECDEC_HD bool tree_attention_head_dim_supported(int64_t d) {
 // Query m = g * N + i of kv head k is query head h = k * G + g (G = H / Hkv) at tree node i. Node i of row b attends
 // to cache positions [0, prefix_lens[b]) and to prefix_lens[b] + j for every tree key j < Nk with mask(b, i, j)
 // (the tree's K/V are already in the cache at prefix_lens[b] + j). out = softmax(scale * q . k) v over those
-// positions, accumulated in float32; a query that attends to nothing gets zeros. A row with prefix_lens[b] < 0 or
+// positions, accumulated in float32; a query that attends to nothing gets zeros. Masked keys get a score of exactly
+// -inf (weight 0) whatever their K holds; NaN in a visible score, or in any V row the sum runs over, gives NaN (as
+// the product P V does in plain PyTorch). A row with prefix_lens[b] < 0 or
 // prefix_lens[b] + Nk > S gets kBadPrefixLen and zero outputs. The tree_attention op has one key per node (Nk = N:
 // the nodes attend among themselves); draft_decoder_layer passes prefix 0 and its whole mask as Nk keys (queries
 // at some of the mask's slots).

@@ -189,15 +189,17 @@ struct Work {
 // (An online softmax rescales at block boundaries, and which block an ancestor falls in depends on its slot.)
 
 // Pass 1 for the QW queries of a panel over one key block (st: the panel's column of S^T, rows `st_stride` apart;
-// tree keys from row tree_from get the mask bias): the bias, then the running maxima. Vectorised across queries.
+// tree keys from row tree_from get the mask bias, 0 or -inf): the mask, then the running maxima. Vectorised across
+// queries.
 template <int QW>
 __attribute__((always_inline)) inline void mask_max_panel(float* st, int64_t st_stride, int64_t keys,
                                                           int64_t tree_from, const float* bias, float* mx) {
   for (int64_t j = tree_from; j < keys; ++j) {
     float* s = st + j * st_stride;
     const float* bj = bias + (j - tree_from) * st_stride;
+    // a select, not s + bias: a masked key must get exactly -inf even when its score is NaN (NaN + -inf is NaN)
 #pragma omp simd
-    for (int c = 0; c < QW; ++c) s[c] += bj[c];
+    for (int c = 0; c < QW; ++c) s[c] = bj[c] < 0.0f ? bj[c] : s[c];
   }
   for (int64_t j = 0; j < keys; ++j) {
     const float* s = st + j * st_stride;
@@ -322,8 +324,10 @@ __attribute__((always_inline)) inline void tree_attention_task(const TreeAttenti
   }
   for (int64_t m = 0; m < M; ++m) {
     T* o = p.out + ((b * p.num_heads + kvh * G + m / N) * N + m % N) * D;
-    const float inv = sum[m] > 0.0f ? 1.0f / sum[m] : 0.0f;
-    for (int64_t d = 0; d < D; ++d) o[d] = from_float_rn<T>(acc[m * D + d] * inv);
+    // sum == 0: the query sees no key, and gets zeros even if a V row it did not see holds NaN (acc has 0 * NaN)
+    const bool sees = sum[m] != 0.0f;
+    const float inv = sees ? 1.0f / sum[m] : 0.0f;
+    for (int64_t d = 0; d < D; ++d) o[d] = from_float_rn<T>(sees ? acc[m * D + d] * inv : 0.0f);
   }
 }
 
@@ -524,8 +528,9 @@ SPECDEC_BF16_TARGET void tree_attention_bf16_task(const TreeAttentionParams<bf16
   }
   for (int64_t m = 0; m < M; ++m) {
     bf16* o = p.out + ((b * p.num_heads + kvh * G + m / N) * N + m % N) * D;
-    const float inv = w.sum[m] > 0.0f ? 1.0f / w.sum[m] : 0.0f;
-    for (int64_t d = 0; d < D; ++d) o[d] = from_float_rn<bf16>(w.acc[m * D + d] * inv);
+    const bool sees = w.sum[m] != 0.0f;  // (as in tree_attention_task)
+    const float inv = sees ? 1.0f / w.sum[m] : 0.0f;
+    for (int64_t d = 0; d < D; ++d) o[d] = from_float_rn<bf16>(sees ? w.acc[m * D + d] * inv : 0.0f);
   }
 }
 #else
@@ -575,7 +580,7 @@ void CompactKv(const CompactKvParams& p, int64_t task_begin, int64_t task_end) {
     const int64_t c = task / p.batch, b = task % p.batch;
     const RowStatus st = compact_kv_row_status(p, b);
     if (c == 0 && p.write_status) p.status[b] = st;
-    if (st.code != kOk) continue;
+    if (st.code != kOk || row == 0) continue;  // row == 0: an empty last dim, nothing to move (and no data pointer)
     const int64_t len = p.lengths[b], dst = p.dst_start[b];
     const int64_t* src = p.src_positions + b * p.max_len;
     snapshot.resize(static_cast<size_t>(len * row));

@@ -132,13 +132,16 @@ SPECDEC_AVX512_BF16 void tile_bf16(const PackedLinearParams<bf16>& p, int64_t m0
     for (int v = 0; v < 2 * NP; ++v) acc[m][v] = _mm512_setzero_ps();
   const int64_t full_pairs = K / 2;
   for (int64_t kp = 0; kp < KP; ++kp) {
+    // Past an odd K the pair's high half is the packing's padding: it must not reach the sum, whatever it holds
+    // (0 * NaN would), so it is masked out of the weights as well as the inputs.
+    const __m512i pair_mask = _mm512_set1_epi32(kp < full_pairs ? -1 : 0xffff);
     __m512bh wv[2 * NP];
     for (int q = 0; q < NP; ++q) {
       const uint16_t* wk = w + q * stride + kp * kPanel * 2;
       _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes + 64, _MM_HINT_T0);
-      wv[2 * q] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(wk));
-      wv[2 * q + 1] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(wk + 32));
+      wv[2 * q] = reinterpret_cast<__m512bh>(_mm512_and_si512(_mm512_loadu_si512(wk), pair_mask));
+      wv[2 * q + 1] = reinterpret_cast<__m512bh>(_mm512_and_si512(_mm512_loadu_si512(wk + 32), pair_mask));
     }
     for (int m = 0; m < MR; ++m) {
       uint32_t pair;  // x[2 kp] in the low half, x[2 kp + 1] (or 0 past an odd K) in the high half
@@ -286,6 +289,8 @@ SPECDEC_AVX2 void tile_bf16_avx2(const PackedLinearParams<bf16>& p, int64_t m0, 
       _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes + 64, _MM_HINT_T0);
     }
+    // past an odd K the pair's high half is padding: masked out of the weights too (0 * NaN would reach the sum)
+    const __m256i odd = kp < full_pairs ? high : _mm256_setzero_si256();
     __m256 xe[MR], xo[MR];
     for (int m = 0; m < MR; ++m) {
       const uint32_t lo = x[m * K + 2 * kp], hi = kp < full_pairs ? x[m * K + 2 * kp + 1] : 0u;
@@ -297,7 +302,7 @@ SPECDEC_AVX2 void tile_bf16_avx2(const PackedLinearParams<bf16>& p, int64_t m0, 
       for (int v = 0; v < 4; ++v) {
         const __m256i lanes8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 16 * v));
         const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(lanes8, 16));
-        const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(lanes8, high));
+        const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(lanes8, odd));
         for (int m = 0; m < MR; ++m) {
           acc[m][4 * q + v] = _mm256_fmadd_ps(xo[m], wo, acc[m][4 * q + v]);
           acc[m][4 * q + v] = _mm256_fmadd_ps(xe[m], we, acc[m][4 * q + v]);

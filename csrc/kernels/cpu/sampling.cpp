@@ -11,10 +11,12 @@
 namespace specdec::cpu {
 namespace {
 
-// Order of candidates everywhere: larger value first, then lower index. order_key gives a total order even for
-// NaN, so sorting never misbehaves on bad data.
+// Order of candidates everywhere: larger value first, then lower index. A total order even with NaN, so sorting
+// never misbehaves on bad data: NaN of either sign ranks first, as in torch.sort and the CUDA kernel's score_key.
+inline uint32_t rank_key(float v) { return is_nan(v) ? 0xffffffffu : order_key(v); }
+
 inline bool before(float a, int64_t ia, float b, int64_t ib) {
-  const uint32_t ka = order_key(a), kb = order_key(b);
+  const uint32_t ka = rank_key(a), kb = rank_key(b);
   return ka != kb ? ka > kb : ia < ib;
 }
 
