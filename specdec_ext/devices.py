@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-import specdec_ext
+from specdec_ext import _C  # (the compiled library itself: whether it holds the CUDA kernels)
 
 __all__ = ["check_device"]
 
@@ -28,7 +28,7 @@ def check_device(device: str | torch.device, what: str = "device") -> torch.devi
     count = torch.cuda.device_count()
     if dev.index is not None and dev.index >= count:
         raise ValueError(f"{what} {device!r}: this machine has {count} CUDA GPU(s), cuda:0 .. cuda:{count - 1}")
-    if not specdec_ext.built_with_cuda():
+    if not _C.built_with_cuda():
         raise ValueError(f"{what} {device!r}: specdec_ext was built without its CUDA kernels (SPECDEC_CUDA=0); "
                          "rebuild it with CUDA, or use cpu")
     return dev

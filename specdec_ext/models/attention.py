@@ -32,6 +32,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specdec_ext import ops
+from specdec_ext.models.config import text_config
 
 TREE_ATTENTION = "specdec_tree"
 PREFIX_LENS_KWARG = "specdec_prefix_lens"
@@ -109,9 +110,7 @@ TREE_KERNEL_HEAD_DIMS = (64, 80, 96, 128, 256)  # head sizes ops.tree_attention 
 def _kernel_head_dim(model: torch.nn.Module) -> bool:
     """Whether the model's attention head size is one the tree kernel supports (others verify through the 4-D
     mask fallback, which any head size can use)."""
-    cfg = model.config
-    get = getattr(cfg, "get_text_config", None)
-    cfg = get(decoder=True) if callable(get) else cfg
+    cfg = text_config(model.config)
     hd = getattr(cfg, "head_dim", None)
     heads = getattr(cfg, "num_attention_heads", None)
     if not hd and heads:
