@@ -10,6 +10,7 @@ import torch
 
 from helpers import make_gen
 from specdec_ext import ops
+from specdec_ext.models import draft_layer as DL
 from specdec_ext.models import eagle as E
 from specdec_ext.ops import reference as ref
 
@@ -248,11 +249,11 @@ def test_eagle_layer_op_matches_module_path(monkeypatch, version, dtype):
     mask = torch.rand(B, T, kv, generator=g) < 0.6
     mask[torch.arange(B)[:, None], torch.arange(T)[None], slots] = True
     calls = []
-    real = E.draft_layer_op()
-    monkeypatch.setattr(E, "draft_layer_op", lambda: lambda *a: calls.append(1) or real(*a))
+    real = ops.draft_decoder_layer
+    monkeypatch.setattr(ops, "draft_decoder_layer", lambda **kw: calls.append(1) or real(**kw))
     results = []
-    for rows in (E.NATIVE_LAYER_MAX_ROWS, 0):
-        monkeypatch.setattr(E, "NATIVE_LAYER_MAX_ROWS", rows)
+    for rows in (DL.NATIVE_LAYER_MAX_ROWS, 0):
+        monkeypatch.setattr(DL, "NATIVE_LAYER_MAX_ROWS", rows)
         cache = E.EagleKVCache(B, 2, S, 64, dtype, "cpu")
         cache.k.copy_(torch.randn(cache.k.shape, generator=make_gen(4)))
         cache.v.copy_(torch.randn(cache.v.shape, generator=make_gen(5)))
@@ -287,8 +288,8 @@ def test_eagle_layer_keeps_the_module_path_for_unusual_calls(monkeypatch):
     if packed_operand((m.fc,)) is None:
         pytest.skip("no packed float32 kernel path on this CPU: the layer takes the module path only")
     calls = []
-    real = E.draft_layer_op()
-    monkeypatch.setattr(E, "draft_layer_op", lambda: lambda *a: calls.append(1) or real(*a))
+    real = ops.draft_decoder_layer
+    monkeypatch.setattr(ops, "draft_decoder_layer", lambda **kw: calls.append(1) or real(**kw))
     B, T, S = 1, 2, 8
     args = (torch.randn(B, T, 128), torch.randn(B, T, 128), torch.arange(T)[None])
     cache = E.EagleKVCache(B, 2, S, 64, torch.float32, "cpu")

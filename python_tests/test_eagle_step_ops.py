@@ -23,7 +23,8 @@ from test_drafter_eagle import NEW, PROMPTS, make_state, target, trained_draft  
 from specdec_ext.drafters.eagle import EagleDrafter  # noqa: E402
 from specdec_ext.drafters.trees import MC_SIM_7B_63  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
-from specdec_ext.models import eagle as E  # noqa: E402
+from specdec_ext import ops  # noqa: E402
+from specdec_ext.models import draft_layer as DL  # noqa: E402
 from specdec_ext.models import eagle_step as ES  # noqa: E402
 from specdec_ext.models import fast_linear  # noqa: E402
 from specdec_ext.models.eagle_step import EagleStepOps  # noqa: E402
@@ -162,19 +163,19 @@ def test_forward_beyond_the_ops_rows_takes_the_modules(monkeypatch):
     _needs_kernel(torch.float32)
     drafter = _ready_drafter()
     m = drafter.model
-    T = E.NATIVE_LAYER_MAX_ROWS + 6
+    T = DL.NATIVE_LAYER_MAX_ROWS + 6
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(1, T, m.feature_size, generator=g)
     ids = torch.randint(0, 101, (1, T), generator=g)
     pos = torch.arange(T)[None]
     mask = pos[0][None, :, None] >= pos[0][None, None, :]  # causal [1, T, T]
     with torch.no_grad():
-        ops = _build(drafter)
+        step = _build(drafter)
         calls = []
-        real = E.draft_layer_op()
-        monkeypatch.setattr(E, "draft_layer_op", lambda: lambda *a: calls.append(1) or real(*a))
+        real = ops.draft_decoder_layer
+        monkeypatch.setattr(ops, "draft_decoder_layer", lambda **kw: calls.append(1) or real(**kw))
         k0, v0 = drafter.cache.k.clone(), drafter.cache.v.clone()
-        got = ops.forward(hidden, ids, pos, from_target=True, mask=mask, write_slots=pos, kv_len=T)
+        got = step.forward(hidden, ids, pos, from_target=True, mask=mask, write_slots=pos, kv_len=T)
         assert not calls
         drafter.cache.k.copy_(k0)
         drafter.cache.v.copy_(v0)
@@ -183,7 +184,7 @@ def test_forward_beyond_the_ops_rows_takes_the_modules(monkeypatch):
     assert torch.equal(got, want)
     # and a few rows take the op
     with torch.no_grad():
-        ops.forward(hidden[:, :3], ids[:, :3], pos[:, :3], from_target=True, mask=mask[:, :3, :3],
+        step.forward(hidden[:, :3], ids[:, :3], pos[:, :3], from_target=True, mask=mask[:, :3, :3],
                     write_slots=pos[:, :3], kv_len=3)
     assert calls == [1]
 

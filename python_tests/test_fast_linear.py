@@ -97,7 +97,7 @@ def test_float32_takes_the_packed_kernel():
         p.copy_(torch.randn(p.shape, generator=g))
     x = torch.randn(2, 3, 96, generator=g)
     out = lin(x)
-    assert lin._specdec_packed is not None and lin._specdec_packed[3] == "ours"
+    assert lin._specdec_packed is not None and lin._specdec_packed.kernel == "ours"
     torch.testing.assert_close(out.double(), _ref(x, lin.weight, lin.bias), atol=1e-4, rtol=1e-5)
     lin.weight.mul_(-1)  # the layer's remembered packed weight follows in-place updates
     torch.testing.assert_close(lin(x).double(), _ref(x, lin.weight, lin.bias), atol=1e-4, rtol=1e-5)
@@ -265,7 +265,7 @@ def test_generate_packs_the_target_by_default_and_opts_out():
     out, _ = generate(packed, None, ids, max_new_tokens=6, eos_token_id=[])
     assert _linear_types(packed) == {fast_linear.PackableLinear}
     q = packed.model.layers[0].self_attn.q_proj
-    assert q._specdec_packed is not None and q._specdec_packed[3] == "ours"  # the kernel ran, not F.linear
+    assert q._specdec_packed is not None and q._specdec_packed.kernel == "ours"  # the kernel ran, not F.linear
     assert torch.equal(out, out_aten)  # greedy: the same tokens as aten's products
     # outside generate the model is nn.Linear exactly
     x = torch.randn(2, q.in_features)

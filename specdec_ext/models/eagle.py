@@ -27,7 +27,6 @@ with :func:`specdec_ext.models.checkpoints.load_eagle`.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -35,12 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec_ext.models.attention import TREE_KERNEL_HEAD_DIMS
-from specdec_ext.models.fast_linear import Linear, fused_linear, module_linear, packed_operand
+from specdec_ext.models.draft_layer import NATIVE_LAYER_MAX_ROWS, DraftLayer
+from specdec_ext.models.fast_linear import Linear, fused_linear, module_linear
 from specdec_ext.models.kv_cache import copy_rows, flat_row_index
 
-__all__ = ["Eagle1Model", "Eagle3Model", "EagleConfig", "EagleKVCache", "Rotary", "apply_rotary",
-           "default_eagle3_layers"]
+__all__ = ["NATIVE_LAYER_MAX_ROWS", "Eagle1Model", "Eagle3Model", "EagleConfig", "EagleKVCache", "Rotary",
+           "apply_rotary", "default_eagle3_layers"]
 
 
 def default_eagle3_layers(num_target_layers: int) -> tuple[int, ...]:
@@ -266,87 +265,35 @@ class Attention(nn.Module):
         return self.o_proj(o.view(B, self.nH, T, self.hd).transpose(1, 2).reshape(B, T, self.nH * self.hd))
 
 
-# The draft layer runs as one specdec_ext::draft_decoder_layer op for at most this many rows (B * T): the tree levels
-# and the catch-ups of decoding. A whole prompt's catch-up takes the module's path (SDPA's blocked attention).
-NATIVE_LAYER_MAX_ROWS = 64
-
-
-@functools.cache
-def draft_layer_op():
-    return torch.ops.specdec_ext.draft_decoder_layer.default  # (resolved once: see ops.draft_decoder_layer)
-
-
-def layer_operands(layer: nn.Module) -> tuple | None:
-    """The weight operands of :func:`specdec_ext.ops.draft_decoder_layer` for the decoder layer ``layer`` (EAGLE-1's
-    or EAGLE-3's): ``(qkv packed, qkv bias, o packed, post-attention norm weight, gate_up packed, down packed)``, or
-    None where the packed kernel does not serve the weights or a bias the op has no operand for is present.
-    (Submodules and parameters are read from the modules' dicts: ``module.attr`` costs ~0.6 us a lookup.)"""
-    sa, mlp = layer._modules["self_attn"], layer._modules["mlp"]
-    attn_mods, mlp_mods = sa._modules, mlp._modules
-    qkv = packed_operand((attn_mods["q_proj"], attn_mods["k_proj"], attn_mods["v_proj"]))
-    o = packed_operand((attn_mods["o_proj"],))
-    gate_up = packed_operand((mlp_mods["gate_proj"], mlp_mods["up_proj"]))
-    down = packed_operand((mlp_mods["down_proj"],))
-    if qkv is None or o is None or gate_up is None or down is None or o[1] is not None or gate_up[1] is not None \
-            or down[1] is not None:
-        return None
-    return qkv[0], qkv[1], o[0], layer._modules["post_attention_layernorm"]._parameters["weight"], gate_up[0], down[0]
-
-
-def layer_constants(layer: nn.Module) -> tuple:
-    """The op's arguments after the cache tensors: ``(heads, intermediate size, norm eps)``."""
-    return (layer._modules["self_attn"].nH, layer._modules["mlp"]._modules["down_proj"].in_features,
-            layer._modules["post_attention_layernorm"].eps)
-
-
-def input_norm_weights(layer: Eagle3Layer) -> torch.Tensor | None:
-    """EAGLE-3's two input norms as the op's ``input_norm`` (``[2H]``: the embedding half first), or None where their
-    eps differ from the post-attention norm's (the op has one eps)."""
-    mods = layer._modules
-    first, second, norm = mods["input_layernorm"], mods["hidden_norm"], mods["post_attention_layernorm"]
-    if not first.eps == second.eps == norm.eps:
-        return None
-    return torch.cat((first._parameters["weight"], second._parameters["weight"]))
-
-
-def native_layer_serves(layer: nn.Module, dtype: torch.dtype, device: torch.device, cache) -> bool:
-    """Whether the op can run ``layer`` on inputs of ``dtype`` on ``device`` with ``cache`` at all: a CPU, a head
-    size it is compiled for, and one dtype for the input, the weights and the cache."""
-    sa = layer._modules["self_attn"]
-    return (device.type == "cpu" and sa.hd in TREE_KERNEL_HEAD_DIMS
-            and dtype is sa._modules["q_proj"]._parameters["weight"].dtype and cache.k.dtype is dtype)
-
-
-def _native_layer(layer: nn.Module, h: torch.Tensor, position_ids: torch.Tensor, attn: dict,
+def _native_layer(layer: "Eagle1Layer | Eagle3Layer", h: torch.Tensor, position_ids: torch.Tensor, attn: dict,
                   embeds: torch.Tensor | None = None) -> torch.Tensor | None:
     """The decoder layer ``layer`` (EAGLE-1's; EAGLE-3's when ``embeds`` is given) as one
     :func:`specdec_ext.ops.draft_decoder_layer` call over its packed weights, or None where the module's own path
-    runs: no cache or mask, more than :data:`NATIVE_LAYER_MAX_ROWS` rows, gradients, CUDA tensors, a head dim or
-    dtype the kernels do not serve. Inside a drafting step the layer was ~35 small framework ops around four
-    few-row products, two thirds of its time; the op is one call."""
+    runs: no cache, mask or write slots, a call the op does not take (:meth:`DraftLayer.takes`) or a layer it may
+    not run (:meth:`DraftLayer.of`), gradients. Inside a drafting step the layer was ~35 small framework ops around
+    four few-row products, two thirds of its time; the op is one call."""
     cache, mask, slots, kv_len = attn.get("cache"), attn.get("mask"), attn.get("write_slots"), attn.get("kv_len")
-    B, T, H = h.shape
-    # (anything unusual takes the module path, which also reports a caller's mistakes in its own words)
-    if (cache is None or mask is None or slots is None or B * T > NATIVE_LAYER_MAX_ROWS
-            or mask.dtype is not torch.bool or (kv_len is not None and kv_len != mask.shape[-1])
-            or not native_layer_serves(layer, h.dtype, h.device, cache)):
+    B, T, _ = h.shape
+    if cache is None or mask is None or slots is None or not DraftLayer.takes(B * T, mask, kv_len) \
+            or (embeds is not None and embeds.dtype is not h.dtype):
         return None
     if torch.is_grad_enabled() and (h.requires_grad or (embeds is not None and embeds.requires_grad)
                                     or any(p.requires_grad for p in layer.parameters())):
         return None  # (the op has no autograd)
-    weights = layer_operands(layer)
-    if weights is None:
+    op = layer.draft_layer(h.dtype, h.device, cache.k.dtype)
+    if op is None:
         return None
-    if embeds is None:
-        x, input_norm, segments = h, None, 1
-    else:
-        input_norm = input_norm_weights(layer)
-        if input_norm is None or embeds.dtype is not h.dtype:
-            return None
-        x, segments = torch.cat((embeds, h), -1), 2
-    return draft_layer_op()(x, input_norm, segments, h, *weights, position_ids,
-                            layer._modules["self_attn"]._modules["rotary"].inv_freq, cache.k, cache.v, slots, mask,
-                            *layer_constants(layer), True)
+    x = h if embeds is None else torch.cat((embeds, h), -1)
+    return op(x, h, position_ids, cache.k, cache.v, slots, mask)
+
+
+def _draft_layer(layer: nn.Module, dtype: torch.dtype, device: torch.device, cache_dtype: torch.dtype,
+                 input_norm_weight: torch.Tensor | None = None, input_norm_segments: int = 1) -> DraftLayer | None:
+    """The op's operands of an EAGLE decoder layer (its attention's heads and RoPE, its post-attention norm's eps)."""
+    sa = layer._modules["self_attn"]
+    return DraftLayer.of(layer, dtype=dtype, device=device, cache_dtype=cache_dtype, num_heads=sa.nH,
+                         eps=layer._modules["post_attention_layernorm"].eps, inv_freq=sa._modules["rotary"].inv_freq,
+                         input_norm_weight=input_norm_weight, input_norm_segments=input_norm_segments)
 
 
 class Eagle1Layer(nn.Module):
@@ -357,6 +304,10 @@ class Eagle1Layer(nn.Module):
         self.self_attn = Attention(cfg, cfg.hidden_size, attention_bias)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def draft_layer(self, dtype: torch.dtype, device: torch.device, cache_dtype: torch.dtype) -> DraftLayer | None:
+        """This layer's operands of :func:`specdec_ext.ops.draft_decoder_layer` (None where it may not run it)."""
+        return _draft_layer(self, dtype, device, cache_dtype)
 
     def forward(self, h, position_ids, **attn):
         out = _native_layer(self, h, position_ids, attn)
@@ -427,6 +378,17 @@ class Eagle3Layer(nn.Module):
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+
+    def draft_layer(self, dtype: torch.dtype, device: torch.device, cache_dtype: torch.dtype) -> DraftLayer | None:
+        """This layer's operands of :func:`specdec_ext.ops.draft_decoder_layer`: its two input norms as the op's
+        input norm over two segments (``[2H]``, the embedding half first); None where it may not run it, or where
+        their eps differ from the post-attention norm's (the op has one eps)."""
+        mods = self._modules
+        first, second, norm = mods["input_layernorm"], mods["hidden_norm"], mods["post_attention_layernorm"]
+        if not first.eps == second.eps == norm.eps:
+            return None
+        return _draft_layer(self, dtype, device, cache_dtype,
+                            torch.cat((first._parameters["weight"], second._parameters["weight"])), 2)
 
     def forward(self, h, embeds, position_ids, **attn):
         out = _native_layer(self, h, position_ids, attn, embeds=embeds)

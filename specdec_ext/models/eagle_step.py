@@ -6,7 +6,8 @@ concatenation, ``fc``'s and the layer's module calls, the layer's checks and fou
 vocabulary projection's module call. On the development CPU that was ~80 us of Python per level, as long as the
 :func:`specdec_ext.ops.draft_decoder_layer` op itself. :class:`EagleStepOps` looks the packed operands up once (the
 lookups also validate them: a weight replaced or changed in place since is packed again), and each forward is then
-the embedding lookup and cast, the concatenation, the ``fc`` product and the layer op; logits are one product. The
+the embedding lookup and cast, the concatenation, the ``fc`` product and the layer op
+(:class:`~specdec_ext.models.draft_layer.DraftLayer`); logits are one product. The
 drafter builds one per generation: built per step, right after a verification forward has evicted the caches, the
 lookups cost ~0.14 ms a step. These are the calls the module path makes, in the same order and dtypes, so the results are the same
 bits (tested against the module path).
@@ -15,7 +16,7 @@ bits (tested against the module path).
 something else: gradients, CUDA, a CPU or dtype without the packed kernel, forward hooks (global ones, or on a
 module whose call the ops replace: the draft, its ``fc``, its decoder layer, EAGLE-3's ``norm``), subclasses of
 those, a head size or dtype mix the op does not serve, or a bias it has no operand for. A single forward takes the module path for more than
-:data:`~specdec_ext.models.eagle.NATIVE_LAYER_MAX_ROWS` rows (a long prompt's catch-up) or an unusual mask.
+:data:`~specdec_ext.models.draft_layer.NATIVE_LAYER_MAX_ROWS` rows (a long prompt's catch-up) or an unusual mask.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from torch import nn
 from torch.nn.modules import module as _module_hooks
 
 from specdec_ext.models import eagle as E
-from specdec_ext.models.fast_linear import PLAIN_LINEAR_TYPES, _packed_linear_op, layer_operand
+from specdec_ext.models.draft_layer import DraftLayer
+from specdec_ext.models.fast_linear import PLAIN_LINEAR_TYPES, PackedLinear, layer_operand
 
 __all__ = ["EagleStepOps"]
 
@@ -39,12 +41,11 @@ def _hooked(module: nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
-def _linear_operand(layer: nn.Module) -> tuple | None:
-    """``(packed weight, bias, out_features)`` of a plain linear layer without hooks, else None."""
+def _linear_operand(layer: nn.Module) -> PackedLinear | None:
+    """The packed operands of a plain linear layer without hooks, else None."""
     if type(layer) not in PLAIN_LINEAR_TYPES or _hooked(layer):
         return None
-    op = layer_operand(layer)
-    return None if op is None else (*op, layer.out_features)
+    return layer_operand(layer)
 
 
 class EagleStepOps:
@@ -52,7 +53,7 @@ class EagleStepOps:
     cache object it was built with (the cache's tensors are read at each call) and the hooks present then."""
 
     def __init__(self, model: nn.Module, cache: E.EagleKVCache, embed_ids: Callable[[torch.Tensor], torch.Tensor],
-                 fc: tuple, layer: tuple, lm: tuple | None):
+                 fc: PackedLinear, layer: DraftLayer, lm: PackedLinear | None):
         self.model, self.cache, self.embed_ids = model, cache, embed_ids
         self.version = model.version
         self.dtype = model.fc.weight.dtype
@@ -78,19 +79,11 @@ class EagleStepOps:
         if type(decoder) is not decoder_type or any(_hooked(m) for m in called) \
                 or (decoder_type is E.Eagle3Layer and type(model.norm) is not E.RMSNorm):
             return None
-        fc = _linear_operand(model.fc)
-        weights = E.layer_operands(decoder)
         w = model.fc.weight
-        if fc is None or weights is None or not E.native_layer_serves(decoder, w.dtype, w.device, cache):
+        layer = decoder.draft_layer(w.dtype, w.device, cache.k.dtype)
+        fc = _linear_operand(model.fc) if layer is not None else None
+        if fc is None:
             return None
-        input_norm = None
-        if model.version == 3:
-            input_norm = E.input_norm_weights(decoder)
-            if input_norm is None:
-                return None
-        sa = decoder._modules["self_attn"]
-        layer = (input_norm, 1 if input_norm is None else 2, weights, sa._modules["rotary"].inv_freq,
-                 E.layer_constants(decoder))
         return cls(model, cache, embed_ids, fc, layer, _linear_operand(lm_layer))
 
     def forward(self, hidden: torch.Tensor, ids: torch.Tensor, position_ids: torch.Tensor, *, from_target: bool,
@@ -99,20 +92,18 @@ class EagleStepOps:
         own outputs), ``ids[B, T]`` (the next tokens) -> predicted features ``[B, T, H]``; K/V written at
         ``write_slots``, attention over cache slots ``[0, kv_len)`` under ``mask[B, T, kv_len]`` (bool)."""
         B, T = ids.shape
-        if B * T > E.NATIVE_LAYER_MAX_ROWS or mask.dtype is not torch.bool or kv_len != mask.shape[-1]:
+        if not DraftLayer.takes(B * T, mask, kv_len):
             return self.model(hidden, self.embed_ids(ids), position_ids, from_target=from_target, mask=mask,
                               cache=self.cache, write_slots=write_slots, kv_len=kv_len, rotary=rotary)
-        dt, linear = self.dtype, _packed_linear_op()
+        dt = self.dtype
         embeds, hidden = self.embed_ids(ids).to(dt), hidden.to(dt)
-        input_norm, segments, weights, inv_freq, constants = self._layer
         if self.version == 1:  # fc(cat(embeds, hidden)), then the layer on it
-            h = linear(torch.cat((embeds, hidden), -1), *self._fc)
+            h = self._fc(torch.cat((embeds, hidden), -1))
             x = h
         else:  # fc only on target features; the layer attends over cat(norm(embeds), norm(h))
-            h = linear(hidden, *self._fc) if from_target else hidden
+            h = self._fc(hidden) if from_target else hidden
             x = torch.cat((embeds, h), -1)
-        return E.draft_layer_op()(x, input_norm, segments, h, *weights, position_ids, inv_freq, self.cache.k,
-                                  self.cache.v, write_slots, mask, *constants, True)
+        return self._layer(x, h, position_ids, self.cache.k, self.cache.v, write_slots, mask)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Draft logits of predicted features, or None where the projection is not a plain packed layer (the
@@ -120,7 +111,7 @@ class EagleStepOps:
         lm = self._lm
         if lm is None:
             return None
-        x = hidden.to(lm[0].dtype) if self.version == 1 else self._norm.forward(hidden)
-        if x.dtype is not lm[0].dtype:
+        x = hidden.to(lm.dtype) if self.version == 1 else self._norm.forward(hidden)
+        if x.dtype is not lm.dtype:
             return None
-        return _packed_linear_op()(x, *lm)
+        return lm(x)

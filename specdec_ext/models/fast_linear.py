@@ -38,23 +38,47 @@ import contextvars
 import functools
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["Linear", "PLAIN_LINEAR_TYPES", "PackableLinear", "bfloat16_is_fast", "fused_linear",
+from specdec_ext.ops import pack_linear_weight, packed_linear_path
+
+__all__ = ["Linear", "PLAIN_LINEAR_TYPES", "PackableLinear", "PackedLinear", "bfloat16_is_fast", "fused_linear",
            "in_packed_linears_block", "layer_operand", "linear", "module_linear", "pack_linears",
            "pack_linears_where_fast", "packed_enabled",
            "packed_linears", "packed_operand", "tensor_version", "unpack_linears"]
 
 _ENABLED = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
-_PACKED = WeakIdKeyDictionary()  # weight -> (version, data_ptr, kernel, packed weight)
+_PACKED = WeakIdKeyDictionary()  # weight -> its PackedLinear (source: the weight's version and address)
 _BROKEN: list[str] = []  # why the oneDNN fallback is off on this machine (set at its first failure)
 _MKLDNN = torch.backends.mkldnn.is_available()
 _OURS = "ours"  # the specdec_ext::packed_linear kernel
 _ONEDNN = "onednn"  # the bfloat16 fallback
+
+
+@dataclass(slots=True, eq=False)
+class PackedLinear:
+    """A linear product's operands, packed once for one kernel: every cache of packed weights here holds these.
+    ``packed`` is the weight (or several layers' weights concatenated along the outputs) in ``kernel``'s layout,
+    ``dtype`` the weight's. ``source`` records what it was packed from (ids, versions and addresses: a plain tuple,
+    compared at C speed) and ``tensors`` holds those tensors, so that no id in ``source`` is reused while the
+    record is remembered."""
+
+    kernel: str
+    packed: torch.Tensor
+    bias: torch.Tensor | None
+    out_features: int
+    dtype: torch.dtype
+    source: tuple = ()
+    tensors: tuple = ()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The product of ``x`` (None where the kernel cannot take it: oneDNN and a 1-D input)."""
+        return _apply(self.kernel, x, self.packed, self.bias, self.out_features)
 
 
 @functools.cache
@@ -62,8 +86,6 @@ def _kernel_choice(dtype: torch.dtype) -> str | None:
     """Which fast path ``dtype`` takes on this CPU (None: F.linear), decided once per dtype."""
     if dtype not in (torch.float32, torch.bfloat16):
         return None
-    from specdec_ext.ops import packed_linear_path
-
     if packed_linear_path(dtype) != "generic":
         return _OURS
     return _ONEDNN if dtype is torch.bfloat16 and _MKLDNN else None
@@ -87,8 +109,6 @@ def bfloat16_is_fast(device: torch.device | str = "cpu") -> bool:
         return True
     if not _ENABLED or _kernel_for(torch.bfloat16) != _OURS:
         return False
-    from specdec_ext.ops import packed_linear_path
-
     # (the AVX2 path reads half the bytes too, but multiplies through float32 conversions, as attention does)
     return packed_linear_path(torch.bfloat16) == "avx512_bf16"
 
@@ -99,14 +119,13 @@ def tensor_version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
-def _packed(weight: torch.Tensor, kernel: str) -> torch.Tensor | None:
-    key = (tensor_version(weight), weight.data_ptr(), kernel)
+def _packed(weight: torch.Tensor, kernel: str) -> PackedLinear | None:
+    """``weight`` packed for ``kernel`` (without a bias: a layer's bias is its own), remembered per weight."""
+    source = (tensor_version(weight), weight.data_ptr())
     hit = _PACKED.get(weight)
-    if hit is not None and hit[:3] == key:
-        return hit[3]
+    if hit is not None and hit.kernel == kernel and hit.source == source:
+        return hit
     if kernel == _OURS:
-        from specdec_ext.ops import pack_linear_weight
-
         packed = pack_linear_weight(weight.detach())
     else:
         try:
@@ -114,8 +133,10 @@ def _packed(weight: torch.Tensor, kernel: str) -> torch.Tensor | None:
         except (RuntimeError, AttributeError) as e:  # a build or CPU without the bf16 oneDNN path
             _BROKEN.append(f"{type(e).__name__}: {e}")
             return None
-    _PACKED[weight] = (*key, packed)
-    return packed
+    # (no tensors held: the weak key is the weight, which a strong reference here would keep alive)
+    record = PackedLinear(kernel, packed, None, weight.shape[0], weight.dtype, source)
+    _PACKED[weight] = record
+    return record
 
 
 def _fast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:
@@ -147,14 +168,14 @@ def _apply(kernel: str, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tenso
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """(result, (kernel, packed) or None when F.linear ran)."""
+    """(result, the weight's PackedLinear, or None when F.linear ran)."""
     kernel = _fast(x, weight, bias)
     if kernel is not None:
         packed = _packed(weight, kernel)
         if packed is not None:
-            y = _apply(kernel, x, packed, bias, weight.shape[0])
+            y = _apply(kernel, x, packed.packed, bias, packed.out_features)
             if y is not None:
-                return y, (kernel, packed)
+                return y, packed
     return F.linear(x, weight, bias), None
 
 
@@ -170,22 +191,22 @@ def _module_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     takes about as long). The remembered weight is used only while it is the same tensor at the same version, for
     a CPU input of its dtype without gradients; anything else takes :func:`linear`."""
     w = module.weight
-    hit = module._specdec_packed
-    if (hit is not None and hit[0] is w and hit[1] == tensor_version(w) and hit[2] == w.data_ptr()
+    hit = module._specdec_packed  # (its bias is the module's, read at each call)
+    if (hit is not None and hit.source == (id(w), tensor_version(w), w.data_ptr())
             and x.dtype is w.dtype and not x.is_cuda and not torch.is_grad_enabled()):
-        y = _apply(hit[3], x, hit[4], module.bias, w.shape[0])
+        y = _apply(hit.kernel, x, hit.packed, module.bias, hit.out_features)
         if y is not None:
             return y
     y, used = _linear(x, w, module.bias)
     if used is not None:
-        module._specdec_packed = (w, tensor_version(w), w.data_ptr(), *used)
+        module._specdec_packed = PackedLinear(used.kernel, used.packed, None, used.out_features, used.dtype,
+                                              (id(w), *used.source), (w,))
     return y
 
 
 def _fused_key(layers: Sequence[nn.Linear]) -> tuple:
-    """What a fused weight was built from: each layer's weight and bias by id, version and address. A plain tuple of
-    ints, so that keys compare at C speed; the remembered entry holds the tensors themselves (:func:`_fused_tensors`),
-    so no id is reused while it is remembered."""
+    """What a fused weight was built from (its :attr:`PackedLinear.source`): each layer's weight and bias by id,
+    version and address; the record holds the tensors themselves (:func:`_fused_tensors`)."""
     key = []
     for layer in layers:
         params = layer._parameters  # (not layer.weight: a module's attribute lookup costs ~0.6 us)
@@ -210,20 +231,22 @@ def _concatenated(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tens
                                   for b, layer in zip(biases, layers)])
 
 
-def layer_operand(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """``(packed weight, bias)`` of one linear layer for ``specdec_ext::packed_linear``: the packed copy its own
+def layer_operand(layer: nn.Linear) -> PackedLinear | None:
+    """One linear layer's operands for ``specdec_ext::packed_linear``, with its bias: the packed copy its own
     products use (:func:`linear`'s cache, validated by the weight's version and address: a weight replaced or changed
     in place is packed again), or None where that kernel does not serve it (see :func:`packed_operand`)."""
     params = layer._parameters
     w, bias = params["weight"], params.get("bias")
     if not _ENABLED or w.device.type != "cpu" or _kernel_for(w.dtype) != _OURS:
         return None
-    return _packed(w, _OURS), (bias.detach() if bias is not None else None)
+    weight = _packed(w, _OURS)
+    return PackedLinear(_OURS, weight.packed, bias.detach() if bias is not None else None, weight.out_features,
+                        weight.dtype)
 
 
-def packed_operand(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """``(packed weight, bias)`` of the layers' concatenation for ``specdec_ext::packed_linear`` (and ops built on
-    it, :func:`specdec_ext.ops.draft_decoder_layer`), or None where that kernel does not serve them (CUDA weights,
+def packed_operand(layers: Sequence[nn.Linear]) -> PackedLinear | None:
+    """The operands of the layers' concatenation for ``specdec_ext::packed_linear`` (and ops built on it,
+    :func:`specdec_ext.ops.draft_decoder_layer`), or None where that kernel does not serve them (CUDA weights,
     a dtype or CPU without its vector path, ``SPECDEC_PACKED_LINEAR=0``). One layer: :func:`layer_operand` (the copy
     its own products use); several: remembered on the first layer as :func:`fused_linear` remembers it (the same
     entry). Either way the weights are packed once."""
@@ -232,18 +255,16 @@ def packed_operand(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Ten
     first = layers[0]
     key = _fused_key(layers)
     hit = first.__dict__.get("_specdec_fused")
-    if hit is not None and hit[1] == _OURS and hit[0] == key:  # (packed from these very tensors, as they are)
-        return hit[2], hit[4]
+    if hit is not None and hit.kernel == _OURS and hit.source == key:  # (packed from these very tensors, as they are)
+        return hit
     w = first.weight
     if not _ENABLED or w.device.type != "cpu" or _kernel_for(w.dtype) != _OURS:
         return None
-    from specdec_ext.ops import pack_linear_weight
-
     weight, bias = _concatenated(layers)
-    packed = pack_linear_weight(weight)
-    first.__dict__["_specdec_fused"] = (key, _OURS, packed, weight.dtype, bias, weight.shape[0],
-                                        _fused_tensors(layers))
-    return packed, bias
+    record = PackedLinear(_OURS, pack_linear_weight(weight), bias, weight.shape[0], weight.dtype, key,
+                          _fused_tensors(layers))
+    first.__dict__["_specdec_fused"] = record
+    return record
 
 
 def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> torch.Tensor:
@@ -253,21 +274,21 @@ def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> torch.Tensor:
     call that finds it valid costs the product plus ~3 us, where the generic route costs ~20 us more."""
     first = layers[0]
     hit = first.__dict__.get("_specdec_fused")
-    if hit is not None and not (x.dtype is hit[3] and hit[0] == _fused_key(layers)):
+    if hit is not None and not (x.dtype is hit.dtype and hit.source == _fused_key(layers)):
         hit = None  # another input dtype, or a weight replaced or changed since it was packed
     # (the cheap checks of a decoding step first; with gradients on, the fast path's own, which frozen models pass)
     fast = hit is not None and not x.is_cuda and not torch.is_grad_enabled()
     if not fast and not _fast(x, first.weight, first.bias):
         return torch.cat([layer(x) for layer in layers], -1)
     if hit is not None:
-        y = _apply(hit[1], x, hit[2], hit[4], hit[5])
+        y = hit(x)
         if y is not None:
             return y
     weight, bias = _concatenated(layers)
     y, used = _linear(x, weight, bias)
     if used is not None:  # (the fused copy lives on in the packed one; _PACKED's entry dies with `weight`)
-        first.__dict__["_specdec_fused"] = (_fused_key(layers), used[0], used[1], weight.dtype, bias, weight.shape[0],
-                                            _fused_tensors(layers))
+        first.__dict__["_specdec_fused"] = PackedLinear(used.kernel, used.packed, bias, used.out_features,
+                                                        weight.dtype, _fused_key(layers), _fused_tensors(layers))
     return y
 
 
@@ -284,7 +305,7 @@ class _RemembersPacked:
     """The packed weights a layer remembers (:func:`_module_forward`, and :func:`fused_linear` on a group's first
     layer); never pickled or deep-copied (a copy packs its own weights at its first product)."""
 
-    _specdec_packed = None  # (weight, its version, its data_ptr, kernel, packed weight) of the last fast product
+    _specdec_packed = None  # the PackedLinear of the last fast product (source: the weight's id, version, address)
 
     def __getstate__(self):
         state = self.__dict__.copy()

@@ -3,7 +3,7 @@
 A draft model drafts one token per forward, on 1-2 rows. For a small model the Hugging Face forward is mostly
 framework work: the family's 2-layer draft LM spent ~1 ms a forward in ~150 small calls around eight products, and
 its forwards were ~40% of a draft-model step. :class:`LlamaStepOps` runs the same network as one
-:func:`specdec_ext.ops.draft_decoder_layer` call per decoder layer (input RMSNorm, the qkv product, RoPE, the cache
+:func:`specdec_ext.ops.draft_decoder_layer` call per decoder layer (:class:`~specdec_ext.models.draft_layer.DraftLayer`) (input RMSNorm, the qkv product, RoPE, the cache
 write, masked GQA attention over the cache, the o product and residual, RMSNorm, SwiGLU, the down product and
 residual), then the final norm and one vocabulary product, writing K/V straight into the drafter's
 :class:`~specdec_ext.models.TreeKVCache` at explicit slots.
@@ -26,9 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_hooks
 
-from specdec_ext.models.attention import TREE_KERNEL_HEAD_DIMS
-from specdec_ext.models.eagle import draft_layer_op, layer_operands
-from specdec_ext.models.fast_linear import PLAIN_LINEAR_TYPES, _packed_linear_op, layer_operand
+from specdec_ext.models.draft_layer import DraftLayer
+from specdec_ext.models.fast_linear import PLAIN_LINEAR_TYPES, PackedLinear, layer_operand
 from specdec_ext.models.kv_cache import TreeKVCache
 
 __all__ = ["LlamaStepOps"]
@@ -41,31 +40,31 @@ def _rope_is_default(config) -> bool:
     return params.get("rope_type", params.get("type", "default")) == "default"
 
 
-def _layer_args(layer: nn.Module, eps: float, dtype: torch.dtype) -> tuple | None:
-    """The op's operands for one decoder layer, or None where the layer is not the plain Llama layer."""
+_LINEARS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+
+
+def _draft_layer(layer: nn.Module, eps: float, dtype: torch.dtype, device: torch.device, cache_dtype: torch.dtype,
+                 num_heads: int, inv_freq: torch.Tensor) -> DraftLayer | None:
+    """The op's operands for one decoder layer, or None where the layer is not the plain Llama layer (or the op may
+    not run it)."""
     mods = layer._modules
-    sa, mlp = mods.get("self_attn"), mods.get("mlp")
     norms = (mods.get("input_layernorm"), mods.get("post_attention_layernorm"))
-    if sa is None or mlp is None or any(n is None or getattr(n, "variance_epsilon", None) != eps for n in norms):
+    if any(n is None or getattr(n, "variance_epsilon", None) != eps for n in norms) \
+            or any(mods.get(block) is None or any(mods[block]._modules.get(n) is None for n in names)
+                   for block, names in _LINEARS.items()):
         return None
-    attn, ff = sa._modules, mlp._modules
-    linears = [attn.get(n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
-              [ff.get(n) for n in ("gate_proj", "up_proj", "down_proj")]
-    if any(type(m) not in PLAIN_LINEAR_TYPES or m.weight.dtype is not dtype for m in linears):
-        return None
-    weights = layer_operands(layer)  # (the EAGLE layers' operands: a Llama layer has the same submodule names)
-    return None if weights is None else (norms[0].weight, *weights, linears[-1].in_features)
+    return DraftLayer.of(layer, dtype=dtype, device=device, cache_dtype=cache_dtype, num_heads=num_heads, eps=eps,
+                         inv_freq=inv_freq, input_norm_weight=norms[0].weight)
 
 
 class LlamaStepOps:
     """The model as op calls (see the module doc). Build with :meth:`build`; it serves the weights and the cache
     object it was built with (the cache's tensors are read at each call) and the hooks present then."""
 
-    def __init__(self, cache: TreeKVCache, embed: torch.Tensor, layers: list[tuple], inv_freq: torch.Tensor,
-                 num_heads: int, eps: float, norm: nn.Module, lm: tuple):
+    def __init__(self, cache: TreeKVCache, embed: torch.Tensor, layers: list[DraftLayer], norm: nn.Module,
+                 lm: PackedLinear):
         self.cache = cache
-        self._embed, self._layers, self._inv_freq = embed, layers, inv_freq
-        self._num_heads, self._eps, self._norm, self._lm = num_heads, eps, norm, lm
+        self._embed, self._layers, self._norm, self._lm = embed, layers, norm, lm
 
     @classmethod
     def build(cls, model: nn.Module, cache: TreeKVCache) -> "LlamaStepOps | None":
@@ -91,18 +90,15 @@ class LlamaStepOps:
             return None
         dtype, device = embed.weight.dtype, embed.weight.device
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        if device.type != "cpu" or cache.dtype is not dtype or head_dim not in TREE_KERNEL_HEAD_DIMS \
-                or heads % kv_heads or getattr(cfg, "attention_dropout", 0.0):
-            return None
         eps = getattr(norm, "variance_epsilon", None)
-        args = [_layer_args(layer, eps, dtype) for layer in layers]
-        lm = layer_operand(lm_head)
-        if eps is None or any(a is None for a in args) or lm is None or lm_head.weight.dtype is not dtype:
+        if heads % kv_heads or getattr(cfg, "attention_dropout", 0.0) or eps is None:
             return None
-        # (Hugging Face rotates with the buffer as float32, whatever dtype the model was cast to)
-        return cls(cache, embed.weight, args, rotary.inv_freq.float(), heads, eps, norm,
-                   (*lm, lm_head.out_features))
+        inv_freq = rotary.inv_freq.float()  # (Hugging Face rotates with the buffer as float32, whatever the dtype)
+        ops = [_draft_layer(layer, eps, dtype, device, cache.dtype, heads, inv_freq) for layer in layers]
+        lm = layer_operand(lm_head)
+        if any(op is None for op in ops) or lm is None or lm_head.weight.dtype is not dtype:
+            return None
+        return cls(cache, embed.weight, ops, norm, lm)
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor, write_slots: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
@@ -110,8 +106,6 @@ class LlamaStepOps:
         ``write_slots[B, T]`` of every layer and token t attends to the slots s < kv_len with ``mask[b, t, s]``
         (bool ``[B, T, kv_len]``). The cache's lengths are left to the caller."""
         h = F.embedding(tokens, self._embed)
-        op, views = draft_layer_op(), self.cache.layers
-        for layer, (in_norm, qkv, qkv_bias, o, post_norm, gate_up, down, inter) in zip(views, self._layers):
-            h = op(h, in_norm, 1, h, qkv, qkv_bias, o, post_norm, gate_up, down, position_ids, self._inv_freq,
-                   layer.keys, layer.values, write_slots, mask, self._num_heads, inter, self._eps, True)
-        return _packed_linear_op()(self._norm.forward(h), *self._lm)
+        for view, layer in zip(self.cache.layers, self._layers):
+            h = layer(h, h, position_ids, view.keys, view.values, write_slots, mask)
+        return self._lm(self._norm.forward(h))
