@@ -51,15 +51,13 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, bool random_tree, boo
         dpaths(B * N * N), dlv(B);
     DevBuf<RowStatus> dst(B);
     BuildTreeParams q{dpar.p, dpre.p, B, N, ddep.p, dpos.p, dfc.p, dns.p, dpaths.p, dlv.p, dst.p};
-    cuda::LaunchBuildTree(q, nullptr);
-    BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    cuda_run_once([&] { cuda::LaunchBuildTree(q, nullptr); });
     if (!check(ddep.get(), dlv.get(), dst.get(), "cuda")) return false;
     if (dpaths.get() != paths || dfc.get() != fc || dns.get() != ns || dpos.get() != pos) {
       std::fprintf(stderr, "cuda: build_tree outputs differ from the cpu kernel\n");
       return false;
     }
-    const double ms = cuda_median_ms([&] { cuda::LaunchBuildTree(q, nullptr); }, a.repeats);
-    print_row("build_tree", shape, "i64", "cuda", ms, bytes, formula);
+    time_cuda(a, "build_tree", shape, "i64", bytes, formula, [&] { cuda::LaunchBuildTree(q, nullptr); });
   }
 #endif
   return true;
@@ -79,6 +77,5 @@ int main(int argc, char** argv) {
     }
     ok &= run_shape(a, 8, 256, true, a.cpu);
   }
-  if (!ok) std::fprintf(stderr, "FAILED: output sanity check\n");
-  return ok ? 0 : 1;
+  return exit_status(ok, "output sanity check");
 }

@@ -376,6 +376,21 @@ double cuda_median_ms(F&& launch, int repeats, int warmup = 3) {
   cudaEventDestroy(b);
   return median(ms);
 }
+
+// Runs launch() once and waits for it: the run whose outputs a benchmark checks before it times the kernel.
+template <typename F>
+void cuda_run_once(F&& launch) {
+  launch();
+  BENCH_CUDA_CHECK(cudaGetLastError());
+  BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Times launch() with cudaEvents (cuda_median_ms over a.repeats launches) and prints its row as impl "cuda".
+template <typename F>
+void time_cuda(const Args& a, const char* op, const std::string& shape, const char* dtype, double bytes,
+               const std::string& formula, F&& launch) {
+  print_row(op, shape, dtype, "cuda", cuda_median_ms(launch, a.repeats), bytes, formula);
+}
 #endif
 
 inline bool use_cuda(const Args& a) {
@@ -393,6 +408,12 @@ inline bool use_cuda(const Args& a) {
   (void)a;
   return false;
 #endif
+}
+
+// main's result: 0 when every check passed, else 1 after one line on stderr saying which check failed.
+inline int exit_status(bool ok, const char* failed_check) {
+  if (!ok) std::fprintf(stderr, "FAILED: %s\n", failed_check);
+  return ok ? 0 : 1;
 }
 
 }  // namespace bench

@@ -72,8 +72,7 @@ bool run_shape(const Args& a, int64_t layers, int64_t B, int64_t A, int64_t S) {
     g.dst_start = ddst.p;
     g.lengths = dlen.p;
     g.status = dstat.p;
-    cuda::LaunchCompactKv(g, nullptr);
-    BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    cuda_run_once([&] { cuda::LaunchCompactKv(g, nullptr); });
     for (int64_t c = 0; c < n; ++c) {
       const std::vector<T> got = dev[c]->get();
       if (std::memcmp(got.data(), want[c].data(), elems * sizeof(T)) != 0) {
@@ -81,8 +80,7 @@ bool run_shape(const Args& a, int64_t layers, int64_t B, int64_t A, int64_t S) {
         return false;
       }
     }
-    const double ms = cuda_median_ms([&] { cuda::LaunchCompactKv(g, nullptr); }, a.repeats);
-    print_row("compact_kv", shape, "bf16", "cuda", ms, bytes, formula);
+    time_cuda(a, "compact_kv", shape, "bf16", bytes, formula, [&] { cuda::LaunchCompactKv(g, nullptr); });
   }
 #endif
   return true;

@@ -56,11 +56,10 @@ static bool run_shape(const Args& a, int64_t B, int64_t F, int64_t V, int64_t K,
     DevBuf<int64_t> dct(B * F * K), dsel(B * S);
     DevBuf<RowStatus> dst(B);
     ExpandTreeStepParams<T> q{dl.p, F * V, V, dscores.p, B, F, V, K, S, dct.p, dcs.p, dsel.p, dst.p};
-    cuda::LaunchExpandTreeStep(q, nullptr);
-    BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    cuda_run_once([&] { cuda::LaunchExpandTreeStep(q, nullptr); });
     if (!check(dct.get(), dcs.get(), dsel.get(), dst.get(), "cuda")) return false;
-    const double ms = cuda_median_ms([&] { cuda::LaunchExpandTreeStep(q, nullptr); }, a.repeats);
-    print_row("expand_tree_step", shape, dtype_name<T>(), "cuda", ms, bytes, formula);
+    time_cuda(a, "expand_tree_step", shape, dtype_name<T>(), bytes, formula,
+              [&] { cuda::LaunchExpandTreeStep(q, nullptr); });
   }
 #endif
   return true;
@@ -79,6 +78,5 @@ int main(int argc, char** argv) {
     ok &= run_shape<bf16>(a, 8, 10, 32000, 10, 10, a.cpu);
     if (use_cuda(a)) ok &= run_shape<float>(a, 64, 10, 128000, 10, 10, false);
   }
-  if (!ok) std::fprintf(stderr, "FAILED: output sanity check\n");
-  return ok ? 0 : 1;
+  return exit_status(ok, "output sanity check");
 }

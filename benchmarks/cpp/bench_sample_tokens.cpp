@@ -57,16 +57,15 @@ static bool run_shape(const Args& a, int64_t R, int64_t V, bool filtered, bool c
     DevBuf<int64_t> dtopk(top_k), dtok(R);
     DevBuf<RowStatus> dst(R);
     SampleTokensParams<T> q{dl.p, V, du.p, SamplingParams{dtemp.p, dtopk.p, dtopp.p}, R, V, dtok.p, dprobs.p, dst.p};
-    cuda::LaunchSampleTokens(q, nullptr);
-    BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    cuda_run_once([&] { cuda::LaunchSampleTokens(q, nullptr); });
     const auto gtok = dtok.get();
     if (!check(gtok, dprobs.get(), dst.get(), "cuda")) return false;
     int64_t same = 0;
     for (int64_t r = 0; r < R; ++r) same += gtok[r] == tokens[r];
     std::printf("# %s: cuda tokens equal to cpu tokens in %lld / %lld rows\n", shape.c_str(),
                 static_cast<long long>(same), static_cast<long long>(R));
-    const double ms = cuda_median_ms([&] { cuda::LaunchSampleTokens(q, nullptr); }, a.repeats);
-    print_row("sample_tokens", shape, dtype_name<T>(), "cuda", ms, bytes, formula);
+    time_cuda(a, "sample_tokens", shape, dtype_name<T>(), bytes, formula,
+              [&] { cuda::LaunchSampleTokens(q, nullptr); });
   }
 #endif
   return true;
@@ -91,6 +90,5 @@ int main(int argc, char** argv) {
       ok &= run_shape<float>(a, 512, 32000, true, false);
     }
   }
-  if (!ok) std::fprintf(stderr, "FAILED: output sanity check\n");
-  return ok ? 0 : 1;
+  return exit_status(ok, "output sanity check");
 }

@@ -55,11 +55,9 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, bool packed, bool cpu
     DevBuf<RowStatus> dst(B);
     TreeMaskParams q{dpar.p, B, N, packed ? nullptr : reinterpret_cast<bool*>(ddense.p), packed ? dwords.p : nullptr,
                      dst.p};
-    cuda::LaunchTreeAncestorMask(q, nullptr);
-    BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    cuda_run_once([&] { cuda::LaunchTreeAncestorMask(q, nullptr); });
     if (!check(ddense.get(), dwords.get(), dst.get(), "cuda")) return false;
-    const double ms = cuda_median_ms([&] { cuda::LaunchTreeAncestorMask(q, nullptr); }, a.repeats);
-    print_row("tree_ancestor_mask", shape, "i64", "cuda", ms, bytes, formula);
+    time_cuda(a, "tree_ancestor_mask", shape, "i64", bytes, formula, [&] { cuda::LaunchTreeAncestorMask(q, nullptr); });
   }
 #endif
   return true;
@@ -79,6 +77,5 @@ int main(int argc, char** argv) {
       ok &= run_shape(a, 8, 256, packed, a.cpu);
     }
   }
-  if (!ok) std::fprintf(stderr, "FAILED: output sanity check\n");
-  return ok ? 0 : 1;
+  return exit_status(ok, "output sanity check");
 }

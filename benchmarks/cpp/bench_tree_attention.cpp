@@ -101,8 +101,7 @@ bool run_shape(const Args& a, int64_t B, int64_t N, int64_t P) {
     const int64_t wsn = cuda::TreeAttentionWorkspaceFloats(B, kH, kHkv, N, kD, S);
     DevBuf<float> ws(wsn);
     const TreeAttentionParams<T> g = params(dq.p, dk.p, dv.p, dpre.p, dmask.p, dout.p, ws.p, wsn, dst.p);
-    cuda::LaunchTreeAttention<T>(g, nullptr);
-    BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    cuda_run_once([&] { cuda::LaunchTreeAttention<T>(g, nullptr); });
     const std::vector<T> got = dout.get();
     for (size_t e = 0; e < got.size(); ++e) {
       if (!(std::fabs(to_float(got[e]) - to_float(out[e])) <= tol)) {
@@ -111,8 +110,8 @@ bool run_shape(const Args& a, int64_t B, int64_t N, int64_t P) {
         return false;
       }
     }
-    const double ms = cuda_median_ms([&] { cuda::LaunchTreeAttention<T>(g, nullptr); }, a.repeats);
-    print_row("tree_attention", shape, dtype_name<T>(), "cuda", ms, bytes, formula);
+    time_cuda(a, "tree_attention", shape, dtype_name<T>(), bytes, formula,
+              [&] { cuda::LaunchTreeAttention<T>(g, nullptr); });
   }
 #endif
   return true;

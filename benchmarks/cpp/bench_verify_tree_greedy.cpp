@@ -29,12 +29,11 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, int64_t V, bool cpu) 
     DevBuf<int64_t> dt(d.tokens), dp(d.parents), dacc(B * N), dlen(B), dnext(B);
     DevBuf<RowStatus> dst(B);
     VerifyTreeGreedyParams<T> q{dl.p, N * V, V, dt.p, dp.p, B, N, V, VerifyOutputs{dacc.p, dlen.p, dnext.p, dst.p}};
-    cuda::LaunchVerifyTreeGreedy(q, nullptr);
-    BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    cuda_run_once([&] { cuda::LaunchVerifyTreeGreedy(q, nullptr); });
     if (!check_planted(d, dacc.get().data(), dlen.get().data(), dnext.get().data(), dst.get().data(), "cuda"))
       return false;
-    const double ms = cuda_median_ms([&] { cuda::LaunchVerifyTreeGreedy(q, nullptr); }, a.repeats);
-    print_row("verify_tree_greedy", shape, dtype_name<T>(), "cuda", ms, bytes, formula);
+    time_cuda(a, "verify_tree_greedy", shape, dtype_name<T>(), bytes, formula,
+              [&] { cuda::LaunchVerifyTreeGreedy(q, nullptr); });
   }
 #endif
   return true;
@@ -53,6 +52,5 @@ int main(int argc, char** argv) {
     ok &= run_shape<float>(a, 1, 64, 128000, a.cpu);
     if (use_cuda(a)) ok &= run_shape<float>(a, 64, 8, 128000, false);
   }
-  if (!ok) std::fprintf(stderr, "FAILED: output does not match the planted answer\n");
-  return ok ? 0 : 1;
+  return exit_status(ok, "output does not match the planted answer");
 }

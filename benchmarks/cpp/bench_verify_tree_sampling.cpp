@@ -49,12 +49,11 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, int64_t V, bool with_
     VerifyTreeSamplingParams<T> q{dl.p,  N * V, V, with_draft ? dq.p : nullptr, N * V, V, dt.p, dp.p, du.p,
                                   SamplingParams{dtemp.p, dtopk.p, dtopp.p}, B, N, V, dws.p,
                                   VerifyOutputs{dacc.p, dlen.p, dnext.p, dst.p}};
-    cuda::LaunchVerifyTreeSampling(q, nullptr);
-    BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    cuda_run_once([&] { cuda::LaunchVerifyTreeSampling(q, nullptr); });
     if (!check_planted(d, dacc.get().data(), dlen.get().data(), dnext.get().data(), dst.get().data(), "cuda"))
       return false;
-    const double ms = cuda_median_ms([&] { cuda::LaunchVerifyTreeSampling(q, nullptr); }, a.repeats);
-    print_row("verify_tree_sampling", shape, dtype_name<T>(), "cuda", ms, bytes, formula);
+    time_cuda(a, "verify_tree_sampling", shape, dtype_name<T>(), bytes, formula,
+              [&] { cuda::LaunchVerifyTreeSampling(q, nullptr); });
   }
 #endif
   return true;
@@ -74,6 +73,5 @@ int main(int argc, char** argv) {
     ok &= run_shape<float>(a, 1, 64, 128000, false, a.cpu);
     if (use_cuda(a)) ok &= run_shape<float>(a, 64, 8, 128000, false, false);
   }
-  if (!ok) std::fprintf(stderr, "FAILED: output does not match the planted answer\n");
-  return ok ? 0 : 1;
+  return exit_status(ok, "output does not match the planted answer");
 }
