@@ -1,0 +1,196 @@
+"""``specdec bench --suite engine``: the :class:`~specdec_ext.Engine` under load, plain vs each drafter vs adaptive.
+
+Loads: a closed loop of ``C`` concurrent clients (engine of ``C`` rows) and an open loop of requests arriving as a
+Poisson process at each rate (engine of ``max_batch`` rows, the rest queued). At every load, every method serves
+the same requests (:func:`~specdec_ext.bench.load_clients.make_workload`) one after the other, so a machine that
+slows down slows them alike; each method keeps one drafter for the whole run (as a server does). ``adaptive`` is
+an :class:`~specdec_ext.adaptive.AdaptiveDrafter` around ``adaptive_inner`` (``"best"``: the fixed drafter with the
+highest throughput at the first load). Per configuration: throughput, TTFT and ITL p50/p99, mean accepted length,
+whether greedy outputs equal plain decoding's. The summary asks the issue's question: where does speculation stop
+paying, and is adaptive within 5% of the better of plain and the best fixed drafter at every load (and above both
+somewhere)?
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from specdec_ext.adaptive import AdaptiveDrafter
+from specdec_ext.bench.load_clients import ClosedClients, Job, PoissonArrivals, drive, make_workload, summarise
+from specdec_ext.engine import Engine, RequestSettings
+
+__all__ = ["EngineLoadConfig", "format_table", "run_engine_load"]
+
+
+@dataclass(frozen=True)
+class EngineLoadConfig:
+    """What the engine suite runs (the CLI's defaults are modest for a 2-core CPU; flags scale them up)."""
+
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
+    rates: tuple[float, ...] = (2.0, 8.0, 32.0)  # requests/s
+    requests: int = 16  # per load point (closed loops: at least 2 per client)
+    prompt_len: int = 64  # longest prompt; each job takes [half, all] of its prompt
+    max_new_tokens: int = 48  # largest budget; each job draws [1/4, all]
+    max_batch: int = 16  # engine rows in the open loop
+    temperature: float = 0.0
+    methods: tuple[str, ...] | None = None  # default: plain, every drafter, adaptive
+    adaptive_inner: str = "best"
+    seed: int = 0
+
+
+def _loads(cfg: EngineLoadConfig) -> list[tuple[str, float]]:
+    return [("closed", c) for c in cfg.concurrency] + [("poisson", r) for r in cfg.rates]
+
+
+def _methods(cfg: EngineLoadConfig, names: list[str]) -> list[str]:
+    methods = list(cfg.methods or ["plain", *names, "adaptive"])
+    bad = [m for m in methods if m not in ("plain", "adaptive", *names)]
+    if bad:
+        raise ValueError(f"unknown method(s) {bad} (choose from plain, {', '.join(names)}, adaptive)")
+    if "adaptive" in methods and cfg.adaptive_inner == "best" and not any(m in names for m in methods):
+        raise ValueError("adaptive_inner 'best' needs a fixed drafter among the methods (or name the inner drafter)")
+    if cfg.adaptive_inner not in ("best", *names):
+        raise ValueError(f"adaptive_inner must be 'best' or one of {', '.join(names)}, got {cfg.adaptive_inner!r}")
+    # plain first (the reference outputs), adaptive last (its inner drafter may be the best of the others)
+    return ["plain"] + [m for m in methods if m not in ("plain", "adaptive")] + (["adaptive"] if "adaptive" in methods else [])
+
+
+def _run_one(models, drafter, jobs, source, cfg: EngineLoadConfig, max_batch: int) -> tuple[dict, list]:
+    max_nodes = drafter.max_nodes if drafter is not None else 1
+    longest = max(len(j.prompt) + j.max_new_tokens for j in jobs)
+    # twice the longest context: a draft model catching up on a deferred prefill writes the largest lag at every
+    # row, past an up-to-date row's end (DraftModelDrafter._propose), which overflows a cache sized to the context
+    max_len = 2 * longest + max_nodes + 1
+
+    def settings_of(i: int) -> RequestSettings:
+        return RequestSettings(max_new_tokens=jobs[i].max_new_tokens, temperature=cfg.temperature,
+                               seed=cfg.seed + i if cfg.temperature > 0 else None)
+
+    depths = dict(drafter.depth_hist) if isinstance(drafter, AdaptiveDrafter) else None
+    with Engine(models.target, drafter, max_batch=max_batch, max_len=max_len, eos_token_id=[]) as engine:
+        traces = drive(engine, jobs, source, settings_of)
+        st = engine.stats
+    row = summarise(traces)
+    row.update(engine_new_tokens=st.new_tokens, mean_accepted_length=st.mean_accepted_length, steps=st.steps,
+               mean_batch=st.row_steps / st.steps if st.steps else 0.0, max_batch_seen=st.batch_size,
+               finish_reasons=sorted({t.finish_reason for t in traces if t.finish_reason}))
+    if depths is not None:
+        row["depth_hist"] = {str(d): n - depths.get(d, 0) for d, n in sorted(drafter.depth_hist.items())
+                             if n - depths.get(d, 0)}
+    return row, [t.tokens for t in traces]
+
+
+def run_engine_load(models, cfg: EngineLoadConfig = EngineLoadConfig(), log=print) -> dict:
+    """Every method at every load (module doc); returns the suite's JSON part."""
+    names = list(models.drafter_names)
+    methods = _methods(cfg, names)
+    loads = _loads(cfg)
+    n_most = max([cfg.requests] + [max(cfg.requests, 2 * int(c)) for c in cfg.concurrency])
+    prompts, prompt_note = models.prompts(min(n_most, 16), cfg.prompt_len, cfg.seed)
+    workload = make_workload(prompts, n_most, cfg.max_new_tokens, cfg.seed)
+    drafters = {m: models.make_drafter(m) for m in methods if m in names}
+    drafters["plain"] = None
+    warm = workload[:2]
+    t_start = time.perf_counter()
+
+    def warm_up(m):  # first-shape costs, allocations; the drafter's state carries on (as on a server)
+        _run_one(models, drafters[m], [Job(j.prompt, min(8, j.max_new_tokens)) for j in warm],
+                 ClosedClients(len(warm), len(warm)), cfg, len(warm))
+
+    for m in drafters:
+        warm_up(m)
+    inner = None if cfg.adaptive_inner == "best" else cfg.adaptive_inner
+    rows = []
+    for kind, value in loads:
+        n = max(cfg.requests, 2 * int(value)) if kind == "closed" else cfg.requests
+        jobs = workload[:n]
+        reference = None
+        for m in methods:
+            if m == "adaptive" and "adaptive" not in drafters:
+                if inner is None:  # the best fixed drafter at this (the first) load
+                    inner = max((r for r in rows if r["method"] in names), key=lambda r: r["tokens_per_s"])["method"]
+                drafters["adaptive"] = AdaptiveDrafter(models.make_drafter(inner))
+                warm_up("adaptive")
+            source = ClosedClients(n, int(value)) if kind == "closed" else \
+                PoissonArrivals(n, float(value), cfg.seed + 7919)
+            row, outputs = _run_one(models, drafters[m], jobs, source, cfg,
+                                    int(value) if kind == "closed" else cfg.max_batch)
+            if m == "plain":
+                reference = outputs
+            row.update(load=kind, value=value, method=m,
+                       outputs_match_plain=None if cfg.temperature > 0 else outputs == reference)
+            rows.append(row)
+            if log:
+                log(format_row(row))
+    return {"config": {**asdict(cfg), "methods": methods, "adaptive_inner": inner},
+            "prompts": prompt_note, "threads": torch.get_num_threads(), "eos": "ignored (every request runs its "
+            "budget)", "itl": "a step handing a request k tokens g s after its last ones counts as k intervals of "
+            "g / k", "rows": rows, "summary": summarise_loads(rows, methods, names),
+            "seconds": round(time.perf_counter() - t_start, 1)}
+
+
+def summarise_loads(rows: list[dict], methods: list[str], names: list[str]) -> dict:
+    """Per load: each method's throughput over plain's, the best fixed drafter, adaptive over the better of plain
+    and that drafter; and the goal (>= 0.95 everywhere, > 1 somewhere) as measured."""
+    per_load = []
+    for kind, value in dict.fromkeys((r["load"], r["value"]) for r in rows):
+        at = {r["method"]: r for r in rows if (r["load"], r["value"]) == (kind, value)}
+        plain = at["plain"]["tokens_per_s"]
+        entry = {"load": kind, "value": value,
+                 "vs_plain": {m: (at[m]["tokens_per_s"] / plain if plain > 0 else None) for m in methods if m in at}}
+        fixed = [m for m in methods if m in names and m in at]
+        if fixed:
+            best = max(fixed, key=lambda m: at[m]["tokens_per_s"])
+            entry.update(best_fixed=best, speculation_pays=at[best]["tokens_per_s"] > plain)
+            if "adaptive" in at:
+                better = max(plain, at[best]["tokens_per_s"])
+                entry["adaptive_vs_better"] = at["adaptive"]["tokens_per_s"] / better if better > 0 else None
+        per_load.append(entry)
+    ratios = [e["adaptive_vs_better"] for e in per_load if e.get("adaptive_vs_better") is not None]
+    above = [f"{e['load']}:{e['value']:g}" for e in per_load if (e.get("adaptive_vs_better") or 0) > 1.0]
+    return {"per_load": per_load,
+            "min_adaptive_vs_better": min(ratios) if ratios else None,
+            "within_5pct_everywhere": bool(ratios) and min(ratios) >= 0.95,
+            "above_both_at": above,
+            "goal_met": bool(ratios) and min(ratios) >= 0.95 and bool(above),
+            "speculation_stops_paying_at": [f"{e['load']}:{e['value']:g}" for e in per_load
+                                            if e.get("speculation_pays") is False],
+            "all_finished": all(r["finished"] == r["requests"] for r in rows),
+            "all_outputs_match_plain": all(r["outputs_match_plain"] is not False for r in rows)}
+
+
+def _load_name(kind: str, value) -> str:
+    return f"C={int(value)}" if kind == "closed" else f"{value:g} req/s"
+
+
+def format_row(r: dict) -> str:
+    return (f"{_load_name(r['load'], r['value']):>11}  {r['method']:<12} {r['tokens_per_s']:8.1f} tok/s  TTFT p50/p99 "
+            f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} ms  ITL p50/p99 {r['itl_p50_ms']:.1f}/"
+            f"{r['itl_p99_ms']:.1f} ms  accepted {r['mean_accepted_length']:.2f}  batch {r['mean_batch']:.1f}"
+            f"{'' if r['outputs_match_plain'] is not False else '  OUTPUT MISMATCH'}")
+
+
+def format_table(result: dict) -> str:
+    """Markdown: throughput relative to plain per load and method, then the goal check as measured."""
+    s = result["summary"]
+    methods = [m for m in result["config"]["methods"] if m != "plain"]
+    head = "| load | plain tok/s | " + " | ".join(methods) + " | best fixed | adaptive / better |"
+    lines = [f"engine under load: throughput relative to plain (adaptive around {result['config']['adaptive_inner']})",
+             head, "|" + "---|" * (head.count("|") - 1)]
+    plain = {(r["load"], r["value"]): r["tokens_per_s"] for r in result["rows"] if r["method"] == "plain"}
+    for e in s["per_load"]:
+        ratios = " | ".join("-" if e["vs_plain"].get(m) is None else f"{e['vs_plain'][m]:.2f}" for m in methods)
+        avb = e.get("adaptive_vs_better")
+        lines.append(f"| {_load_name(e['load'], e['value'])} | {plain[(e['load'], e['value'])]:.1f} | {ratios} | "
+                     f"{e.get('best_fixed', '-')} | {'-' if avb is None else f'{avb:.2f}'} |")
+    if s["min_adaptive_vs_better"] is not None:
+        lines.append(f"goal (adaptive >= 0.95 x the better of plain and the best fixed drafter at every load, above "
+                     f"both somewhere): {'MET' if s['goal_met'] else 'NOT MET'} as measured - min ratio "
+                     f"{s['min_adaptive_vs_better']:.2f}, above both at {s['above_both_at'] or 'no load'}")
+    lines.append(f"speculation (best fixed drafter) slower than plain at: {s['speculation_stops_paying_at'] or 'none'}"
+                 f"; all requests finished: {s['all_finished']}; greedy outputs equal plain: "
+                 f"{s['all_outputs_match_plain']}")
+    return "\n".join(lines)
