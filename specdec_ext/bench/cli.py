@@ -1,6 +1,7 @@
 """``specdec bench``: the benchmark suite from the command line.
 
-    specdec bench [--suite e2e,batch,context] [--quick] [--out DIR]             # the project's model family
+    specdec bench [--suite e2e,batch,context,engine] [--quick] [--out DIR]      # the project's model family
+    specdec bench --suite engine --concurrency 1,2,4,...,64 --rates 2,8,32      # the Engine under load
     specdec bench --model DIR [--draft-model DIR --medusa DIR --eagle DIR ...]  # your own local models
     specdec bench --tiny --quick                                                # tiny random models (CI)
 
@@ -22,12 +23,14 @@ import specdec_ext
 from specdec_ext.devices import check_device
 from specdec_ext.threads import add_threads_argument, apply_threads
 
-SUITES = ("e2e", "batch", "context")
+SUITES = ("e2e", "batch", "context", "engine")
 
 # (full, --quick)
 PRESETS = {
     "num_prompts": (8, 2), "prompt_len": (128, 64), "max_new_tokens": (128, 32),
     "context_prompts": (4, 1), "context_new_tokens": (64, 32), "warmup_tokens": (16, 8),
+    "concurrency": ((1, 2, 4, 8, 16), (1, 2)), "rates": ((2.0, 8.0, 32.0), (50.0,)), "requests": (16, 4),
+    "engine_prompt_len": (64, 32), "engine_max_new_tokens": (48, 16),
 }
 
 
@@ -69,7 +72,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="dtype of the EAGLE drafts (default auto: bfloat16 for a float32 target where bfloat16 "
                         "products are fast, e.g. CPUs with AVX512-BF16; else the target's)")
     s = p.add_argument_group("what to run")
-    s.add_argument("--suite", default=",".join(SUITES), help="comma-separated: e2e, batch, context (default: all)")
+    s.add_argument("--suite", default=",".join(SUITES),
+                   help="comma-separated: e2e, batch, context, engine (default: all)")
     s.add_argument("--quick", action="store_true", help="small, fast settings (CI)")
     s.add_argument("--methods", help="comma-separated methods for e2e/context (default: all available), e.g. "
                                      "ngram,draft-model,eagle2,hf-assisted")
@@ -87,11 +91,27 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--num-draft-tokens", type=int, default=4, help="--model: n-gram / draft-model chain length")
     s.add_argument("--seed", type=int, default=0)
     add_threads_argument(s)
+    e = p.add_argument_group("engine suite (requests arriving at an Engine: closed and open loops)")
+    e.add_argument("--concurrency", help="closed loop: concurrent clients, comma-separated (default 1,2,4,8,16; "
+                                         "quick 1,2; up to 64 and beyond as the machine allows)")
+    e.add_argument("--rates", help="open loop: Poisson arrival rates in requests/s (default 2,8,32; quick 50)")
+    e.add_argument("--requests", type=int, help="requests per load point (default 16, quick 4; a closed loop sends "
+                                                "at least 2 per client)")
+    e.add_argument("--engine-prompt-len", type=int, help="longest prompt in tokens; each request takes half to all "
+                                                         "of it (default 64, quick 32)")
+    e.add_argument("--engine-max-new-tokens", type=int, help="largest budget; each request draws a quarter to all "
+                                                             "of it (default 48, quick 16)")
+    e.add_argument("--max-batch", type=int, default=16, help="open loop: the engine's rows (default 16)")
+    e.add_argument("--engine-methods", help="comma-separated: plain, drafter names, adaptive (default: all)")
+    e.add_argument("--adaptive-inner", default="best", help="the adaptive drafter's inner drafter (default best: "
+                                                            "the fastest fixed drafter at the first load)")
+    e.add_argument("--sampled", action="store_true", help="sample at temperature 1 (default greedy)")
     o = p.add_argument_group("output")
     o.add_argument("--out", help="output directory (default: benchmarks/results when run from the repository, "
                                  "else ./specdec_bench_results)")
     o.add_argument("--name", default="bench", help="file name prefix (default: bench)")
     o.add_argument("--no-plots", action="store_true", help="JSON only")
+    o.add_argument("--note", help="a note recorded in the JSON (e.g. what else ran on the machine)")
 
 
 def _csv(text: str, what: str, conv=str) -> list:
@@ -151,8 +171,33 @@ def check_args(args: argparse.Namespace) -> dict:
             check_device(args.device, "--device")
         except ValueError as err:
             raise BenchError(str(err)) from None
-    st.update(suites=suites, temperatures=temps, context_lengths=lengths, methods=methods)
+    st.update(suites=suites, temperatures=temps, context_lengths=lengths, methods=methods,
+              engine=_engine_config(args, st))
     return st
+
+
+def _engine_config(args: argparse.Namespace, st: dict):
+    """The engine suite's :class:`EngineLoadConfig` from the flags (presets where a flag is not given)."""
+    from specdec_ext.bench.engine_load import EngineLoadConfig
+
+    conc = _csv(args.concurrency, "--concurrency", int) if args.concurrency else list(st["concurrency"])
+    rates = _csv(args.rates, "--rates", float) if args.rates else list(st["rates"])
+    if any(c < 1 for c in conc):
+        raise BenchError(f"--concurrency must be >= 1 clients, got {conc}")
+    if any(not r > 0 for r in rates):
+        raise BenchError(f"--rates must be > 0 requests/s, got {rates}")
+    sizes = {}
+    for flag, key in (("requests", "requests"), ("engine_prompt_len", "engine_prompt_len"),
+                      ("engine_max_new_tokens", "engine_max_new_tokens"), ("max_batch", None)):
+        val = getattr(args, flag)
+        if val is not None and val < 1:
+            raise BenchError(f"--{flag.replace('_', '-')} must be >= 1, got {val}")
+        sizes[flag] = val if val is not None else st[key]
+    methods = tuple(_csv(args.engine_methods, "--engine-methods")) if args.engine_methods else None
+    return EngineLoadConfig(concurrency=tuple(conc), rates=tuple(rates), requests=sizes["requests"],
+                            prompt_len=sizes["engine_prompt_len"], max_new_tokens=sizes["engine_max_new_tokens"],
+                            max_batch=sizes["max_batch"], temperature=1.0 if args.sampled else 0.0, methods=methods,
+                            adaptive_inner=args.adaptive_inner, seed=args.seed)
 
 
 def default_out_dir() -> str:
@@ -235,7 +280,7 @@ def run(args: argparse.Namespace, log=print) -> tuple[dict, list[str]]:
     results = {"tool": "specdec bench", "format": 1,
                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "command": " ".join(sys.argv), "quick": bool(args.quick), "machine": machine,
-               "models": models.describe(), "suites": st["suites"]}
+               "models": models.describe(), "suites": st["suites"], **({"note": args.note} if args.note else {})}
     t0 = time.perf_counter()
     if "e2e" in st["suites"]:
         cfg = E2EConfig(num_prompts=st["num_prompts"], prompt_len=st["prompt_len"],
@@ -261,6 +306,14 @@ def run(args: argparse.Namespace, log=print) -> tuple[dict, list[str]]:
                                                    warmup_tokens=st["warmup_tokens"], log=log)
         except ValueError as err:
             raise BenchError(f"context sweep: {err}") from None
+    if "engine" in st["suites"]:
+        from specdec_ext.bench.engine_load import run_engine_load
+
+        log("engine under load")
+        try:
+            results["engine"] = run_engine_load(models, st["engine"], log=log)
+        except ValueError as err:
+            raise BenchError(f"engine: {err}") from None
     results["elapsed_s"] = round(time.perf_counter() - t0, 1)
     out_dir = args.out or default_out_dir()
     os.makedirs(out_dir, exist_ok=True)
@@ -284,6 +337,10 @@ def run(args: argparse.Namespace, log=print) -> tuple[dict, list[str]]:
         from specdec_ext.bench.context_sweep import markdown_table as context_table
 
         log("\n" + context_table(results["context"]) + "\n")
+    if results.get("engine"):
+        from specdec_ext.bench.engine_load import format_table as engine_table
+
+        log("\n" + engine_table(results["engine"]) + "\n")
     for p in written:
         log(f"wrote {p}")
     return results, written

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["plot_all", "plot_batch", "plot_context", "plot_e2e"]
+__all__ = ["plot_all", "plot_batch", "plot_context", "plot_e2e", "plot_engine"]
 
 
 def _plt():
@@ -165,12 +165,53 @@ def plot_batch(results: dict, path: str) -> str | None:
     return path
 
 
+def plot_engine(results: dict, path: str) -> str | None:
+    """Throughput and p99 inter-token latency against load, one line per method: closed loop (clients) on the
+    left, Poisson arrivals (requests/s) on the right."""
+    eng = results.get("engine")
+    if not isinstance(eng, dict) or not eng.get("rows"):
+        return None
+    rows = eng["rows"]
+    kinds = [k for k in ("closed", "poisson") if any(r["load"] == k for r in rows)]
+    plt = _plt()
+    fig, axes = plt.subplots(2, len(kinds), figsize=(6.5 * len(kinds), 8), squeeze=False)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    for j, kind in enumerate(kinds):
+        for m in methods:
+            pts = sorted((r["value"], r) for r in rows if r["load"] == kind and r["method"] == m)
+            style = "s-" if m == "adaptive" else ("ko--" if m == "plain" else "o:")
+            lw = 2 if m == "adaptive" else 1
+            xs = [p[0] for p in pts]
+            axes[0][j].plot(xs, [p[1]["tokens_per_s"] for p in pts], style, label=m, lw=lw)
+            axes[1][j].plot(xs, [p[1]["itl_p99_ms"] for p in pts], style, label=m, lw=lw)
+        values = sorted({r["value"] for r in rows if r["load"] == kind})
+        for ax in (axes[0][j], axes[1][j]):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(values, [f"{v:g}" for v in values])
+            ax.minorticks_off()
+            ax.set_xlabel("concurrent clients (closed loop)" if kind == "closed" else
+                          "arrival rate, requests/s (Poisson)")
+            ax.grid(alpha=0.3)
+        axes[0][j].set_ylabel("throughput, tokens/s")
+        axes[1][j].set_ylabel("inter-token latency p99, ms")
+        axes[1][j].set_yscale("log")
+    axes[0][0].legend(fontsize=8)
+    inner = (eng.get("config") or {}).get("adaptive_inner")
+    note = results.get("note")
+    fig.suptitle(_title(results, "engine under load" + (f" (adaptive around {inner})" if inner else ""))
+                 + (f"\n{note}" if note else ""), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_all(results: dict, out_dir: str, stem: str) -> list[str]:
-    """Writes ``<stem>_e2e.png``, ``<stem>_context.png``, ``<stem>_batch.png`` for the suites present; returns the
-    paths written."""
+    """Writes ``<stem>_e2e.png``, ``<stem>_context.png``, ``<stem>_batch.png``, ``<stem>_engine.png`` for the
+    suites present; returns the paths written."""
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    for suite, fn in (("e2e", plot_e2e), ("context", plot_context), ("batch", plot_batch)):
+    for suite, fn in (("e2e", plot_e2e), ("context", plot_context), ("batch", plot_batch), ("engine", plot_engine)):
         p = fn(results, os.path.join(out_dir, f"{stem}_{suite}.png"))
         if p:
             written.append(p)
@@ -198,6 +239,10 @@ def main(argv=None) -> int:
         from specdec_ext.bench.context_sweep import markdown_table as context_table
 
         print(context_table(results["context"]))
+    if results.get("engine"):
+        from specdec_ext.bench.engine_load import format_table as engine_table
+
+        print(engine_table(results["engine"]))
     return 0
 
 
