@@ -726,3 +726,29 @@ def test_an_inflated_catch_up_estimate_does_not_keep_plain_steps_for_good():
              start=20)
     tail = ad.history[-20:]  # deep again (explorations every 8 steps try depth 3)
     assert 0 not in tail and tail.count(4) >= 17 and ad.catchup[8] < 0.9, (ad.history, ad.catchup)
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft", "eagle2_tree"])
+def test_adaptive_in_an_engine_with_rows_joining_and_leaving(kind):
+    """The wrapper forwards add_rows / retire to its inner drafter (its prefill deferred where it can): requests
+    that join a running batch at different steps and leave at different steps each equal HF's greedy decoding of
+    their prompt alone, while the wrapper switches depths."""
+    import test_engine as engine_t
+    import test_generate_batch as batch_t
+    from hf_reference import hf_greedy
+
+    from specdec_ext import Engine, RequestSettings
+
+    m, inner, prompts = batch_t.case(kind)
+    ad = AdaptiveDrafter(inner, explore_every=2)
+    budgets = [12 - 3 * (b % 3) for b in range(len(prompts))]
+    arrivals = {}
+    for b, p in enumerate(prompts):  # three at the start, then one a step
+        arrivals.setdefault(0 if b < 3 else b - 2, []).append((b, p, RequestSettings(max_new_tokens=budgets[b])))
+    with Engine(m, ad, max_batch=3, max_len=128, eos_token_id=[]) as engine:
+        tokens, reasons, _ = engine_t.run(engine, arrivals)
+        stats = engine.stats
+    for b, p in enumerate(prompts):
+        assert tokens[b] == hf_greedy(m, p, budgets[b]), (kind, b)
+        assert reasons[b] == "length"
+    assert stats.joins >= 3 and stats.retirements >= 3 and len(set(ad.history)) > 1, ad.history
