@@ -92,6 +92,8 @@ def _per_row(op: str, name: str, value, rows: int, dtype: torch.dtype, like: tor
 def _int(value, name: str) -> int:
     """An integer scalar argument: ints (and integer-like objects such as numpy ints) within int64; a float is a
     ValueError rather than truncated (``top_k=2.7``), a non-number a TypeError."""
+    if type(value) is int and -2**63 <= value < 2**63:  # the common case, first: these calls sit in decode loops
+        return value
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got bool")
     try:
@@ -125,14 +127,14 @@ def build_tree(parents: torch.Tensor, prefix_lens: torch.Tensor | int = 0, valid
     """
     prefix = _per_row("build_tree", "prefix_lens", prefix_lens, _rows(parents, "parents", 2), torch.int64, parents,
                       "parents")
-    return TreeInfo(*_ops.build_tree(parents, prefix, validate))
+    return TreeInfo(*_ops.build_tree.default(parents, prefix, validate))
 
 
 def tree_ancestor_mask(parents: torch.Tensor, packed: bool = False, validate: bool = True) -> torch.Tensor:
     """Ancestor-or-self mask of each tree node: dense bool ``[B, N, N]``, or bit-packed int32 ``[B, N, ceil(N/32)]``
     (bit ``j % 32`` of word ``j // 32``, least significant first; ``.view(torch.uint8)`` gives FlashInfer's
     little-endian packed layout per row)."""
-    return _ops.tree_ancestor_mask(parents, packed, validate)
+    return _ops.tree_ancestor_mask.default(parents, packed, validate)
 
 
 def verify_tree_greedy(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
@@ -143,7 +145,7 @@ def verify_tree_greedy(logits: torch.Tensor, tokens: torch.Tensor, parents: torc
     tokens ``[B, N]``, parents ``[B, N]``. Follows, from the root, the first child whose token equals the target
     argmax; ``next_token`` is the argmax at the last accepted node.
     """
-    return Verification(*_ops.verify_tree_greedy(logits, tokens, parents, validate))
+    return Verification(*_ops.verify_tree_greedy.default(logits, tokens, parents, validate))
 
 
 def verify_tree_sampling(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
@@ -160,7 +162,7 @@ def verify_tree_sampling(logits: torch.Tensor, tokens: torch.Tensor, parents: to
     """
     op = "verify_tree_sampling"
     B = _rows(logits, "logits", 3)
-    return Verification(*_ops.verify_tree_sampling(
+    return Verification(*_ops.verify_tree_sampling.default(
         logits, tokens, parents, draft_probs, uniforms,
         _per_row(op, "temperature", temperature, B, torch.float32, logits, "logits"),
         _per_row(op, "top_k", top_k, B, torch.int64, logits, "logits"),
@@ -179,8 +181,8 @@ def verify_tree_typical(logits: torch.Tensor, tokens: torch.Tensor, parents: tor
     """
     B = _rows(logits, "logits", 3)
     temperature = _per_row("verify_tree_typical", "temperature", temperature, B, torch.float32, logits, "logits")
-    return Verification(*_ops.verify_tree_typical(logits, tokens, parents, uniforms, temperature,
-                                                  float(posterior_threshold), float(posterior_alpha), validate))
+    return Verification(*_ops.verify_tree_typical.default(
+        logits, tokens, parents, uniforms, temperature, float(posterior_threshold), float(posterior_alpha), validate))
 
 
 def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float | torch.Tensor = 1.0,
@@ -192,10 +194,10 @@ def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: flo
     from: pass it to :func:`verify_tree_sampling` as ``draft_probs``).
     """
     op, R = "sample_tokens", _rows(logits, "logits", 2)
-    return _ops.sample_tokens(logits, uniforms,
-                              _per_row(op, "temperature", temperature, R, torch.float32, logits, "logits"),
-                              _per_row(op, "top_k", top_k, R, torch.int64, logits, "logits"),
-                              _per_row(op, "top_p", top_p, R, torch.float32, logits, "logits"), validate)
+    return _ops.sample_tokens.default(logits, uniforms,
+                                      _per_row(op, "temperature", temperature, R, torch.float32, logits, "logits"),
+                                      _per_row(op, "top_k", top_k, R, torch.int64, logits, "logits"),
+                                      _per_row(op, "top_p", top_p, R, torch.float32, logits, "logits"), validate)
 
 
 def expand_tree_step(logits: torch.Tensor, parent_scores: torch.Tensor, top_k: int, num_select: int,
@@ -207,8 +209,8 @@ def expand_tree_step(logits: torch.Tensor, parent_scores: torch.Tensor, top_k: i
     (parent score + log-softmax) and ``selected[B, num_select]``: flat candidate indices ``f * top_k + j`` of the
     best scores, best first. The new frontier's parent is ``selected // top_k``.
     """
-    return _ops.expand_tree_step(logits, parent_scores, _int(top_k, "top_k"), _int(num_select, "num_select"),
-                                 validate)
+    return _ops.expand_tree_step.default(logits, parent_scores, _int(top_k, "top_k"), _int(num_select, "num_select"),
+                                         validate)
 
 
 class Frontier(NamedTuple):
@@ -232,8 +234,8 @@ def advance_tree_frontier(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, 
     their masks ``mask[b, s, l] = ancestors[b, s, column[b, l]]``. An index out of range raises ValueError with
     ``validate`` (without: that row's outputs are zero / false).
     """
-    return Frontier(*_ops.advance_tree_frontier(cand_tokens, cand_scores, selected, ancestors,
-                                                _int(self_column, "self_column"), column, validate))
+    return Frontier(*_ops.advance_tree_frontier.default(cand_tokens, cand_scores, selected, ancestors,
+                                                        _int(self_column, "self_column"), column, validate))
 
 
 def select_tree_nodes(tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor, roots: torch.Tensor,
@@ -246,7 +248,7 @@ def select_tree_nodes(tokens: torch.Tensor, scores: torch.Tensor, parents: torch
     (the root first) and ``tree_parents[B, M + 1]`` (node indices, -1 for the root). A kept candidate whose parent
     is not a kept earlier candidate raises ValueError with ``validate`` (without: the row is -1 everywhere).
     """
-    return _ops.select_tree_nodes(tokens, scores, parents, roots, _int(num_nodes, "num_nodes"), validate)
+    return _ops.select_tree_nodes.default(tokens, scores, parents, roots, _int(num_nodes, "num_nodes"), validate)
 
 
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -267,7 +269,7 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if scale is None:  # (an empty head dim: the op's own check refuses it, naming the supported ones)
         scale = q.shape[-1] ** -0.5 if q.dim() >= 1 and q.shape[-1] > 0 else 1.0
     prefix = _per_row("tree_attention", "prefix_lens", prefix_lens, B, torch.int64, q, "q")
-    return _ops.tree_attention(q, k_cache, v_cache, prefix, tree_mask, float(scale), validate)
+    return _ops.tree_attention.default(q, k_cache, v_cache, prefix, tree_mask, float(scale), validate)
 
 
 def compact_kv(caches, src_positions: torch.Tensor, dst_start: torch.Tensor | int, lengths: torch.Tensor | int,
@@ -285,10 +287,10 @@ def compact_kv(caches, src_positions: torch.Tensor, dst_start: torch.Tensor | in
     caches = list(caches)
     B = _rows(src_positions, "src_positions", 2)
     op = "compact_kv"
-    _ops.compact_kv(caches, src_positions,
-                    _per_row(op, "dst_start", dst_start, B, torch.int64, src_positions, "src_positions"),
-                    _per_row(op, "lengths", lengths, B, torch.int64, src_positions, "src_positions"),
-                    _int(seq_dim, "seq_dim"), validate)
+    _ops.compact_kv.default(caches, src_positions,
+                            _per_row(op, "dst_start", dst_start, B, torch.int64, src_positions, "src_positions"),
+                            _per_row(op, "lengths", lengths, B, torch.int64, src_positions, "src_positions"),
+                            _int(seq_dim, "seq_dim"), validate)
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -297,7 +299,7 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     16-bit types, ``packed[n // 32, k // P, n % 32, k % P] = weight[n, k]``. Same dtype and device. The padding rows
     of the last panel hold a marker value that records N, so :func:`packed_linear` refuses an ``out_features`` the
     weight does not hold (checked for CPU tensors; a CUDA one is not read back)."""
-    return _ops.pack_linear_weight(weight)
+    return _ops.pack_linear_weight.default(weight)
 
 
 def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None,
@@ -310,7 +312,7 @@ def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tens
     layer give the same bits for the same row (aten's products change summation order with the row count). Made
     for the 1-16-row products of decoding and verification on CPUs (see :func:`packed_linear_path`); no autograd.
     """
-    return _ops.packed_linear(x, packed_weight, bias, _int(out_features, "out_features"))
+    return _ops.packed_linear.default(x, packed_weight, bias, _int(out_features, "out_features"))
 
 
 def draft_decoder_layer(x: torch.Tensor, residual: torch.Tensor, qkv_weight: torch.Tensor, o_weight: torch.Tensor,
@@ -338,11 +340,10 @@ def draft_decoder_layer(x: torch.Tensor, residual: torch.Tensor, qkv_weight: tor
     / ``Eagle3Layer``) rounds. D in {64, 80, 96, 128, 256}. A write slot outside ``[0, S)`` raises ValueError with
     ``validate`` (without: that row writes nothing and returns zeros). CPU and CUDA; no autograd.
     """
-    return _ops.draft_decoder_layer(x, input_norm_weight, _int(input_norm_segments, "input_norm_segments"), residual,
-                                    qkv_weight, qkv_bias, o_weight, norm_weight, gate_up_weight, down_weight,
-                                    position_ids, inv_freq, k_cache, v_cache, write_slots, mask,
-                                    _int(num_heads, "num_heads"), _int(intermediate_size, "intermediate_size"),
-                                    float(eps), validate)
+    return _ops.draft_decoder_layer.default(
+        x, input_norm_weight, _int(input_norm_segments, "input_norm_segments"), residual, qkv_weight, qkv_bias,
+        o_weight, norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache, write_slots,
+        mask, _int(num_heads, "num_heads"), _int(intermediate_size, "intermediate_size"), float(eps), validate)
 
 
 def packed_linear_path(dtype: torch.dtype) -> str:
