@@ -15,6 +15,7 @@ import common  # noqa: F401  (sets sys.path)
 import torch
 
 import specdec_ext.ops as ops
+from specdec_ext.models import draft_layer as DL
 from specdec_ext.models import eagle as E
 
 OP = "draft_decoder_layer"
@@ -54,9 +55,11 @@ def main(argv=None):
                                 packed[3], pos, sa.rotary.inv_freq, cache.k, cache.v, pos, mask, 6, 1024, 1e-5)
                         return layer(x, pos, mask=mask, cache=cache, write_slots=pos, kv_len=P + T)
 
-                saved = E.NATIVE_LAYER_MAX_ROWS
-                E.NATIVE_LAYER_MAX_ROWS = 0  # (the layer's module path for the baseline)
+                # The baseline is the layer's module path: DraftLayer.takes reads the limit at each call.
+                saved = DL.NATIVE_LAYER_MAX_ROWS
+                DL.NATIVE_LAYER_MAX_ROWS = 0
                 try:
+                    assert not DL.DraftLayer.takes(T, mask, P + T), "the baseline would run the op"
                     want = run(False).float()
                     got = run(True).float()
                     tol = 1e-4 if dtype == torch.float32 else 5e-2
@@ -72,7 +75,7 @@ def main(argv=None):
                         table.add(common.Result(OP, shape, dname, impl, dev, common.time_fn(
                             lambda: run(native), dev, args.repeats * 4, warmup=5), nbytes, formula, args.repeats * 4))
                 finally:
-                    E.NATIVE_LAYER_MAX_ROWS = saved
+                    DL.NATIVE_LAYER_MAX_ROWS = saved
         print("  check: the op's output equals the module path's within the dtype's rounding")
     return common.finish(table, args)
 
