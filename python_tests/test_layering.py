@@ -19,10 +19,15 @@ PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 # The layers each layer must not import (a layer: the first name below ``specdec_ext``; ``specdec_ext`` itself is the
 # package's front door, which re-exports from the layers and so sits above them). ``ops`` stands on ``_C`` alone.
 EVERY_LAYER = object()
+# ``state`` (the decode state types) sits under the models, the drafters and the engine; the engine sits above the
+# models and the drafters and under ``generate`` (a loop over it), the CLI and the benchmarks.
 FORBIDDEN = {
     "ops": EVERY_LAYER,
-    "models": {ROOT, "drafters", "adaptive", "generate", "bench", "zoo", "train", "cli", "demo", "ops_tour"},
-    "drafters": {ROOT, "adaptive", "generate", "bench", "zoo", "train", "cli", "demo", "ops_tour"},
+    "state": {ROOT, "models", "drafters", "adaptive", "engine", "generate", "bench", "zoo", "train", "cli", "demo",
+              "ops_tour"},
+    "models": {ROOT, "drafters", "adaptive", "engine", "generate", "bench", "zoo", "train", "cli", "demo", "ops_tour"},
+    "drafters": {ROOT, "adaptive", "engine", "generate", "bench", "zoo", "train", "cli", "demo", "ops_tour"},
+    "engine": {ROOT, "generate", "bench", "zoo", "train", "cli", "demo", "ops_tour"},
     "train": {"zoo", "bench", "cli", "demo"},
     "zoo": {"bench", "cli", "demo"},
 }
@@ -154,10 +159,12 @@ def _layer(module: str) -> str:
 
 def test_the_package_is_found():
     # (a wrong path would make both tests below pass on an empty graph)
-    assert {f"{ROOT}.ops", f"{ROOT}.models.checkpoints", f"{ROOT}.drafters.medusa", f"{ROOT}.generate"} <= set(MODULES)
+    assert {f"{ROOT}.ops", f"{ROOT}.models.checkpoints", f"{ROOT}.drafters.medusa", f"{ROOT}.generate",
+            f"{ROOT}.engine.engine", f"{ROOT}.state"} <= set(MODULES)
     graph = _import_graph()
     assert f"{ROOT}.ops" in graph[f"{ROOT}.models.attention"]  # `from specdec_ext import ops` is the module
     assert f"{ROOT}.models" in graph[f"{ROOT}.generate"]  # a package named by its __init__
+    assert f"{ROOT}.engine" in graph[f"{ROOT}.generate"] and f"{ROOT}.state" in graph[f"{ROOT}.engine.engine"]
 
 
 def test_no_import_cycles():
