@@ -1,7 +1,8 @@
 """Draft-model drafter: a smaller Hugging Face causal LM with the target's tokenizer drafts a chain of k tokens.
 
 Each step the draft model first catches up on the context tokens its own cache lacks (usually 1 or 2: the tokens the
-target accepted or corrected last step; the whole prompt at the first step), then samples k tokens one at a time
+target accepted or corrected last step; the whole prompt at the first step, or after a deferred prefill; one more per
+plain step skipped), then samples k tokens one at a time
 with :func:`specdec_ext.ops.sample_tokens` under the generation's temperature / top-k / top-p (argmax when greedy),
 feeding each back. The draft probabilities (float32 ``[B, k + 1, V]``, row i = the distribution of token i + 1) go to
 lossless verification; greedy verification needs none. The draft's last token is never fed: k drafts cost k draft
@@ -11,6 +12,9 @@ Cache. The draft model has its own :class:`~specdec_ext.models.TreeKVCache` with
 verification the rows keep the context prefix the cache already holds correctly: the old context plus the accepted
 drafts it fed (``min(accepted, k - 1)``), never the whole context (at least the newest token is pending, so that the
 next step has logits to draft from). Rejected entries are simply overwritten: rolling back is setting a length.
+The catch-up is one forward over the longest lag T: each row feeds the last T tokens of its context, recomputing the
+entries before its own lag (the same tokens at the same positions) rather than writing padding after its context,
+so rows that joined at different times (a joining row's lag is its prompt) fit in a cache of the context's size.
 
 Top-k tree (``tree_width = w > 1``). The root gets the draft's top-w tokens as children and each of them grows a
 greedy (argmax) chain, to depth k: ``N = 1 + w * k`` nodes, in level order (node ``(d - 1) * w + i`` is branch i at
@@ -205,12 +209,15 @@ class DraftModelDrafter:
         self.caught_up = k > 0
         if k <= 0:  # a plain step: no draft forward, so the cache does not catch up either (observe keeps valid)
             return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
+        # The catch-up: one forward of the longest lag T. Each row feeds the last T tokens of its context (from 0
+        # where it has fewer), so no row writes past its context; after its valid prefix, an up-to-date row would
+        # write a joining row's whole prompt there.
         lengths = [len(t) for t in state.host_tokens]
         T = max(n - v for n, v in zip(lengths, self.valid))
-        valid = to_device(self.valid, dev)
-        num = state.lengths - valid
-        idx = (valid[:, None] + torch.arange(T, device=dev)).clamp(max=state.max_len - 1)
-        logits = self._forward(state.tokens.gather(1, idx), valid, num)
+        start = to_device([max(n - T, 0) for n in lengths], dev)  # <= valid[b]: the positions before it recompute
+        num = state.lengths - start
+        idx = (start[:, None] + torch.arange(T, device=dev)).clamp(max=state.max_len - 1)
+        logits = self._forward(state.tokens.gather(1, idx), start, num)
         last = logits.gather(1, (num - 1)[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0]
         if self.dynamic:
             return self._propose_dynamic(state, root, last, k)
