@@ -5,6 +5,9 @@
 * :mod:`~specdec_ext.bench.context_sweep`: acceptance and speedup against the prompt length;
 * ``specdec_ext.bench.batch_sweep`` (``run_batch_sweep``): tokens/s against the batch size (its own module,
   imported lazily by :func:`load_batch_sweep`);
+* :mod:`~specdec_ext.bench.engine_load` (``--suite engine``): the :class:`~specdec_ext.Engine` under load, plain vs
+  each drafter vs adaptive: throughput, TTFT and ITL p50/p99 against concurrency and Poisson arrival rates, with
+  :mod:`~specdec_ext.bench.load_clients` (the request mix, open- and closed-loop clients, what they measure);
 * :mod:`~specdec_ext.bench.plots` (PNGs), :mod:`~specdec_ext.bench.machine` (machine and versions),
   :mod:`~specdec_ext.bench.models` (the zoo family, user directories or tiny random models),
   :mod:`~specdec_ext.bench.cli` (``add_bench_command``).

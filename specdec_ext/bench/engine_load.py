@@ -60,10 +60,8 @@ def _methods(cfg: EngineLoadConfig, names: list[str]) -> list[str]:
 
 def _run_one(models, drafter, jobs, source, cfg: EngineLoadConfig, max_batch: int) -> tuple[dict, list]:
     max_nodes = drafter.max_nodes if drafter is not None else 1
-    longest = max(len(j.prompt) + j.max_new_tokens for j in jobs)
-    # twice the longest context: a draft model catching up on a deferred prefill writes the largest lag at every
-    # row, past an up-to-date row's end (DraftModelDrafter._propose), which overflows a cache sized to the context
-    max_len = 2 * longest + max_nodes + 1
+    # what the longest request needs (prompt + budget) and the drafter's tree, as Engine.add_request checks it
+    max_len = max(len(j.prompt) + j.max_new_tokens for j in jobs) + max_nodes
 
     def settings_of(i: int) -> RequestSettings:
         return RequestSettings(max_new_tokens=jobs[i].max_new_tokens, temperature=cfg.temperature,
