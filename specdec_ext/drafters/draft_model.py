@@ -54,7 +54,7 @@ from specdec_ext.models.eagle import NATIVE_LAYER_MAX_ROWS
 from specdec_ext.models.fast_linear import pack_linears, packed_linears
 from specdec_ext.models.llama_step import LlamaStepOps
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
-from specdec_ext.state import DecodeState, DraftTree, StepResult
+from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 
 
 def _param(model: torch.nn.Module) -> torch.Tensor:
@@ -208,7 +208,7 @@ class DraftModelDrafter:
         self.fed = 0
         self.caught_up = k > 0
         if k <= 0:  # a plain step: no draft forward, so the cache does not catch up either (observe keeps valid)
-            return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
+            return plain_tree(root)
         # The catch-up: one forward of the longest lag T. Each row feeds the last T tokens of its context (from 0
         # where it has fewer), so no row writes past its context; after its valid prefix, an up-to-date row would
         # write a joining row's whole prompt there.
