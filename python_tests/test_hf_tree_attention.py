@@ -346,7 +346,7 @@ def test_mismatched_batch_sizes_and_shapes():
         tree_forward(model, cache, tokens, ops.chain_parents(3, 4))
     with pytest.raises(ValueError, match="tokens and parents"):
         tree_forward(model, cache, tokens[:2], ops.chain_parents(2, 5))
-    with pytest.raises(ValueError, match=r"prefix_lens must be .*\[B\] tensor with B = 2"):
+    with pytest.raises(ValueError, match=r"prefix_lens must be a number or a \[2\] tensor"):
         tree_forward(model, cache, tokens[:2], ops.chain_parents(2, 4), torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match=r"parents\[1, 2\] = 5"):
         tree_forward(model, cache, tokens[:2], torch.tensor([[-1, 0, 1, 2], [-1, 0, 5, 1]]))

@@ -26,6 +26,7 @@ from specdec_ext import ops
 from specdec_ext.ops.reference import unpack_tree_mask
 from specdec_ext.models.attention import (PREFIX_LENS_KWARG, TREE_MASK_KWARG, is_tree_attention,
                                           tree_metadata)
+from specdec_ext.models.config import row_tensor
 from specdec_ext.models.kv_cache import TreeKVCache
 
 
@@ -74,18 +75,6 @@ def _model_dtype(model, cache: TreeKVCache) -> torch.dtype:
         return cache.dtype
 
 
-def _as_rows(value, B: int, device, name: str) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        t = value.to(device=device, dtype=torch.int64)
-        if t.dim() == 0:
-            t = t.expand(B)
-        if t.shape != (B,):
-            raise ValueError(f"tree_forward: {name} must be a number or a [B] tensor with B = {B} (the batch size of "
-                             f"tokens), got shape {tuple(value.shape)}")
-        return t.contiguous()
-    return torch.full((B,), int(value), dtype=torch.int64, device=device)
-
-
 @torch.no_grad()  # a KV cache is inference state: writing K/V that require grad into it would fail in place
 def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch.Tensor | None,
                  prefix_lens: torch.Tensor | int | None = None, *, use_kernel: bool | None = None,
@@ -118,7 +107,8 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     device = cache.device
     tokens = tokens.to(device)
     parents = parents.to(device=device, dtype=torch.int64)
-    prefix = cache.lengths if prefix_lens is None else _as_rows(prefix_lens, B, device, "prefix_lens")
+    prefix = (cache.lengths if prefix_lens is None  # (a number or 0-d tensor comes back expanded: made dense once)
+              else row_tensor(prefix_lens, B, device, "prefix_lens", "tree_forward").contiguous())
     if validate:
         bad = (prefix < 0) | (prefix + N > cache.max_len)
         if bool(bad.any()):
@@ -207,7 +197,7 @@ def extend(model, cache: TreeKVCache, tokens: torch.Tensor, num_tokens: torch.Te
         kwargs.setdefault("use_kernel", False)
     prefix = cache.lengths
     logits = tree_forward(model, cache, tokens, None, prefix, **kwargs)
-    n = _as_rows(T if num_tokens is None else num_tokens, B, cache.device, "num_tokens")
+    n = row_tensor(T if num_tokens is None else num_tokens, B, cache.device, "num_tokens", "extend")
     if bool(((n < 0) | (n > T)).any()):
         raise ValueError(f"extend: num_tokens must be in [0, T = {T}], got {n.tolist()}")
     cache.rewind(prefix + n)
