@@ -23,6 +23,7 @@ from test_generate_sampling import PROMPT, ROWS, V as SMALL_V, chi_square_p, exa
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
 import specdec_ext.drafters.draft_model as DM  # noqa: E402
+from specdec_ext.models import draft_layer  # noqa: E402
 from specdec_ext.drafters import DraftModelDrafter  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.models import TreeKVCache, masked_forward  # noqa: E402
@@ -142,7 +143,7 @@ def test_sampling_through_the_ops_matches_the_target_distribution(monkeypatch, k
     """The chi-square test of test_generate_sampling with the ops taking all rows (their row limit lifted): the
     draft probabilities the ops computed are the ones verification divides by."""
     _needs_kernel(torch.float32)
-    monkeypatch.setattr(DM, "NATIVE_LAYER_MAX_ROWS", 10 ** 9)
+    monkeypatch.setattr(draft_layer, "NATIVE_LAYER_MAX_ROWS", 10 ** 9)
     target, draft = tiny(21), tiny(21, noise=0.3)
     joint, third = exact_distributions(target, 0.8, 0, 1.0)
     prompts = torch.tensor(PROMPT).expand(ROWS, -1).contiguous()

@@ -50,7 +50,7 @@ from specdec_ext.drafters.base import check_vocab, to_device
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.models import TreeKVCache, masked_forward, tree_forward, use_tree_attention
 from specdec_ext.models.config import check_window, text_config
-from specdec_ext.models.eagle import NATIVE_LAYER_MAX_ROWS
+from specdec_ext.models import draft_layer
 from specdec_ext.models.fast_linear import pack_linears, packed_linears
 from specdec_ext.models.llama_step import LlamaStepOps
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
@@ -174,7 +174,8 @@ class DraftModelDrafter:
             cache.rewind(prefix + num)
             self.forwards += 1
             return logits
-        if self._ops is not None and B * T <= NATIVE_LAYER_MAX_ROWS:  # (a CPU: reading prefix's maximum is free)
+        # (read at each call, so that tests may lift the limit; on a CPU reading prefix's maximum is free)
+        if self._ops is not None and B * T <= draft_layer.NATIVE_LAYER_MAX_ROWS:
             pos = prefix[:, None] + torch.arange(T, device=tokens.device)
             mask = torch.arange(int(prefix.max()) + T, device=tokens.device)[None, None, :] <= pos[:, :, None]
             logits = self._ops.forward(tokens, pos, pos, mask)
