@@ -22,7 +22,6 @@ from hf_reference import hf_greedy  # noqa: E402
 from test_generate_sampling import PROMPT, ROWS, V as SMALL_V, chi_square_p, exact_distributions, tiny  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
-import specdec_ext.drafters.draft_model as DM  # noqa: E402
 from specdec_ext.models import draft_layer  # noqa: E402
 from specdec_ext.drafters import DraftModelDrafter  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
