@@ -23,8 +23,8 @@ collection every 100 steps): after the warm-up it moved by at most 39 KiB; keepi
 deliberate leak of ~0.7 KiB a request) grew it by 1.3 MiB over the 1,800 measured requests, which the 512 KiB
 slack rejects. The tensor, container and Request-object checks see leaks exactly.
 
-Two strict xfail tests record engine bugs found here (see their reasons): an abort of the last request is reported
-only by a step that a has_unfinished() loop never makes, and an engine that empties leaves the drafter its rows.
+Two tests hold engine bugs found here fixed: an abort of the last request is reported by the step a
+has_unfinished() loop makes, and an engine that empties leaves the drafter none of its rows.
 """
 
 from __future__ import annotations
@@ -209,10 +209,6 @@ def test_many_short_requests_leave_memory_flat(kind):
     assert not [o for o in gc.get_objects() if type(o) is Request]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: when the last rows leave, Engine._leave sets state = None but does not call drafter.retire, so "
-    "the drafter keeps the finished rows' per-row state (DraftModelDrafter.valid and its draft KV cache rows, "
-    "NgramDrafter._index / _indexed) until the next begin()"))
 @pytest.mark.parametrize("kind", ["draft", "ngram"])
 def test_an_empty_engine_leaves_the_drafter_no_rows(kind):
     model = greedy_t.target("llama")
@@ -223,11 +219,6 @@ def test_an_empty_engine_leaves_the_drafter_no_rows(kind):
         assert not left_behind(engine, seen_sizes)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: Engine.abort of the last running request makes has_unfinished() False at once, but the abort's "
-    "event waits in Engine._events and the Request keeps its row in scheduler.running (and its cache rows) until "
-    "another step(); a loop 'while engine.has_unfinished(): engine.step()' never reports the abort and leaves the "
-    "request behind"))
 def test_abort_of_the_last_request_leaves_nothing_behind():
     model = greedy_t.target("llama")
     with Engine(model, max_batch=2, max_len=64, eos_token_id=[]) as engine:

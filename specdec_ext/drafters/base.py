@@ -40,8 +40,8 @@ batch dimension; host lists: ``[lst[i] for i in keep.tolist()]``). ``keep`` is a
 it costs no device synchronisation); move it with ``keep.to(device, non_blocking=True)`` for device state. Its
 order is the engine's choice: surviving rows keep their slots, and each finished row's slot below B' is taken by a
 live row from the end (``[0, 5, 2, 3, 4]`` when row 1 of 6 finished), so that in-place caches move as few rows as
-possible. It is called only between steps, never with every row or with no row (when every row leaves, the next
-rows start a new batch through ``begin``). A drafter only ever sees live rows.
+possible. It is called only between steps, never with every row; with no row (an empty ``keep``) when every row
+leaves, after which the next rows start a new batch through ``begin``. A drafter only ever sees live rows.
 
 Members the loop and :class:`~specdec_ext.adaptive.AdaptiveDrafter` read (all required, :data:`REQUIRED_MEMBERS`):
 ``max_nodes`` (largest tree, root included), ``max_depth`` (deepest tree it builds), ``hidden_state_layers``,

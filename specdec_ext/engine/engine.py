@@ -208,8 +208,9 @@ class Engine:
         self._events.append((request_id, [], "abort"))
 
     def has_unfinished(self) -> bool:
-        """Whether some request is running or queued."""
-        return bool(self.requests)
+        """Whether some request is running or queued, or an abort waits to be reported by the next :meth:`step`
+        (so that a ``while engine.has_unfinished(): engine.step()`` loop sees every abort)."""
+        return bool(self.requests) or bool(self._events)
 
     def step(self) -> list[Event]:
         """Admits queued requests into free rows, runs one speculative step over the batch, and returns
@@ -348,10 +349,10 @@ class Engine:
             self.state = None
         else:
             self.state.keep_rows(keep_t.to(self.device, non_blocking=True), keep)
-            t1 = time.perf_counter()
-            if self.drafter is not None:
-                self.drafter.retire(keep_t)
-            self.stats.draft_s += time.perf_counter() - t1
+        t1 = time.perf_counter()
+        if self.drafter is not None:  # (with no row left too: the drafter holds nothing for rows that are gone)
+            self.drafter.retire(keep_t)
+        self.stats.draft_s += time.perf_counter() - t1
         self.stats.retirements += 1
         self.stats.bookkeeping_s += time.perf_counter() - t0
 
