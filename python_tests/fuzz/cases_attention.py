@@ -26,7 +26,7 @@ CACHE_RTOL = {torch.float32: 1e-6, torch.bfloat16: 2.0**-7, torch.float16: 2.0**
 def _close_cache(got, want):
     w = want.float()
     half = w.shape[-1] // 2
-    pair = torch.sqrt(w[..., :half] ** 2 + w[..., half:2 * half] ** 2)
+    pair = torch.hypot(w[..., :half], w[..., half:2 * half])  # (no overflow of the squares near 1e30)
     length = torch.cat([pair, pair, w[..., 2 * half:].abs()], -1).nan_to_num(0, 0, 0)
     close(got, want, CACHE_ATOL[want.dtype] + CACHE_RTOL[want.dtype] * length, 0.0, "cache")
 
