@@ -15,8 +15,10 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, bool random_tree, boo
   }
   std::vector<int64_t> depth(B * N), pos(B * N), fc(B * N), ns(B * N), paths(B * N * N), leaves(B);
   std::vector<RowStatus> status(B);
-  BuildTreeParams p{parents.data(), prefix.data(), B, N, depth.data(), pos.data(), fc.data(), ns.data(),
-                    paths.data(), leaves.data(), status.data()};
+  BuildTreeParams p{.parents = parents.data(), .prefix_lens = prefix.data(), .batch = B, .num_nodes = N,
+                    .depth = depth.data(), .position_ids = pos.data(), .first_child = fc.data(),
+                    .next_sibling = ns.data(), .retrieve_paths = paths.data(), .num_leaves = leaves.data(),
+                    .status = status.data()};
   const std::string shape = shape_str({{"B", B}, {"N", N}}) + (random_tree ? ",random" : ",heap");
   const double bytes = 8.0 * (B * N + B + 4 * B * N + B * N * N + B);
   const std::string formula = "8*(5*B*N+B*N*N+2*B)";
@@ -50,7 +52,9 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, bool random_tree, boo
     DevBuf<int64_t> dpar(parents), dpre(prefix), ddep(B * N), dpos(B * N), dfc(B * N), dns(B * N),
         dpaths(B * N * N), dlv(B);
     DevBuf<RowStatus> dst(B);
-    BuildTreeParams q{dpar.p, dpre.p, B, N, ddep.p, dpos.p, dfc.p, dns.p, dpaths.p, dlv.p, dst.p};
+    BuildTreeParams q{.parents = dpar.p, .prefix_lens = dpre.p, .batch = B, .num_nodes = N, .depth = ddep.p,
+                      .position_ids = dpos.p, .first_child = dfc.p, .next_sibling = dns.p, .retrieve_paths = dpaths.p,
+                      .num_leaves = dlv.p, .status = dst.p};
     cuda_run_once([&] { cuda::LaunchBuildTree(q, nullptr); });
     if (!check(ddep.get(), dlv.get(), dst.get(), "cuda")) return false;
     if (dpaths.get() != paths || dfc.get() != fc || dns.get() != ns || dpos.get() != pos) {

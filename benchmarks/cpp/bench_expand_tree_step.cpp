@@ -15,8 +15,10 @@ static bool run_shape(const Args& a, int64_t B, int64_t F, int64_t V, int64_t K,
   std::vector<int64_t> cand_tokens(B * F * K), selected(B * S);
   std::vector<float> cand_scores(B * F * K);
   std::vector<RowStatus> status(B);
-  ExpandTreeStepParams<T> p{logits.data(), F * V, V, scores.data(), B, F, V, K, S,
-                            cand_tokens.data(), cand_scores.data(), selected.data(), status.data()};
+  ExpandTreeStepParams<T> p{.logits = logits.data(), .logits_stride_b = F * V, .logits_stride_f = V,
+                            .parent_scores = scores.data(), .batch = B, .frontier = F, .vocab = V, .top_k = K,
+                            .num_select = S, .cand_tokens = cand_tokens.data(), .cand_scores = cand_scores.data(),
+                            .selected = selected.data(), .status = status.data()};
   const std::string shape = shape_str({{"B", B}, {"F", F}, {"V", V}, {"k", K}, {"S", S}});
   const double bytes = static_cast<double>(B) * F * V * sizeof(T);
   const std::string formula = "B*F*V*" + std::to_string(sizeof(T));
@@ -55,7 +57,10 @@ static bool run_shape(const Args& a, int64_t B, int64_t F, int64_t V, int64_t K,
     DevBuf<float> dscores(scores), dcs(B * F * K);
     DevBuf<int64_t> dct(B * F * K), dsel(B * S);
     DevBuf<RowStatus> dst(B);
-    ExpandTreeStepParams<T> q{dl.p, F * V, V, dscores.p, B, F, V, K, S, dct.p, dcs.p, dsel.p, dst.p};
+    ExpandTreeStepParams<T> q{.logits = dl.p, .logits_stride_b = F * V, .logits_stride_f = V,
+                              .parent_scores = dscores.p, .batch = B, .frontier = F, .vocab = V, .top_k = K,
+                              .num_select = S, .cand_tokens = dct.p, .cand_scores = dcs.p, .selected = dsel.p,
+                              .status = dst.p};
     cuda_run_once([&] { cuda::LaunchExpandTreeStep(q, nullptr); });
     if (!check(dct.get(), dcs.get(), dsel.get(), dst.get(), "cuda")) return false;
     time_cuda(a, "expand_tree_step", shape, dtype_name<T>(), bytes, formula,

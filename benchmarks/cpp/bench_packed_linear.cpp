@@ -52,9 +52,14 @@ bool run_case(const Args& a, int64_t M, int64_t N, int64_t K) {
   for (auto& v : xf) v = rng.uniform() * 2.0f - 1.0f;
   const std::vector<T> w = convert<T>(wf), x = convert<T>(xf);
   std::vector<std::vector<T>> packed(a.smoke ? 1 : copies, std::vector<T>(packed_elems));
-  for (auto& pk : packed) cpu::PackLinearWeight(PackLinearWeightParams<T>{w.data(), N, K, pk.data()}, 0, panels);
+  for (auto& pk : packed) {
+    cpu::PackLinearWeight(
+        PackLinearWeightParams<T>{.weight = w.data(), .out_features = N, .in_features = K, .packed = pk.data()}, 0,
+        panels);
+  }
   std::vector<T> y(M * N);
-  PackedLinearParams<T> p{x.data(), M, K, N, packed[0].data(), nullptr, y.data()};
+  PackedLinearParams<T> p{.x = x.data(), .rows = M, .in_features = K, .out_features = N, .packed = packed[0].data(),
+                          .bias = nullptr, .y = y.data()};
   cpu::PackedLinear(p, 0, panels);
   if (!check(x, w, y, M, N, K)) return false;
   if (a.smoke) return true;

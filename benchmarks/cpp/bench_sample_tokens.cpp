@@ -19,9 +19,10 @@ static bool run_shape(const Args& a, int64_t R, int64_t V, bool filtered, bool c
   for (auto& u : uniforms) u = rng.uniform();
   std::vector<float> probs(R * V);
   std::vector<RowStatus> status(R);
-  SampleTokensParams<T> p{logits.data(), V, uniforms.data(), SamplingParams{temperature.data(), top_k.data(),
-                                                                            top_p.data()},
-                          R, V, tokens.data(), probs.data(), status.data()};
+  SampleTokensParams<T> p{.logits = logits.data(), .logits_stride_r = V, .uniforms = uniforms.data(),
+                          .sampling = {.temperature = temperature.data(), .top_k = top_k.data(), .top_p = top_p.data()},
+                          .rows = R, .vocab = V, .tokens = tokens.data(), .probs = probs.data(),
+                          .status = status.data()};
   const std::string shape = shape_str({{"R", R}, {"V", V}}) + (filtered ? ",T=.8,k=50,p=.9" : ",T=1");
   const double bytes = static_cast<double>(R) * V * (sizeof(T) + 4);
   const std::string formula = "R*V*(" + std::to_string(sizeof(T)) + "+4)";
@@ -56,7 +57,9 @@ static bool run_shape(const Args& a, int64_t R, int64_t V, bool filtered, bool c
     DevBuf<float> du(uniforms), dtemp(temperature), dtopp(top_p), dprobs(R * V);
     DevBuf<int64_t> dtopk(top_k), dtok(R);
     DevBuf<RowStatus> dst(R);
-    SampleTokensParams<T> q{dl.p, V, du.p, SamplingParams{dtemp.p, dtopk.p, dtopp.p}, R, V, dtok.p, dprobs.p, dst.p};
+    SampleTokensParams<T> q{.logits = dl.p, .logits_stride_r = V, .uniforms = du.p,
+                            .sampling = {.temperature = dtemp.p, .top_k = dtopk.p, .top_p = dtopp.p}, .rows = R,
+                            .vocab = V, .tokens = dtok.p, .probs = dprobs.p, .status = dst.p};
     cuda_run_once([&] { cuda::LaunchSampleTokens(q, nullptr); });
     const auto gtok = dtok.get();
     if (!check(gtok, dprobs.get(), dst.get(), "cuda")) return false;

@@ -16,8 +16,9 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, bool packed, bool cpu
   std::vector<uint8_t> dense(packed ? 0 : B * N * N);
   std::vector<int32_t> words(packed ? B * N * W : 0);
   std::vector<RowStatus> status(B);
-  TreeMaskParams p{parents.data(), B, N, packed ? nullptr : reinterpret_cast<bool*>(dense.data()),
-                   packed ? words.data() : nullptr, status.data()};
+  TreeMaskParams p{.parents = parents.data(), .batch = B, .num_nodes = N,
+                   .dense = packed ? nullptr : reinterpret_cast<bool*>(dense.data()),
+                   .packed = packed ? words.data() : nullptr, .status = status.data()};
   const std::string shape = shape_str({{"B", B}, {"N", N}}) + (packed ? ",packed" : ",dense");
   const double bytes = 8.0 * B * N + (packed ? 4.0 * B * N * W : 1.0 * B * N * N);
   const std::string formula = packed ? "8*B*N+4*B*N*ceil(N/32)" : "8*B*N+B*N*N";
@@ -53,8 +54,9 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, bool packed, bool cpu
     DevBuf<uint8_t> ddense(dense.size());
     DevBuf<int32_t> dwords(words.size());
     DevBuf<RowStatus> dst(B);
-    TreeMaskParams q{dpar.p, B, N, packed ? nullptr : reinterpret_cast<bool*>(ddense.p), packed ? dwords.p : nullptr,
-                     dst.p};
+    TreeMaskParams q{.parents = dpar.p, .batch = B, .num_nodes = N,
+                     .dense = packed ? nullptr : reinterpret_cast<bool*>(ddense.p),
+                     .packed = packed ? dwords.p : nullptr, .status = dst.p};
     cuda_run_once([&] { cuda::LaunchTreeAncestorMask(q, nullptr); });
     if (!check(ddense.get(), dwords.get(), dst.get(), "cuda")) return false;
     time_cuda(a, "tree_ancestor_mask", shape, "i64", bytes, formula, [&] { cuda::LaunchTreeAncestorMask(q, nullptr); });

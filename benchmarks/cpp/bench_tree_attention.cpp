@@ -35,7 +35,8 @@ Inputs make_inputs(int64_t B, int64_t N, int64_t P, uint64_t seed) {
   }
   in.mask.resize(B * N * packed_mask_words(N));
   std::vector<RowStatus> st(B);
-  TreeMaskParams m{parents.data(), B, N, nullptr, in.mask.data(), st.data()};
+  TreeMaskParams m{.parents = parents.data(), .batch = B, .num_nodes = N, .dense = nullptr, .packed = in.mask.data(),
+                   .status = st.data()};
   cpu::TreeAncestorMask(m, 0, B);
   return in;
 }
@@ -68,8 +69,13 @@ bool run_shape(const Args& a, int64_t B, int64_t N, int64_t P) {
   const int64_t S = in.S;
   auto params = [&](const T* qp, const T* kp, const T* vp, const int64_t* pl, const int32_t* mp, T* o, float* ws,
                     int64_t wsn, RowStatus* st) {
-    return TreeAttentionParams<T>{qp, kH * N * kD, N * kD, kD, kp, kHkv * S * kD, S * kD, kD, vp, kHkv * S * kD,
-                                  S * kD, kD, pl, nullptr, mp, B, kH, kHkv, N, N, kD, S, scale, o, ws, wsn, st};
+    return TreeAttentionParams<T>{.q = qp, .q_stride_b = kH * N * kD, .q_stride_h = N * kD, .q_stride_n = kD, .k = kp,
+                                  .k_stride_b = kHkv * S * kD, .k_stride_h = S * kD, .k_stride_s = kD, .v = vp,
+                                  .v_stride_b = kHkv * S * kD, .v_stride_h = S * kD, .v_stride_s = kD,
+                                  .prefix_lens = pl, .mask_dense = nullptr, .mask_packed = mp, .batch = B,
+                                  .num_heads = kH, .num_kv_heads = kHkv, .num_nodes = N, .num_tree_keys = N,
+                                  .head_dim = kD, .seq_len = S, .scale = scale, .out = o, .workspace = ws,
+                                  .workspace_floats = wsn, .status = st};
   };
   const TreeAttentionParams<T> p =
       params(q.data(), k.data(), v.data(), in.prefix.data(), in.mask.data(), out.data(), nullptr, 0, status.data());

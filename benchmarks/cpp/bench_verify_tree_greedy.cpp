@@ -11,8 +11,11 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, int64_t V, bool cpu) 
   const std::vector<T> logits = convert<T>(d.logits);
   std::vector<int64_t> accepted(B * N), accept_len(B), next_token(B);
   std::vector<RowStatus> status(B);
-  VerifyTreeGreedyParams<T> p{logits.data(), N * V, V, d.tokens.data(), d.parents.data(), B, N, V,
-                              VerifyOutputs{accepted.data(), accept_len.data(), next_token.data(), status.data()}};
+  VerifyTreeGreedyParams<T> p{.logits = logits.data(), .logits_stride_b = N * V, .logits_stride_n = V,
+                              .tokens = d.tokens.data(), .parents = d.parents.data(), .batch = B, .num_nodes = N,
+                              .vocab = V,
+                              .out = {.accepted = accepted.data(), .accept_len = accept_len.data(),
+                                      .next_token = next_token.data(), .status = status.data()}};
   const std::string shape = shape_str({{"B", B}, {"N", N}, {"V", V}});
   const double bytes = static_cast<double>(d.rows_on_paths()) * V * sizeof(T);
   const std::string formula = "(accept_len+1)*V*" + std::to_string(sizeof(T)) + " summed over rows";
@@ -28,7 +31,10 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, int64_t V, bool cpu) 
     DevBuf<T> dl(logits);
     DevBuf<int64_t> dt(d.tokens), dp(d.parents), dacc(B * N), dlen(B), dnext(B);
     DevBuf<RowStatus> dst(B);
-    VerifyTreeGreedyParams<T> q{dl.p, N * V, V, dt.p, dp.p, B, N, V, VerifyOutputs{dacc.p, dlen.p, dnext.p, dst.p}};
+    VerifyTreeGreedyParams<T> q{.logits = dl.p, .logits_stride_b = N * V, .logits_stride_n = V, .tokens = dt.p,
+                                .parents = dp.p, .batch = B, .num_nodes = N, .vocab = V,
+                                .out = {.accepted = dacc.p, .accept_len = dlen.p, .next_token = dnext.p,
+                                        .status = dst.p}};
     cuda_run_once([&] { cuda::LaunchVerifyTreeGreedy(q, nullptr); });
     if (!check_planted(d, dacc.get().data(), dlen.get().data(), dnext.get().data(), dst.get().data(), "cuda"))
       return false;

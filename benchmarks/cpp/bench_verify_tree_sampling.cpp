@@ -25,13 +25,15 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, int64_t V, bool with_
   }
   std::vector<int64_t> accepted(B * N), accept_len(B), next_token(B);
   std::vector<RowStatus> status(B);
-  VerifyTreeSamplingParams<T> p{logits.data(),   N * V,          V,
-                                with_draft ? draft.data() : nullptr, N * V, V,
-                                d.tokens.data(), d.parents.data(), uniforms.data(),
-                                SamplingParams{temperature.data(), top_k.data(), top_p.data()},
-                                B,               N,              V,
-                                workspace.data(),
-                                VerifyOutputs{accepted.data(), accept_len.data(), next_token.data(), status.data()}};
+  VerifyTreeSamplingParams<T> p{.logits = logits.data(), .logits_stride_b = N * V, .logits_stride_n = V,
+                                .draft_probs = with_draft ? draft.data() : nullptr, .draft_stride_b = N * V,
+                                .draft_stride_n = V, .tokens = d.tokens.data(), .parents = d.parents.data(),
+                                .uniforms = uniforms.data(),
+                                .sampling = {.temperature = temperature.data(), .top_k = top_k.data(),
+                                             .top_p = top_p.data()},
+                                .batch = B, .num_nodes = N, .vocab = V, .workspace = workspace.data(),
+                                .out = {.accepted = accepted.data(), .accept_len = accept_len.data(),
+                                        .next_token = next_token.data(), .status = status.data()}};
   const std::string shape = shape_str({{"B", B}, {"N", N}, {"V", V}}) + (with_draft ? ",q" : ",q=none");
   const double bytes = static_cast<double>(d.rows_on_paths()) * V * (sizeof(T) + (with_draft ? 4 : 0));
   const std::string formula = "(accept_len+1)*V*(" + std::to_string(sizeof(T)) + (with_draft ? "+4" : "") + ")";
@@ -46,9 +48,13 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, int64_t V, bool with_
     DevBuf<float> dq(draft), du(uniforms), dtemp(temperature), dtopp(top_p), dws(B * V);
     DevBuf<int64_t> dt(d.tokens), dp(d.parents), dtopk(top_k), dacc(B * N), dlen(B), dnext(B);
     DevBuf<RowStatus> dst(B);
-    VerifyTreeSamplingParams<T> q{dl.p,  N * V, V, with_draft ? dq.p : nullptr, N * V, V, dt.p, dp.p, du.p,
-                                  SamplingParams{dtemp.p, dtopk.p, dtopp.p}, B, N, V, dws.p,
-                                  VerifyOutputs{dacc.p, dlen.p, dnext.p, dst.p}};
+    VerifyTreeSamplingParams<T> q{.logits = dl.p, .logits_stride_b = N * V, .logits_stride_n = V,
+                                  .draft_probs = with_draft ? dq.p : nullptr, .draft_stride_b = N * V,
+                                  .draft_stride_n = V, .tokens = dt.p, .parents = dp.p, .uniforms = du.p,
+                                  .sampling = {.temperature = dtemp.p, .top_k = dtopk.p, .top_p = dtopp.p}, .batch = B,
+                                  .num_nodes = N, .vocab = V, .workspace = dws.p,
+                                  .out = {.accepted = dacc.p, .accept_len = dlen.p, .next_token = dnext.p,
+                                          .status = dst.p}};
     cuda_run_once([&] { cuda::LaunchVerifyTreeSampling(q, nullptr); });
     if (!check_planted(d, dacc.get().data(), dlen.get().data(), dnext.get().data(), dst.get().data(), "cuda"))
       return false;

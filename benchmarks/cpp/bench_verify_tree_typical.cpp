@@ -15,9 +15,12 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, int64_t V, bool cpu) 
   for (auto& u : uniforms) u = 0.05f + 0.85f * rng.uniform();
   std::vector<int64_t> accepted(B * N), accept_len(B), next_token(B);
   std::vector<RowStatus> status(B);
-  VerifyTreeTypicalParams<T> p{logits.data(),   N * V,  V, d.tokens.data(), d.parents.data(), uniforms.data(),
-                               temperature.data(), 0.09f, 0.3f, B, N, V,
-                               VerifyOutputs{accepted.data(), accept_len.data(), next_token.data(), status.data()}};
+  VerifyTreeTypicalParams<T> p{.logits = logits.data(), .logits_stride_b = N * V, .logits_stride_n = V,
+                               .tokens = d.tokens.data(), .parents = d.parents.data(), .uniforms = uniforms.data(),
+                               .temperature = temperature.data(), .posterior_threshold = 0.09f, .posterior_alpha = 0.3f,
+                               .batch = B, .num_nodes = N, .vocab = V,
+                               .out = {.accepted = accepted.data(), .accept_len = accept_len.data(),
+                                       .next_token = next_token.data(), .status = status.data()}};
   const std::string shape = shape_str({{"B", B}, {"N", N}, {"V", V}});
   const double bytes = static_cast<double>(d.rows_on_paths()) * V * sizeof(T);
   const std::string formula = "(accept_len+1)*V*" + std::to_string(sizeof(T));
@@ -32,8 +35,12 @@ static bool run_shape(const Args& a, int64_t B, int64_t N, int64_t V, bool cpu) 
     DevBuf<float> du(uniforms), dtemp(temperature);
     DevBuf<int64_t> dt(d.tokens), dp(d.parents), dacc(B * N), dlen(B), dnext(B);
     DevBuf<RowStatus> dst(B);
-    VerifyTreeTypicalParams<T> q{dl.p, N * V, V, dt.p, dp.p, du.p, dtemp.p, 0.09f, 0.3f, B, N, V,
-                                 VerifyOutputs{dacc.p, dlen.p, dnext.p, dst.p}};
+    VerifyTreeTypicalParams<T> q{.logits = dl.p, .logits_stride_b = N * V, .logits_stride_n = V, .tokens = dt.p,
+                                 .parents = dp.p, .uniforms = du.p, .temperature = dtemp.p,
+                                 .posterior_threshold = 0.09f, .posterior_alpha = 0.3f, .batch = B, .num_nodes = N,
+                                 .vocab = V,
+                                 .out = {.accepted = dacc.p, .accept_len = dlen.p, .next_token = dnext.p,
+                                         .status = dst.p}};
     cuda_run_once([&] { cuda::LaunchVerifyTreeTypical(q, nullptr); });
     if (!check_planted(d, dacc.get().data(), dlen.get().data(), dnext.get().data(), dst.get().data(), "cuda"))
       return false;

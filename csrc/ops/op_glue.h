@@ -91,13 +91,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> build_tree_impl(const
   Tensor first_child = at::empty({B, N}, opts), next_sibling = at::empty({B, N}, opts);
   Tensor paths = at::empty({B, N, N}, opts), num_leaves = at::empty({B}, opts);
   Tensor status = new_status(B, parents);
-  BuildTreeParams p{const_data<int64_t>(parents),      const_data<int64_t>(prefix_lens),
-                    B,
-                    N,
-                    mutable_data<int64_t>(depth),        mutable_data<int64_t>(position_ids),
-                    mutable_data<int64_t>(first_child),  mutable_data<int64_t>(next_sibling),
-                    mutable_data<int64_t>(paths),        mutable_data<int64_t>(num_leaves),
-                    status_ptr(status)};
+  BuildTreeParams p{.parents = const_data<int64_t>(parents),
+                    .prefix_lens = const_data<int64_t>(prefix_lens),
+                    .batch = B,
+                    .num_nodes = N,
+                    .depth = mutable_data<int64_t>(depth),
+                    .position_ids = mutable_data<int64_t>(position_ids),
+                    .first_child = mutable_data<int64_t>(first_child),
+                    .next_sibling = mutable_data<int64_t>(next_sibling),
+                    .retrieve_paths = mutable_data<int64_t>(paths),
+                    .num_leaves = mutable_data<int64_t>(num_leaves),
+                    .status = status_ptr(status)};
   Backend::build_tree(p);
   if (validate) raise_on_bad_status(op, status);
   return {depth, position_ids, first_child, next_sibling, paths, num_leaves};
@@ -113,8 +117,12 @@ Tensor tree_ancestor_mask_impl(const Tensor& parents_in, bool packed, bool valid
   Tensor mask = packed ? at::empty({B, N, packed_mask_words(N)}, parents.options().dtype(at::kInt))
                        : at::empty({B, N, N}, parents.options().dtype(at::kBool));
   Tensor status = new_status(B, parents);
-  TreeMaskParams p{const_data<int64_t>(parents), B, N, packed ? nullptr : mutable_data<bool>(mask),
-                   packed ? mutable_data<int32_t>(mask) : nullptr, status_ptr(status)};
+  TreeMaskParams p{.parents = const_data<int64_t>(parents),
+                   .batch = B,
+                   .num_nodes = N,
+                   .dense = packed ? nullptr : mutable_data<bool>(mask),
+                   .packed = packed ? mutable_data<int32_t>(mask) : nullptr,
+                   .status = status_ptr(status)};
   Backend::tree_ancestor_mask(p);
   if (validate) raise_on_bad_status(op, status);
   return mask;
@@ -171,15 +179,24 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> advance_tree_frontier_impl(co
   Tensor ancestors_out = at::empty({B, S, C}, opts.dtype(at::kBool));
   Tensor mask = at::empty({B, S, L}, opts.dtype(at::kBool));
   Tensor status = new_status(B, cand_tokens);
-  AdvanceTreeFrontierParams p{const_data<int64_t>(cand_tokens), const_data<float>(cand_scores),
-                              const_data<int64_t>(selected),    const_data<bool>(ancestors),
-                              const_data<int64_t>(column),      B,
-                              F,                                      K,
-                              S,                                      C,
-                              self_column,                            L,
-                              mutable_data<int64_t>(tokens),             mutable_data<float>(scores),
-                              mutable_data<int64_t>(parents),            mutable_data<bool>(ancestors_out),
-                              mutable_data<bool>(mask),                  status_ptr(status)};
+  AdvanceTreeFrontierParams p{.cand_tokens = const_data<int64_t>(cand_tokens),
+                              .cand_scores = const_data<float>(cand_scores),
+                              .selected = const_data<int64_t>(selected),
+                              .ancestors = const_data<bool>(ancestors),
+                              .column = const_data<int64_t>(column),
+                              .batch = B,
+                              .frontier = F,
+                              .top_k = K,
+                              .num_select = S,
+                              .columns = C,
+                              .self_column = self_column,
+                              .positions = L,
+                              .tokens = mutable_data<int64_t>(tokens),
+                              .scores = mutable_data<float>(scores),
+                              .parents = mutable_data<int64_t>(parents),
+                              .ancestors_out = mutable_data<bool>(ancestors_out),
+                              .mask = mutable_data<bool>(mask),
+                              .status = status_ptr(status)};
   Backend::advance_tree_frontier(p);
   if (validate) raise_on_bad_status(op, status);
   return {tokens, scores, parents, ancestors_out, mask};
@@ -206,15 +223,17 @@ std::tuple<Tensor, Tensor> select_tree_nodes_impl(const Tensor& tokens_in, const
   Tensor tree_tokens = at::empty({B, M + 1}, tokens.options()), tree_parents = at::empty({B, M + 1}, tokens.options());
   Tensor scratch = at::empty({B, 2 * std::max<int64_t>(C, 1)}, tokens.options());
   Tensor status = new_status(B, tokens);
-  SelectTreeNodesParams p{const_data<int64_t>(tokens), const_data<float>(scores),
-                          const_data<int64_t>(parents), const_data<int64_t>(roots),
-                          B,
-                          C,
-                          M,
-                          mutable_data<int64_t>(tree_tokens),
-                          mutable_data<int64_t>(tree_parents),
-                          mutable_data<int64_t>(scratch),
-                          status_ptr(status)};
+  SelectTreeNodesParams p{.tokens = const_data<int64_t>(tokens),
+                          .scores = const_data<float>(scores),
+                          .parents = const_data<int64_t>(parents),
+                          .roots = const_data<int64_t>(roots),
+                          .batch = B,
+                          .candidates = C,
+                          .num_nodes = M,
+                          .tree_tokens = mutable_data<int64_t>(tree_tokens),
+                          .tree_parents = mutable_data<int64_t>(tree_parents),
+                          .scratch = mutable_data<int64_t>(scratch),
+                          .status = status_ptr(status)};
   Backend::select_tree_nodes(p);
   if (validate) raise_on_bad_status(op, status);
   return {tree_tokens, tree_parents};
@@ -228,8 +247,10 @@ struct VerifyArgs {
   Tensor accepted, accept_len, next_token, status;
 
   VerifyOutputs outputs() {
-    return {mutable_data<int64_t>(accepted), mutable_data<int64_t>(accept_len), mutable_data<int64_t>(next_token),
-            status_ptr(status)};
+    return {.accepted = mutable_data<int64_t>(accepted),
+            .accept_len = mutable_data<int64_t>(accept_len),
+            .next_token = mutable_data<int64_t>(next_token),
+            .status = status_ptr(status)};
   }
   std::tuple<Tensor, Tensor, Tensor> result() const { return {accepted, accept_len, next_token}; }
 };
@@ -262,9 +283,15 @@ std::tuple<Tensor, Tensor, Tensor> verify_tree_greedy_impl(const Tensor& logits,
   VerifyArgs a = check_verify_args(op, logits, tokens, parents);
   c10::OptionalDeviceGuard guard(logits.device());
   SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
-    VerifyTreeGreedyParams<scalar_t> p{float_ptr<scalar_t>(logits), logits.stride(0), logits.stride(1),
-                                       const_data<int64_t>(a.tokens), const_data<int64_t>(a.parents),
-                                       a.B, a.N, a.V, a.outputs()};
+    VerifyTreeGreedyParams<scalar_t> p{.logits = float_ptr<scalar_t>(logits),
+                                       .logits_stride_b = logits.stride(0),
+                                       .logits_stride_n = logits.stride(1),
+                                       .tokens = const_data<int64_t>(a.tokens),
+                                       .parents = const_data<int64_t>(a.parents),
+                                       .batch = a.B,
+                                       .num_nodes = a.N,
+                                       .vocab = a.V,
+                                       .out = a.outputs()};
     Backend::verify_tree_greedy(p);
   });
   if (validate) raise_on_bad_status(op, a.status);
@@ -276,7 +303,9 @@ inline SamplingParams checked_sampling(const char* op, Tensor& temperature, Tens
   temperature = checked_row_vector(op, "temperature", temperature, B, at::kFloat, ref, "logits");
   top_k = checked_row_vector(op, "top_k", top_k, B, at::kLong, ref, "logits");
   top_p = checked_row_vector(op, "top_p", top_p, B, at::kFloat, ref, "logits");
-  return {const_data<float>(temperature), const_data<int64_t>(top_k), const_data<float>(top_p)};
+  return {.temperature = const_data<float>(temperature),
+          .top_k = const_data<int64_t>(top_k),
+          .top_p = const_data<float>(top_p)};
 }
 
 template <class Backend>
@@ -310,21 +339,21 @@ std::tuple<Tensor, Tensor, Tensor> verify_tree_sampling_impl(const Tensor& logit
   }
   c10::OptionalDeviceGuard guard(logits.device());
   SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
-    VerifyTreeSamplingParams<scalar_t> p{float_ptr<scalar_t>(logits),
-                                         logits.stride(0),
-                                         logits.stride(1),
-                                         q,
-                                         q_stride_b,
-                                         q_stride_n,
-                                         const_data<int64_t>(a.tokens),
-                                         const_data<int64_t>(a.parents),
-                                         const_data<float>(uniforms),
-                                         sampling,
-                                         a.B,
-                                         a.N,
-                                         a.V,
-                                         workspace.defined() ? mutable_data<float>(workspace) : nullptr,
-                                         a.outputs()};
+    VerifyTreeSamplingParams<scalar_t> p{.logits = float_ptr<scalar_t>(logits),
+                                         .logits_stride_b = logits.stride(0),
+                                         .logits_stride_n = logits.stride(1),
+                                         .draft_probs = q,
+                                         .draft_stride_b = q_stride_b,
+                                         .draft_stride_n = q_stride_n,
+                                         .tokens = const_data<int64_t>(a.tokens),
+                                         .parents = const_data<int64_t>(a.parents),
+                                         .uniforms = const_data<float>(uniforms),
+                                         .sampling = sampling,
+                                         .batch = a.B,
+                                         .num_nodes = a.N,
+                                         .vocab = a.V,
+                                         .workspace = workspace.defined() ? mutable_data<float>(workspace) : nullptr,
+                                         .out = a.outputs()};
     Backend::verify_tree_sampling(p);
   });
   if (validate) raise_on_bad_status(op, a.status);
@@ -347,19 +376,19 @@ std::tuple<Tensor, Tensor, Tensor> verify_tree_typical_impl(const Tensor& logits
                 posterior_alpha);
   c10::OptionalDeviceGuard guard(logits.device());
   SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
-    VerifyTreeTypicalParams<scalar_t> p{float_ptr<scalar_t>(logits),
-                                        logits.stride(0),
-                                        logits.stride(1),
-                                        const_data<int64_t>(a.tokens),
-                                        const_data<int64_t>(a.parents),
-                                        const_data<float>(uniforms),
-                                        const_data<float>(temperature),
-                                        posterior_threshold,
-                                        posterior_alpha,
-                                        a.B,
-                                        a.N,
-                                        a.V,
-                                        a.outputs()};
+    VerifyTreeTypicalParams<scalar_t> p{.logits = float_ptr<scalar_t>(logits),
+                                        .logits_stride_b = logits.stride(0),
+                                        .logits_stride_n = logits.stride(1),
+                                        .tokens = const_data<int64_t>(a.tokens),
+                                        .parents = const_data<int64_t>(a.parents),
+                                        .uniforms = const_data<float>(uniforms),
+                                        .temperature = const_data<float>(temperature),
+                                        .posterior_threshold = posterior_threshold,
+                                        .posterior_alpha = posterior_alpha,
+                                        .batch = a.B,
+                                        .num_nodes = a.N,
+                                        .vocab = a.V,
+                                        .out = a.outputs()};
     Backend::verify_tree_typical(p);
   });
   if (validate) raise_on_bad_status(op, a.status);
@@ -386,9 +415,15 @@ std::tuple<Tensor, Tensor> sample_tokens_impl(const Tensor& logits, const Tensor
   Tensor probs = at::empty({R, V}, logits.options().dtype(at::kFloat));
   Tensor status = new_status(R, logits);
   SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
-    SampleTokensParams<scalar_t> p{float_ptr<scalar_t>(logits), logits.stride(0), const_data<float>(uniforms),
-                                   sampling, R, V, mutable_data<int64_t>(tokens), mutable_data<float>(probs),
-                                   status_ptr(status)};
+    SampleTokensParams<scalar_t> p{.logits = float_ptr<scalar_t>(logits),
+                                   .logits_stride_r = logits.stride(0),
+                                   .uniforms = const_data<float>(uniforms),
+                                   .sampling = sampling,
+                                   .rows = R,
+                                   .vocab = V,
+                                   .tokens = mutable_data<int64_t>(tokens),
+                                   .probs = mutable_data<float>(probs),
+                                   .status = status_ptr(status)};
     Backend::sample_tokens(p);
   });
   if (validate) raise_on_bad_status(op, status);
@@ -421,20 +456,20 @@ std::tuple<Tensor, Tensor, Tensor> expand_tree_step_impl(const Tensor& logits, c
   Tensor node_status;
   if (Backend::kExpandNeedsNodeStatus) node_status = new_status(B * F, logits);
   SPECDEC_DISPATCH_FLOAT(logits.scalar_type(), op, [&] {
-    ExpandTreeStepParams<scalar_t> p{float_ptr<scalar_t>(logits),
-                                     logits.stride(0),
-                                     logits.stride(1),
-                                     const_data<float>(parent_scores),
-                                     B,
-                                     F,
-                                     V,
-                                     top_k,
-                                     num_select,
-                                     mutable_data<int64_t>(cand_tokens),
-                                     mutable_data<float>(cand_scores),
-                                     mutable_data<int64_t>(selected),
-                                     status_ptr(status),
-                                     node_status.defined() ? status_ptr(node_status) : nullptr};
+    ExpandTreeStepParams<scalar_t> p{.logits = float_ptr<scalar_t>(logits),
+                                     .logits_stride_b = logits.stride(0),
+                                     .logits_stride_f = logits.stride(1),
+                                     .parent_scores = const_data<float>(parent_scores),
+                                     .batch = B,
+                                     .frontier = F,
+                                     .vocab = V,
+                                     .top_k = top_k,
+                                     .num_select = num_select,
+                                     .cand_tokens = mutable_data<int64_t>(cand_tokens),
+                                     .cand_scores = mutable_data<float>(cand_scores),
+                                     .selected = mutable_data<int64_t>(selected),
+                                     .status = status_ptr(status),
+                                     .node_status = node_status.defined() ? status_ptr(node_status) : nullptr};
     Backend::expand_tree_step(p);
   });
   if (validate) raise_on_bad_status(op, status);
@@ -492,8 +527,10 @@ Tensor pack_linear_weight_impl(const Tensor& weight_in) {
   c10::OptionalDeviceGuard guard(weight.device());
   Tensor packed = at::empty(packed_linear_shape(op, weight.scalar_type(), N, K), weight.options());
   SPECDEC_DISPATCH_FLOAT(weight.scalar_type(), op, [&] {
-    PackLinearWeightParams<scalar_t> p{float_ptr<scalar_t>(weight), N, K,
-                                       reinterpret_cast<scalar_t*>(mutable_data(packed))};
+    PackLinearWeightParams<scalar_t> p{.weight = float_ptr<scalar_t>(weight),
+                                       .out_features = N,
+                                       .in_features = K,
+                                       .packed = reinterpret_cast<scalar_t*>(mutable_data(packed))};
     Backend::pack_linear_weight(p);
   });
   return packed;
@@ -534,13 +571,13 @@ Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const
   Tensor y = at::empty({M, N}, x.options());
   if (M > 0) {
     SPECDEC_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
-      PackedLinearParams<scalar_t> p{float_ptr<scalar_t>(x),
-                                     M,
-                                     K,
-                                     N,
-                                     float_ptr<scalar_t>(packed_weight),
-                                     bias.defined() ? float_ptr<scalar_t>(bias) : nullptr,
-                                     reinterpret_cast<scalar_t*>(mutable_data(y))};
+      PackedLinearParams<scalar_t> p{.x = float_ptr<scalar_t>(x),
+                                     .rows = M,
+                                     .in_features = K,
+                                     .out_features = N,
+                                     .packed = float_ptr<scalar_t>(packed_weight),
+                                     .bias = bias.defined() ? float_ptr<scalar_t>(bias) : nullptr,
+                                     .y = reinterpret_cast<scalar_t*>(mutable_data(y))};
       Backend::packed_linear(p);
     });
   }

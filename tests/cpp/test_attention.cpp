@@ -103,33 +103,15 @@ std::vector<float> run(const AttnCase& c, float scale, bool packed, std::vector<
   const std::vector<int32_t> words = pack(c.mask, c.B, c.N);
   std::vector<T> out(c.B * c.H * c.N * c.D, from_float<T>(7.0f));
   std::vector<RowStatus> st(c.B, RowStatus{99, 99, 99});
-  TreeAttentionParams<T> p{q.data(),
-                           c.H * c.N * c.D,
-                           c.N * c.D,
-                           c.D,
-                           k.data(),
-                           c.Hkv * c.S * c.D,
-                           c.S * c.D,
-                           c.D,
-                           v.data(),
-                           c.Hkv * c.S * c.D,
-                           c.S * c.D,
-                           c.D,
-                           c.prefix.data(),
-                           packed ? nullptr : reinterpret_cast<const bool*>(c.mask.data()),
-                           packed ? words.data() : nullptr,
-                           c.B,
-                           c.H,
-                           c.Hkv,
-                           c.N,
-                           c.N,
-                           c.D,
-                           c.S,
-                           scale,
-                           out.data(),
-                           nullptr,
-                           0,
-                           st.data()};
+  TreeAttentionParams<T> p{.q = q.data(), .q_stride_b = c.H * c.N * c.D, .q_stride_h = c.N * c.D, .q_stride_n = c.D,
+                           .k = k.data(), .k_stride_b = c.Hkv * c.S * c.D, .k_stride_h = c.S * c.D, .k_stride_s = c.D,
+                           .v = v.data(), .v_stride_b = c.Hkv * c.S * c.D, .v_stride_h = c.S * c.D, .v_stride_s = c.D,
+                           .prefix_lens = c.prefix.data(),
+                           .mask_dense = packed ? nullptr : reinterpret_cast<const bool*>(c.mask.data()),
+                           .mask_packed = packed ? words.data() : nullptr, .batch = c.B, .num_heads = c.H,
+                           .num_kv_heads = c.Hkv, .num_nodes = c.N, .num_tree_keys = c.N, .head_dim = c.D,
+                           .seq_len = c.S, .scale = scale, .out = out.data(), .workspace = nullptr,
+                           .workspace_floats = 0, .status = st.data()};
   // Two task ranges, as a parallel caller would split them.
   const int64_t tasks = c.B * c.Hkv;
   cpu::TreeAttention(p, 0, tasks / 2);

@@ -85,34 +85,56 @@ void compare_verify(int64_t B, int64_t N, int64_t V) {
   DevBuf<RowStatus> dst(B);
   {
     Out h = host_out();
-    VerifyTreeGreedyParams<T> p{logits.data(), N * V, V, d.tokens.data(), d.parents.data(), B, N, V,
-                                VerifyOutputs{h.acc.data(), h.len.data(), h.next.data(), h.st.data()}};
+    VerifyTreeGreedyParams<T> p{.logits = logits.data(), .logits_stride_b = N * V, .logits_stride_n = V,
+                                .tokens = d.tokens.data(), .parents = d.parents.data(), .batch = B, .num_nodes = N,
+                                .vocab = V,
+                                .out = {.accepted = h.acc.data(), .accept_len = h.len.data(),
+                                        .next_token = h.next.data(), .status = h.st.data()}};
     cpu::VerifyTreeGreedy(p, 0, B);
-    VerifyTreeGreedyParams<T> q{dl.p, N * V, V, dtok.p, dpar.p, B, N, V, VerifyOutputs{dacc.p, dlen.p, dnext.p, dst.p}};
+    VerifyTreeGreedyParams<T> q{.logits = dl.p, .logits_stride_b = N * V, .logits_stride_n = V, .tokens = dtok.p,
+                                .parents = dpar.p, .batch = B, .num_nodes = N, .vocab = V,
+                                .out = {.accepted = dacc.p, .accept_len = dlen.p, .next_token = dnext.p,
+                                        .status = dst.p}};
     cuda::LaunchVerifyTreeGreedy(q, nullptr);
     compare(h, dacc, dlen, dnext, dst, "verify_tree_greedy");
   }
   for (bool with_draft : {false, true}) {
     Out h = host_out();
-    VerifyTreeSamplingParams<T> p{logits.data(), N * V, V, with_draft ? draft.data() : nullptr, N * V, V,
-                                  d.tokens.data(), d.parents.data(), uniforms.data(),
-                                  SamplingParams{temperature.data(), top_k.data(), top_p.data()}, B, N, V, ws.data(),
-                                  VerifyOutputs{h.acc.data(), h.len.data(), h.next.data(), h.st.data()}};
+    VerifyTreeSamplingParams<T> p{.logits = logits.data(), .logits_stride_b = N * V, .logits_stride_n = V,
+                                  .draft_probs = with_draft ? draft.data() : nullptr, .draft_stride_b = N * V,
+                                  .draft_stride_n = V, .tokens = d.tokens.data(), .parents = d.parents.data(),
+                                  .uniforms = uniforms.data(),
+                                  .sampling = {.temperature = temperature.data(), .top_k = top_k.data(),
+                                               .top_p = top_p.data()},
+                                  .batch = B, .num_nodes = N, .vocab = V, .workspace = ws.data(),
+                                  .out = {.accepted = h.acc.data(), .accept_len = h.len.data(),
+                                          .next_token = h.next.data(), .status = h.st.data()}};
     cpu::VerifyTreeSampling(p, 0, B);
-    VerifyTreeSamplingParams<T> q{dl.p, N * V, V, with_draft ? ddraft.p : nullptr, N * V, V, dtok.p, dpar.p, du.p,
-                                  SamplingParams{dtemp.p, dtopk.p, dtopp.p}, B, N, V, dws.p,
-                                  VerifyOutputs{dacc.p, dlen.p, dnext.p, dst.p}};
+    VerifyTreeSamplingParams<T> q{.logits = dl.p, .logits_stride_b = N * V, .logits_stride_n = V,
+                                  .draft_probs = with_draft ? ddraft.p : nullptr, .draft_stride_b = N * V,
+                                  .draft_stride_n = V, .tokens = dtok.p, .parents = dpar.p, .uniforms = du.p,
+                                  .sampling = {.temperature = dtemp.p, .top_k = dtopk.p, .top_p = dtopp.p}, .batch = B,
+                                  .num_nodes = N, .vocab = V, .workspace = dws.p,
+                                  .out = {.accepted = dacc.p, .accept_len = dlen.p, .next_token = dnext.p,
+                                          .status = dst.p}};
     cuda::LaunchVerifyTreeSampling(q, nullptr);
     compare(h, dacc, dlen, dnext, dst, with_draft ? "verify_tree_sampling (draft_probs)" : "verify_tree_sampling");
   }
   {
     Out h = host_out();
-    VerifyTreeTypicalParams<T> p{logits.data(), N * V, V, d.tokens.data(), d.parents.data(), uniforms.data(),
-                                 temperature.data(), 0.09f, 0.3f, B, N, V,
-                                 VerifyOutputs{h.acc.data(), h.len.data(), h.next.data(), h.st.data()}};
+    VerifyTreeTypicalParams<T> p{.logits = logits.data(), .logits_stride_b = N * V, .logits_stride_n = V,
+                                 .tokens = d.tokens.data(), .parents = d.parents.data(), .uniforms = uniforms.data(),
+                                 .temperature = temperature.data(), .posterior_threshold = 0.09f,
+                                 .posterior_alpha = 0.3f, .batch = B, .num_nodes = N, .vocab = V,
+                                 .out = {.accepted = h.acc.data(), .accept_len = h.len.data(),
+                                         .next_token = h.next.data(), .status = h.st.data()}};
     cpu::VerifyTreeTypical(p, 0, B);
-    VerifyTreeTypicalParams<T> q{dl.p, N * V, V, dtok.p, dpar.p, du.p, dtemp.p, 0.09f, 0.3f, B, N, V,
-                                 VerifyOutputs{dacc.p, dlen.p, dnext.p, dst.p}};
+    VerifyTreeTypicalParams<T> q{.logits = dl.p, .logits_stride_b = N * V, .logits_stride_n = V, .tokens = dtok.p,
+                                 .parents = dpar.p, .uniforms = du.p, .temperature = dtemp.p,
+                                 .posterior_threshold = 0.09f, .posterior_alpha = 0.3f, .batch = B, .num_nodes = N,
+                                 .vocab = V,
+                                 .out = {.accepted = dacc.p, .accept_len = dlen.p, .next_token = dnext.p,
+                                         .status = dst.p}};
     cuda::LaunchVerifyTreeTypical(q, nullptr);
     compare(h, dacc, dlen, dnext, dst, "verify_tree_typical");
   }
@@ -139,15 +161,17 @@ void compare_sampling(int64_t R, int64_t V) {
   std::vector<int64_t> tokens(R);
   std::vector<float> probs(R * V);
   std::vector<RowStatus> st(R);
-  SampleTokensParams<T> p{logits.data(), V, uniforms.data(), SamplingParams{temperature.data(), top_k.data(),
-                                                                            top_p.data()},
-                          R, V, tokens.data(), probs.data(), st.data()};
+  SampleTokensParams<T> p{.logits = logits.data(), .logits_stride_r = V, .uniforms = uniforms.data(),
+                          .sampling = {.temperature = temperature.data(), .top_k = top_k.data(), .top_p = top_p.data()},
+                          .rows = R, .vocab = V, .tokens = tokens.data(), .probs = probs.data(), .status = st.data()};
   cpu::SampleTokens(p, 0, R);
   DevBuf<T> dl(logits);
   DevBuf<float> du(uniforms), dtemp(temperature), dtopp(top_p), dprobs(R * V);
   DevBuf<int64_t> dtopk(top_k), dtok(R);
   DevBuf<RowStatus> dst(R);
-  SampleTokensParams<T> q{dl.p, V, du.p, SamplingParams{dtemp.p, dtopk.p, dtopp.p}, R, V, dtok.p, dprobs.p, dst.p};
+  SampleTokensParams<T> q{.logits = dl.p, .logits_stride_r = V, .uniforms = du.p,
+                          .sampling = {.temperature = dtemp.p, .top_k = dtopk.p, .top_p = dtopp.p}, .rows = R,
+                          .vocab = V, .tokens = dtok.p, .probs = dprobs.p, .status = dst.p};
   cuda::LaunchSampleTokens(q, nullptr);
   BENCH_CUDA_CHECK(cudaDeviceSynchronize());
   CHECK(same_status(dst.get(), st));
@@ -161,13 +185,17 @@ void compare_sampling(int64_t R, int64_t V) {
   std::vector<int64_t> ct(B * F * K), sel(B * S);
   std::vector<float> cs(B * F * K);
   std::vector<RowStatus> est(B);
-  ExpandTreeStepParams<T> e{logits.data(), F * V, V, scores.data(), B, F, V, K, S, ct.data(), cs.data(), sel.data(),
-                            est.data()};
+  ExpandTreeStepParams<T> e{.logits = logits.data(), .logits_stride_b = F * V, .logits_stride_f = V,
+                            .parent_scores = scores.data(), .batch = B, .frontier = F, .vocab = V, .top_k = K,
+                            .num_select = S, .cand_tokens = ct.data(), .cand_scores = cs.data(), .selected = sel.data(),
+                            .status = est.data()};
   cpu::ExpandTreeStep(e, 0, B);
   DevBuf<float> dscores(scores), dcs(B * F * K);
   DevBuf<int64_t> dct(B * F * K), dsel(B * S);
   DevBuf<RowStatus> dest(B);
-  ExpandTreeStepParams<T> g{dl.p, F * V, V, dscores.p, B, F, V, K, S, dct.p, dcs.p, dsel.p, dest.p};
+  ExpandTreeStepParams<T> g{.logits = dl.p, .logits_stride_b = F * V, .logits_stride_f = V, .parent_scores = dscores.p,
+                            .batch = B, .frontier = F, .vocab = V, .top_k = K, .num_select = S, .cand_tokens = dct.p,
+                            .cand_scores = dcs.p, .selected = dsel.p, .status = dest.p};
   cuda::LaunchExpandTreeStep(g, nullptr);
   BENCH_CUDA_CHECK(cudaDeviceSynchronize());
   CHECK(same_status(dest.get(), est));
@@ -190,13 +218,17 @@ void compare_trees(int64_t B, int64_t N) {
   }
   std::vector<int64_t> depth(B * N), pos(B * N), fc(B * N), ns(B * N), paths(B * N * N), leaves(B);
   std::vector<RowStatus> st(B);
-  BuildTreeParams p{parents.data(), prefix.data(), B, N, depth.data(), pos.data(), fc.data(), ns.data(),
-                    paths.data(), leaves.data(), st.data()};
+  BuildTreeParams p{.parents = parents.data(), .prefix_lens = prefix.data(), .batch = B, .num_nodes = N,
+                    .depth = depth.data(), .position_ids = pos.data(), .first_child = fc.data(),
+                    .next_sibling = ns.data(), .retrieve_paths = paths.data(), .num_leaves = leaves.data(),
+                    .status = st.data()};
   cpu::BuildTree(p, 0, B);
   DevBuf<int64_t> dpar(parents), dpre(prefix), ddep(B * N), dpos(B * N), dfc(B * N), dns(B * N), dpaths(B * N * N),
       dlv(B);
   DevBuf<RowStatus> dst(B);
-  BuildTreeParams q{dpar.p, dpre.p, B, N, ddep.p, dpos.p, dfc.p, dns.p, dpaths.p, dlv.p, dst.p};
+  BuildTreeParams q{.parents = dpar.p, .prefix_lens = dpre.p, .batch = B, .num_nodes = N, .depth = ddep.p,
+                    .position_ids = dpos.p, .first_child = dfc.p, .next_sibling = dns.p, .retrieve_paths = dpaths.p,
+                    .num_leaves = dlv.p, .status = dst.p};
   cuda::LaunchBuildTree(q, nullptr);
   BENCH_CUDA_CHECK(cudaDeviceSynchronize());
   CHECK(same_status(dst.get(), st));
@@ -210,11 +242,13 @@ void compare_trees(int64_t B, int64_t N) {
   const int64_t W = packed_mask_words(N);
   std::vector<uint8_t> dense(B * N * N);
   std::vector<int32_t> words(B * N * W);
-  TreeMaskParams m{parents.data(), B, N, reinterpret_cast<bool*>(dense.data()), words.data(), st.data()};
+  TreeMaskParams m{.parents = parents.data(), .batch = B, .num_nodes = N,
+                   .dense = reinterpret_cast<bool*>(dense.data()), .packed = words.data(), .status = st.data()};
   cpu::TreeAncestorMask(m, 0, B);
   DevBuf<uint8_t> ddense(dense.size());
   DevBuf<int32_t> dwords(words.size());
-  TreeMaskParams g{dpar.p, B, N, reinterpret_cast<bool*>(ddense.p), dwords.p, dst.p};
+  TreeMaskParams g{.parents = dpar.p, .batch = B, .num_nodes = N, .dense = reinterpret_cast<bool*>(ddense.p),
+                   .packed = dwords.p, .status = dst.p};
   cuda::LaunchTreeAncestorMask(g, nullptr);
   BENCH_CUDA_CHECK(cudaDeviceSynchronize());
   CHECK(same_status(dst.get(), st));
@@ -243,15 +277,20 @@ void compare_attention(int64_t B, int64_t H, int64_t Hkv, int64_t N, int64_t D, 
   std::vector<uint8_t> dense(B * N * N);
   std::vector<int32_t> words(B * N * W);
   std::vector<RowStatus> mst(B);
-  TreeMaskParams m{parents.data(), B, N, reinterpret_cast<bool*>(dense.data()), words.data(), mst.data()};
+  TreeMaskParams m{.parents = parents.data(), .batch = B, .num_nodes = N,
+                   .dense = reinterpret_cast<bool*>(dense.data()), .packed = words.data(), .status = mst.data()};
   cpu::TreeAncestorMask(m, 0, B);
   std::vector<T> out(B * H * N * D);
   std::vector<RowStatus> st(B);
   auto params = [&](const T* qp, const T* kp, const T* vp, const int64_t* pl, const bool* dm, const int32_t* pm,
                     T* o, float* ws, int64_t wsn, RowStatus* sp) {
-    return TreeAttentionParams<T>{qp, H * N * D, N * D, D, kp, Hkv * S * D, S * D, D, vp, Hkv * S * D, S * D, D,
-                                  pl, packed ? nullptr : dm, packed ? pm : nullptr, B, H, Hkv, N, N, D, S, 0.1f,
-                                  o, ws, wsn, sp};
+    return TreeAttentionParams<T>{.q = qp, .q_stride_b = H * N * D, .q_stride_h = N * D, .q_stride_n = D, .k = kp,
+                                  .k_stride_b = Hkv * S * D, .k_stride_h = S * D, .k_stride_s = D, .v = vp,
+                                  .v_stride_b = Hkv * S * D, .v_stride_h = S * D, .v_stride_s = D, .prefix_lens = pl,
+                                  .mask_dense = packed ? nullptr : dm, .mask_packed = packed ? pm : nullptr, .batch = B,
+                                  .num_heads = H, .num_kv_heads = Hkv, .num_nodes = N, .num_tree_keys = N,
+                                  .head_dim = D, .seq_len = S, .scale = 0.1f, .out = o, .workspace = ws,
+                                  .workspace_floats = wsn, .status = sp};
   };
   cpu::TreeAttention(params(q.data(), k.data(), v.data(), prefix.data(), reinterpret_cast<bool*>(dense.data()),
                             words.data(), out.data(), nullptr, 0, st.data()),

@@ -29,8 +29,10 @@ TEST_CASE("build_tree: prefix_lens up to INT64_MAX - (N - 1) fit, beyond and neg
   for (size_t i = 0; i < prefixes.size(); ++i) {
     V64 depth(N), pos(N), first(N), next(N), paths(N * N), leaves(1);
     RowStatus st{99, 99, 99};
-    BuildTreeParams p{parents.data(), &prefixes[i], 1, N, depth.data(), pos.data(), first.data(), next.data(),
-                      paths.data(), leaves.data(), &st};
+    BuildTreeParams p{.parents = parents.data(), .prefix_lens = &prefixes[i], .batch = 1, .num_nodes = N,
+                      .depth = depth.data(), .position_ids = pos.data(), .first_child = first.data(),
+                      .next_sibling = next.data(), .retrieve_paths = paths.data(), .num_leaves = leaves.data(),
+                      .status = &st};
     cpu::BuildTree(p, 0, 1);
     CHECK_EQ(st.code, want[i]);
     if (want[i] == kOk) {
@@ -51,20 +53,25 @@ TEST_CASE("tree topology and verification: parents and tokens at the int64 ends"
     V64 depth(N), pos(N), first(N), next(N), paths(N * N), leaves(1);
     const int64_t prefix = 0;
     RowStatus st{99, 99, 99};
-    BuildTreeParams p{parents.data(), &prefix, 1, N, depth.data(), pos.data(), first.data(), next.data(),
-                      paths.data(), leaves.data(), &st};
+    BuildTreeParams p{.parents = parents.data(), .prefix_lens = &prefix, .batch = 1, .num_nodes = N,
+                      .depth = depth.data(), .position_ids = pos.data(), .first_child = first.data(),
+                      .next_sibling = next.data(), .retrieve_paths = paths.data(), .num_leaves = leaves.data(),
+                      .status = &st};
     cpu::BuildTree(p, 0, 1);
     CHECK_EQ(st.code, int64_t{kParentNotEarlier});
     CHECK_EQ(st.value, bad);
     bool dense[N * N];
-    TreeMaskParams m{parents.data(), 1, N, dense, nullptr, &st};
+    TreeMaskParams m{.parents = parents.data(), .batch = 1, .num_nodes = N, .dense = dense, .packed = nullptr,
+                     .status = &st};
     cpu::TreeAncestorMask(m, 0, 1);
     CHECK_EQ(st.code, int64_t{kParentNotEarlier});
 
     const std::vector<float> logits(N * V, 0.0f);
     const V64 chain = {-1, 0, 1}, tokens = {0, 1, bad};
     testutil::VerifyResult r(1, N);
-    VerifyTreeGreedyParams<float> g{logits.data(), N * V, V, tokens.data(), chain.data(), 1, N, V, r.outputs()};
+    VerifyTreeGreedyParams<float> g{.logits = logits.data(), .logits_stride_b = N * V, .logits_stride_n = V,
+                                    .tokens = tokens.data(), .parents = chain.data(), .batch = 1, .num_nodes = N,
+                                    .vocab = V, .out = r.outputs()};
     cpu::VerifyTreeGreedy(g, 0, 1);
     CHECK_EQ(r.status[0].code, int64_t{kTokenOutOfRange});
     CHECK_EQ(r.status[0].value, bad);
@@ -81,17 +88,20 @@ TEST_CASE("verify_tree_sampling / sample_tokens: top_k at the int64 ends, unifor
   for (int64_t k : kExtremes) {
     const std::vector<float> u = {0.5f, 0.5f};
     testutil::VerifyResult r(1, N);
-    VerifyTreeSamplingParams<float> p{logits.data(), N * V, V, nullptr, 0, 0, tokens.data(), parents.data(),
-                                      u.data(), SamplingParams{&temperature, &k, &top_p}, 1, N, V, nullptr,
-                                      r.outputs()};
+    VerifyTreeSamplingParams<float> p{.logits = logits.data(), .logits_stride_b = N * V, .logits_stride_n = V,
+                                      .draft_probs = nullptr, .draft_stride_b = 0, .draft_stride_n = 0,
+                                      .tokens = tokens.data(), .parents = parents.data(), .uniforms = u.data(),
+                                      .sampling = {.temperature = &temperature, .top_k = &k, .top_p = &top_p},
+                                      .batch = 1, .num_nodes = N, .vocab = V, .workspace = nullptr, .out = r.outputs()};
     cpu::VerifyTreeSampling(p, 0, 1);
     CHECK_EQ(r.status[0].code, k >= 0 ? int64_t{kOk} : int64_t{kBadTopK});
     if (k < 0) CHECK_EQ(r.status[0].value, k);
     std::vector<float> probs(V);
     int64_t token = 7777;
     RowStatus st{99, 99, 99};
-    SampleTokensParams<float> s{logits.data(), V, u.data(), SamplingParams{&temperature, &k, &top_p}, 1, V, &token,
-                                probs.data(), &st};
+    SampleTokensParams<float> s{.logits = logits.data(), .logits_stride_r = V, .uniforms = u.data(),
+                                .sampling = {.temperature = &temperature, .top_k = &k, .top_p = &top_p}, .rows = 1,
+                                .vocab = V, .tokens = &token, .probs = probs.data(), .status = &st};
     cpu::SampleTokens(s, 0, 1);
     CHECK_EQ(st.code, k >= 0 ? int64_t{kOk} : int64_t{kBadTopK});
     CHECK(k >= 0 ? token >= 0 && token < V : token == -1);
@@ -100,17 +110,20 @@ TEST_CASE("verify_tree_sampling / sample_tokens: top_k at the int64 ends, unifor
   for (float bad : {1.0f, -0.0f - 1e-7f, std::nanf(""), INFINITY, -INFINITY}) {
     const std::vector<float> u = {0.5f, bad};
     testutil::VerifyResult r(1, N);
-    VerifyTreeSamplingParams<float> p{logits.data(), N * V, V, nullptr, 0, 0, tokens.data(), parents.data(),
-                                      u.data(), SamplingParams{&temperature, &k, &top_p}, 1, N, V, nullptr,
-                                      r.outputs()};
+    VerifyTreeSamplingParams<float> p{.logits = logits.data(), .logits_stride_b = N * V, .logits_stride_n = V,
+                                      .draft_probs = nullptr, .draft_stride_b = 0, .draft_stride_n = 0,
+                                      .tokens = tokens.data(), .parents = parents.data(), .uniforms = u.data(),
+                                      .sampling = {.temperature = &temperature, .top_k = &k, .top_p = &top_p},
+                                      .batch = 1, .num_nodes = N, .vocab = V, .workspace = nullptr, .out = r.outputs()};
     cpu::VerifyTreeSampling(p, 0, 1);
     CHECK_EQ(r.status[0].code, int64_t{kBadUniform});
     CHECK_EQ(r.status[0].node, 1);
     std::vector<float> probs(V);
     int64_t token = 7777;
     RowStatus st{99, 99, 99};
-    SampleTokensParams<float> s{logits.data(), V, &u[1], SamplingParams{&temperature, &k, &top_p}, 1, V, &token,
-                                probs.data(), &st};
+    SampleTokensParams<float> s{.logits = logits.data(), .logits_stride_r = V, .uniforms = &u[1],
+                                .sampling = {.temperature = &temperature, .top_k = &k, .top_p = &top_p}, .rows = 1,
+                                .vocab = V, .tokens = &token, .probs = probs.data(), .status = &st};
     cpu::SampleTokens(s, 0, 1);
     CHECK_EQ(st.code, int64_t{kBadUniform});
     CHECK_EQ(st.node, -1);
@@ -126,7 +139,9 @@ TEST_CASE("sampling: +inf temperature is an error; huge logits over a small temp
   RowStatus st{99, 99, 99};
   const std::vector<float> plain = {0.0f, 1.0f, 2.0f, -INFINITY};
   const float inf = INFINITY;
-  SampleTokensParams<float> s{plain.data(), V, &u, SamplingParams{&inf, &k, &top_p}, 1, V, &token, probs.data(), &st};
+  SampleTokensParams<float> s{.logits = plain.data(), .logits_stride_r = V, .uniforms = &u,
+                              .sampling = {.temperature = &inf, .top_k = &k, .top_p = &top_p}, .rows = 1, .vocab = V,
+                              .tokens = &token, .probs = probs.data(), .status = &st};
   cpu::SampleTokens(s, 0, 1);
   CHECK_EQ(st.code, int64_t{kBadTemperature});
   // logits / 1e-3 would be +inf for 3e38: (logits - max) / T keeps the max token's weight at exp(0) = 1.
@@ -146,9 +161,13 @@ TEST_CASE("tree_attention: prefix_lens at the int64 ends fail without reading th
   const bool mask[N * N] = {true, false, true, true};
   for (int64_t prefix : V64{kMax, kMax - 1, kMin, -1, S - N + 1}) {
     RowStatus st{99, 99, 99};
-    TreeAttentionParams<float> p{q.data(), H * N * D, N * D, D, k.data(), S * D, S * D, D, v.data(), S * D, S * D,
-                                 D, &prefix, mask, nullptr, 1, H, 1, N, N, D, S, 0.125f, out.data(), nullptr, 0,
-                                 &st};
+    TreeAttentionParams<float> p{.q = q.data(), .q_stride_b = H * N * D, .q_stride_h = N * D, .q_stride_n = D,
+                                 .k = k.data(), .k_stride_b = S * D, .k_stride_h = S * D, .k_stride_s = D,
+                                 .v = v.data(), .v_stride_b = S * D, .v_stride_h = S * D, .v_stride_s = D,
+                                 .prefix_lens = &prefix, .mask_dense = mask, .mask_packed = nullptr, .batch = 1,
+                                 .num_heads = H, .num_kv_heads = 1, .num_nodes = N, .num_tree_keys = N, .head_dim = D,
+                                 .seq_len = S, .scale = 0.125f, .out = out.data(), .workspace = nullptr,
+                                 .workspace_floats = 0, .status = &st};
     cpu::TreeAttention(p, 0, 1);
     CHECK_EQ(st.code, int64_t{kBadPrefixLen});
     CHECK_EQ(st.value, prefix);
@@ -200,9 +219,11 @@ TEST_CASE("advance_tree_frontier / select_tree_nodes: indices at the int64 ends"
       std::vector<float> scores(1, 7.0f);
       bool anc_out[3], mask[2];
       RowStatus st{99, 99, 99};
-      AdvanceTreeFrontierParams p{cand_tokens.data(), cand_scores.data(), selected.data(), anc, column.data(), 1,
-                                  2, 2, 1, 3, 2, 2, tokens.data(), scores.data(), parents.data(), anc_out, mask,
-                                  &st};
+      AdvanceTreeFrontierParams p{.cand_tokens = cand_tokens.data(), .cand_scores = cand_scores.data(),
+                                  .selected = selected.data(), .ancestors = anc, .column = column.data(), .batch = 1,
+                                  .frontier = 2, .top_k = 2, .num_select = 1, .columns = 3, .self_column = 2,
+                                  .positions = 2, .tokens = tokens.data(), .scores = scores.data(),
+                                  .parents = parents.data(), .ancestors_out = anc_out, .mask = mask, .status = &st};
       cpu::AdvanceTreeFrontier(p, 0, 1);
       CHECK_EQ(st.code, which == 0 ? int64_t{kBadSelected} : int64_t{kBadColumn});
       CHECK_EQ(st.value, bad);
@@ -213,8 +234,9 @@ TEST_CASE("advance_tree_frontier / select_tree_nodes: indices at the int64 ends"
     const std::vector<float> sc = {-1.0f, -2.0f};
     V64 tree_tokens(3), tree_parents(3), scratch(4);
     RowStatus st{99, 99, 99};
-    SelectTreeNodesParams s{tok.data(), sc.data(), par.data(), roots.data(), 1, 2, 2, tree_tokens.data(),
-                            tree_parents.data(), scratch.data(), &st};
+    SelectTreeNodesParams s{.tokens = tok.data(), .scores = sc.data(), .parents = par.data(), .roots = roots.data(),
+                            .batch = 1, .candidates = 2, .num_nodes = 2, .tree_tokens = tree_tokens.data(),
+                            .tree_parents = tree_parents.data(), .scratch = scratch.data(), .status = &st};
     cpu::SelectTreeNodes(s, 0, 1);
     CHECK_EQ(st.code, int64_t{kBadCandidateParent});
     CHECK_EQ(st.value, bad);

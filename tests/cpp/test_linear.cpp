@@ -26,7 +26,7 @@ std::vector<T> pack(const std::vector<T>& w, int64_t N, int64_t K) {
   constexpr int64_t P = linear_pack_pair<T>();
   const int64_t NP = (N + 31) / 32, KP = (K + P - 1) / P;
   std::vector<T> packed(NP * KP * 32 * P, make<T>(123.0f));  // garbage: the kernel writes every element
-  PackLinearWeightParams<T> p{w.data(), N, K, packed.data()};
+  PackLinearWeightParams<T> p{.weight = w.data(), .out_features = N, .in_features = K, .packed = packed.data()};
   cpu::PackLinearWeight(p, 0, NP);
   return packed;
 }
@@ -35,7 +35,8 @@ template <typename T>
 std::vector<T> product(const std::vector<T>& x, int64_t M, const std::vector<T>& packed, const std::vector<T>& bias,
                        int64_t N, int64_t K) {
   std::vector<T> y(M * N, make<T>(-77.0f));
-  PackedLinearParams<T> p{x.data(), M, K, N, packed.data(), bias.empty() ? nullptr : bias.data(), y.data()};
+  PackedLinearParams<T> p{.x = x.data(), .rows = M, .in_features = K, .out_features = N, .packed = packed.data(),
+                          .bias = bias.empty() ? nullptr : bias.data(), .y = y.data()};
   cpu::PackedLinear(p, 0, (N + 31) / 32);
   return y;
 }

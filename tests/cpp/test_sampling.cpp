@@ -38,9 +38,11 @@ struct SampleRun {
     probs.assign(R * V, 1234.0f);
     status.assign(R, RowStatus{99, 99, 99});
     const auto data = convert<T>(logits);
-    SampleTokensParams<T> p{data.data(), stride, uniforms.data(),
-                            SamplingParams{temperature.data(), top_k.data(), top_p.data()},
-                            R, V, tokens.data(), probs.data(), status.data()};
+    SampleTokensParams<T> p{.logits = data.data(), .logits_stride_r = stride, .uniforms = uniforms.data(),
+                            .sampling = {.temperature = temperature.data(), .top_k = top_k.data(),
+                                         .top_p = top_p.data()},
+                            .rows = R, .vocab = V, .tokens = tokens.data(), .probs = probs.data(),
+                            .status = status.data()};
     cpu::SampleTokens(p, 0, R);
   }
   VF row(int64_t r) const { return VF(probs.begin() + r * V, probs.begin() + (r + 1) * V); }
@@ -176,8 +178,11 @@ struct ExpandRun {
     cand_scores.assign(B * F * K, 1234.0f);
     selected.assign(B * S, 7777);
     status.assign(B, RowStatus{99, 99, 99});
-    ExpandTreeStepParams<float> p{logits.data(), F * V, V, parent_scores.data(), B, F, V, K, S,
-                                  cand_tokens.data(), cand_scores.data(), selected.data(), status.data()};
+    ExpandTreeStepParams<float> p{.logits = logits.data(), .logits_stride_b = F * V, .logits_stride_f = V,
+                                  .parent_scores = parent_scores.data(), .batch = B, .frontier = F, .vocab = V,
+                                  .top_k = K, .num_select = S, .cand_tokens = cand_tokens.data(),
+                                  .cand_scores = cand_scores.data(), .selected = selected.data(),
+                                  .status = status.data()};
     cpu::ExpandTreeStep(p, 0, B);
   }
 };

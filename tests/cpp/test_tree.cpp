@@ -25,8 +25,10 @@ struct TreeOut {
 TreeOut run_build_tree(const V64& parents, const V64& prefix, int64_t B, int64_t N) {
   TreeOut o{B, N, V64(B * N, 7777), V64(B * N, 7777), V64(B * N, 7777), V64(B * N, 7777), V64(B * N * N, 7777),
             V64(B, 7777), std::vector<RowStatus>(B, RowStatus{99, 99, 99})};
-  BuildTreeParams p{parents.data(), prefix.data(), B, N, o.depth.data(), o.pos.data(), o.first_child.data(),
-                    o.next_sibling.data(), o.paths.data(), o.num_leaves.data(), o.status.data()};
+  BuildTreeParams p{.parents = parents.data(), .prefix_lens = prefix.data(), .batch = B, .num_nodes = N,
+                    .depth = o.depth.data(), .position_ids = o.pos.data(), .first_child = o.first_child.data(),
+                    .next_sibling = o.next_sibling.data(), .retrieve_paths = o.paths.data(),
+                    .num_leaves = o.num_leaves.data(), .status = o.status.data()};
   cpu::BuildTree(p, 0, B);
   return o;
 }
@@ -88,8 +90,10 @@ TEST_CASE("build_tree: row range and root-only tree") {
   const V64 prefix = {5, 6, 7};
   TreeOut o{3, 1, V64(3, 7777), V64(3, 7777), V64(3, 7777), V64(3, 7777), V64(3, 7777), V64(3, 7777),
             std::vector<RowStatus>(3, RowStatus{99, 99, 99})};
-  BuildTreeParams p{parents.data(), prefix.data(), 3, 1, o.depth.data(), o.pos.data(), o.first_child.data(),
-                    o.next_sibling.data(), o.paths.data(), o.num_leaves.data(), o.status.data()};
+  BuildTreeParams p{.parents = parents.data(), .prefix_lens = prefix.data(), .batch = 3, .num_nodes = 1,
+                    .depth = o.depth.data(), .position_ids = o.pos.data(), .first_child = o.first_child.data(),
+                    .next_sibling = o.next_sibling.data(), .retrieve_paths = o.paths.data(),
+                    .num_leaves = o.num_leaves.data(), .status = o.status.data()};
   cpu::BuildTree(p, 1, 2);
   CHECK_EQ(o.status[1].code, int64_t{kOk});
   CHECK_EQ(o.depth[1], 0);
@@ -156,8 +160,9 @@ MaskOut run_mask(const V64& parents, int64_t B, int64_t N, bool want_dense, bool
   MaskOut o{std::vector<uint8_t>(B * N * N, 0x55), std::vector<int32_t>(B * N * W, 0x5a5a5a5a),
             std::vector<RowStatus>(B, RowStatus{99, 99, 99})};
   static_assert(sizeof(bool) == 1, "bool must be one byte");
-  TreeMaskParams p{parents.data(), B, N, want_dense ? reinterpret_cast<bool*>(o.dense.data()) : nullptr,
-                   want_packed ? o.packed.data() : nullptr, o.status.data()};
+  TreeMaskParams p{.parents = parents.data(), .batch = B, .num_nodes = N,
+                   .dense = want_dense ? reinterpret_cast<bool*>(o.dense.data()) : nullptr,
+                   .packed = want_packed ? o.packed.data() : nullptr, .status = o.status.data()};
   cpu::TreeAncestorMask(p, 0, B);
   return o;
 }
@@ -230,8 +235,11 @@ TEST_CASE("advance_tree_frontier: tokens, parents, ancestor rows and masks by ha
   std::vector<float> scores(2);
   bool anc_out[12], mask[10];
   RowStatus st{99, 99, 99};
-  AdvanceTreeFrontierParams p{cand_tokens.data(), cand_scores.data(), selected.data(), anc, column.data(), 1, 2, 2,
-                              2, 6, 3, 5, tokens.data(), scores.data(), parents.data(), anc_out, mask, &st};
+  AdvanceTreeFrontierParams p{.cand_tokens = cand_tokens.data(), .cand_scores = cand_scores.data(),
+                              .selected = selected.data(), .ancestors = anc, .column = column.data(), .batch = 1,
+                              .frontier = 2, .top_k = 2, .num_select = 2, .columns = 6, .self_column = 3,
+                              .positions = 5, .tokens = tokens.data(), .scores = scores.data(),
+                              .parents = parents.data(), .ancestors_out = anc_out, .mask = mask, .status = &st};
   cpu::AdvanceTreeFrontier(p, 0, 1);
   CHECK_EQ(st.code, int64_t{kOk});
   CHECK_VEC(tokens, (V64{20, 10}));
@@ -260,8 +268,10 @@ TEST_CASE("select_tree_nodes: the best candidates in candidate order, ties to th
   const V64 roots = {9};
   V64 tree_tokens(4), tree_parents(4), scratch(10);
   RowStatus st{99, 99, 99};
-  SelectTreeNodesParams p{tokens.data(), scores.data(), parents.data(), roots.data(), 1, 5, 3, tree_tokens.data(),
-                          tree_parents.data(), scratch.data(), &st};
+  SelectTreeNodesParams p{.tokens = tokens.data(), .scores = scores.data(), .parents = parents.data(),
+                          .roots = roots.data(), .batch = 1, .candidates = 5, .num_nodes = 3,
+                          .tree_tokens = tree_tokens.data(), .tree_parents = tree_parents.data(),
+                          .scratch = scratch.data(), .status = &st};
   cpu::SelectTreeNodes(p, 0, 1);
   CHECK_EQ(st.code, int64_t{kOk});
   CHECK_VEC(tree_tokens, (V64{9, 50, 51, 52}));  // candidates 0, 1, 2 (1 before 2 on the tie)

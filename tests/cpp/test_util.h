@@ -65,7 +65,8 @@ struct VerifyResult {
   VerifyResult(int64_t B, int64_t N)
       : accepted(B * N, 7777), accept_len(B, 7777), next_token(B, 7777), status(B, specdec::RowStatus{99, 99, 99}) {}
   specdec::VerifyOutputs outputs() {
-    return specdec::VerifyOutputs{accepted.data(), accept_len.data(), next_token.data(), status.data()};
+    return specdec::VerifyOutputs{.accepted = accepted.data(), .accept_len = accept_len.data(),
+                                  .next_token = next_token.data(), .status = status.data()};
   }
   std::vector<int64_t> path(int64_t b, int64_t N) const {
     return std::vector<int64_t>(accepted.begin() + b * N, accepted.begin() + (b + 1) * N);

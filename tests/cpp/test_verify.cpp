@@ -73,7 +73,9 @@ template <typename T>
 VerifyResult run_greedy(const VF& logits, const V64& tokens, const V64& parents, int64_t B = kB) {
   const auto data = convert<T>(logits);
   VerifyResult r(B, kN);
-  VerifyTreeGreedyParams<T> p{data.data(), kSB, kSN, tokens.data(), parents.data(), B, kN, kV, r.outputs()};
+  VerifyTreeGreedyParams<T> p{.logits = data.data(), .logits_stride_b = kSB, .logits_stride_n = kSN,
+                              .tokens = tokens.data(), .parents = parents.data(), .batch = B, .num_nodes = kN,
+                              .vocab = kV, .out = r.outputs()};
   cpu::VerifyTreeGreedy(p, 0, B);
   return r;
 }
@@ -101,7 +103,9 @@ TEST_CASE("verify_tree_greedy: row range") {
   GreedyCase c;
   const auto data = c.logits;
   VerifyResult r(kB, kN);
-  VerifyTreeGreedyParams<float> p{data.data(), kSB, kSN, c.tokens.data(), c.parents.data(), kB, kN, kV, r.outputs()};
+  VerifyTreeGreedyParams<float> p{.logits = data.data(), .logits_stride_b = kSB, .logits_stride_n = kSN,
+                                  .tokens = c.tokens.data(), .parents = c.parents.data(), .batch = kB, .num_nodes = kN,
+                                  .vocab = kV, .out = r.outputs()};
   cpu::VerifyTreeGreedy(p, 2, 4);
   CHECK_EQ(r.accept_len[0], 7777);
   CHECK_EQ(r.accept_len[4], 7777);
@@ -155,12 +159,14 @@ struct SamplingRun {
   VerifyResult run() const {
     VerifyResult r(B, N);
     VF workspace(B * V, 1234.0f);
-    VerifyTreeSamplingParams<float> p{logits.data(),   N * V,          V,
-                                      draft.empty() ? nullptr : draft.data(), N * V, V,
-                                      tokens.data(),   parents.data(), uniforms.data(),
-                                      SamplingParams{temperature.data(), top_k.data(), top_p.data()},
-                                      B,               N,              V,
-                                      workspace.data(), r.outputs()};
+    VerifyTreeSamplingParams<float> p{.logits = logits.data(), .logits_stride_b = N * V, .logits_stride_n = V,
+                                      .draft_probs = draft.empty() ? nullptr : draft.data(), .draft_stride_b = N * V,
+                                      .draft_stride_n = V, .tokens = tokens.data(), .parents = parents.data(),
+                                      .uniforms = uniforms.data(),
+                                      .sampling = {.temperature = temperature.data(), .top_k = top_k.data(),
+                                                   .top_p = top_p.data()},
+                                      .batch = B, .num_nodes = N, .vocab = V, .workspace = workspace.data(),
+                                      .out = r.outputs()};
     cpu::VerifyTreeSampling(p, 0, B);
     return r;
   }
@@ -334,8 +340,11 @@ namespace {
 VerifyResult run_typical(const VF& logits, const V64& tokens, const V64& parents, const VF& uniforms, const VF& temp,
                          float threshold, float alpha, int64_t B, int64_t N, int64_t V, int64_t sb, int64_t sn) {
   VerifyResult r(B, N);
-  VerifyTreeTypicalParams<float> p{logits.data(), sb, sn, tokens.data(), parents.data(), uniforms.data(),
-                                   temp.data(),   threshold, alpha, B, N, V, r.outputs()};
+  VerifyTreeTypicalParams<float> p{.logits = logits.data(), .logits_stride_b = sb, .logits_stride_n = sn,
+                                   .tokens = tokens.data(), .parents = parents.data(), .uniforms = uniforms.data(),
+                                   .temperature = temp.data(), .posterior_threshold = threshold,
+                                   .posterior_alpha = alpha, .batch = B, .num_nodes = N, .vocab = V,
+                                   .out = r.outputs()};
   cpu::VerifyTreeTypical(p, 0, B);
   return r;
 }

@@ -426,14 +426,18 @@ PackedLinearParams<T> draft_layer_product(const DraftLayerParams<T>& p, DraftLay
   const int64_t rows = p.batch * p.tokens, D = p.head_dim, Q = (p.num_heads + 2 * p.num_kv_heads) * D;
   switch (which) {
     case kDraftQkv:
-      return {p.input_norm_weight != nullptr ? p.normed_input : p.x, rows, p.in_features, Q, p.qkv_packed,
-              p.qkv_bias, p.qkv};
+      return {.x = p.input_norm_weight != nullptr ? p.normed_input : p.x, .rows = rows,
+              .in_features = p.in_features, .out_features = Q, .packed = p.qkv_packed, .bias = p.qkv_bias,
+              .y = p.qkv};
     case kDraftO:
-      return {p.attn, rows, p.num_heads * D, p.hidden, p.o_packed, nullptr, p.h1};
+      return {.x = p.attn, .rows = rows, .in_features = p.num_heads * D, .out_features = p.hidden,
+              .packed = p.o_packed, .bias = nullptr, .y = p.h1};
     case kDraftGateUp:
-      return {p.normed, rows, p.hidden, 2 * p.intermediate, p.gate_up_packed, nullptr, p.gate_up};
+      return {.x = p.normed, .rows = rows, .in_features = p.hidden, .out_features = 2 * p.intermediate,
+              .packed = p.gate_up_packed, .bias = nullptr, .y = p.gate_up};
     default:
-      return {p.act, rows, p.intermediate, p.hidden, p.down_packed, nullptr, p.down};
+      return {.x = p.act, .rows = rows, .in_features = p.intermediate, .out_features = p.hidden,
+              .packed = p.down_packed, .bias = nullptr, .y = p.down};
   }
 }
 
@@ -444,11 +448,14 @@ TreeAttentionParams<T> draft_layer_attention(const DraftLayerParams<T>& p, const
                                              const int64_t* zero_prefix, float* workspace, int64_t workspace_floats,
                                              RowStatus* status) {
   const int64_t D = p.head_dim, Q = (p.num_heads + 2 * p.num_kv_heads) * D, S = p.seq_len;
-  return {p.qkv, p.tokens * Q, D, Q,
-          p.k_cache, p.num_kv_heads * S * D, S * D, D,
-          p.v_cache, p.num_kv_heads * S * D, S * D, D,
-          zero_prefix, mask, nullptr, p.batch, p.num_heads, p.num_kv_heads, p.tokens, kv_len, D, S,
-          1.0f / std::sqrt(static_cast<float>(D)), p.heads, workspace, workspace_floats, status};
+  return {.q = p.qkv, .q_stride_b = p.tokens * Q, .q_stride_h = D, .q_stride_n = Q,
+          .k = p.k_cache, .k_stride_b = p.num_kv_heads * S * D, .k_stride_h = S * D, .k_stride_s = D,
+          .v = p.v_cache, .v_stride_b = p.num_kv_heads * S * D, .v_stride_h = S * D, .v_stride_s = D,
+          .prefix_lens = zero_prefix, .mask_dense = mask, .mask_packed = nullptr,
+          .batch = p.batch, .num_heads = p.num_heads, .num_kv_heads = p.num_kv_heads, .num_nodes = p.tokens,
+          .num_tree_keys = kv_len, .head_dim = D, .seq_len = S,
+          .scale = 1.0f / std::sqrt(static_cast<float>(D)), .out = p.heads, .workspace = workspace,
+          .workspace_floats = workspace_floats, .status = status};
 }
 
 // compact_kv: for every cache c, row b and i < lengths[b]:

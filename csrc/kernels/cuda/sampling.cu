@@ -254,8 +254,19 @@ void LaunchExpandTreeStep(const ExpandTreeStepParams<T>& p, cudaStream_t stream)
   }
   expand_candidates_kernel<kBlock, T><<<static_cast<unsigned>(p.batch * p.frontier), kBlock, 0, stream>>>(p);
   check_launch("expand_tree_step (candidates)");
-  ExpandTreeStepParams<float> sel{nullptr, 0, 0, p.parent_scores, p.batch, p.frontier, p.vocab,
-                                  p.top_k, p.num_select, p.cand_tokens, p.cand_scores, p.selected, p.status};
+  ExpandTreeStepParams<float> sel{.logits = nullptr,
+                                  .logits_stride_b = 0,
+                                  .logits_stride_f = 0,
+                                  .parent_scores = p.parent_scores,
+                                  .batch = p.batch,
+                                  .frontier = p.frontier,
+                                  .vocab = p.vocab,
+                                  .top_k = p.top_k,
+                                  .num_select = p.num_select,
+                                  .cand_tokens = p.cand_tokens,
+                                  .cand_scores = p.cand_scores,
+                                  .selected = p.selected,
+                                  .status = p.status};
   expand_select_kernel<kBlock><<<static_cast<unsigned>(p.batch), kBlock, 0, stream>>>(sel);
   check_launch("expand_tree_step (select)");
 }
