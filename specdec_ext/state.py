@@ -1,6 +1,8 @@
 """The decode loop's state types, which the engine (:mod:`specdec_ext.engine`) and the drafters both use.
 
-* :class:`DraftTree`: one step's draft tree per row (``tokens[B, N]``, ``parents[B, N]``, ``draft_probs``).
+* :class:`DraftTree`: one step's draft tree per row (``tokens[B, N]``, ``parents[B, N]``, ``draft_probs``), and
+  optionally its :class:`TreeTables` (position offsets and ancestor mask), which a tree that is the same every step
+  computes once; :func:`plain_tree` is the 1-node tree of a plain decoding step.
 * :class:`SamplingParams`: per-row temperature (0 = greedy), top-k and top-p, as ``[B]`` tensors.
 * :class:`DecodeState`: every row's context, lengths, sampling and random stream; rows join (:meth:`append`) and
   leave (:meth:`keep_rows`) between steps.
@@ -11,31 +13,64 @@ The drafter protocol that reads them is :mod:`specdec_ext.drafters.base`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DecodeState", "DraftTree", "GREEDY_TEMPERATURE", "SamplingParams", "StepResult", "plain_tree"]
+from specdec_ext import ops
+
+__all__ = ["DecodeState", "DraftTree", "GREEDY_TEMPERATURE", "SamplingParams", "StepResult", "TreeTables",
+           "plain_tree"]
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this are greedy: the ops' epsilon (docs/ARCHITECTURE.md)
 
 
+@dataclass(frozen=True)
+class TreeTables:
+    """What the verification forward (:func:`~specdec_ext.models.tree_forward`) derives from a tree's parents:
+    ``depth[B, N]`` int64 (each node's position offset from the root, ``ops.build_tree``'s depth) and ``mask``, the
+    ancestor-or-self mask the attention reads (``ops.tree_ancestor_mask``: the kernel's packed int32 ``[B, N,
+    ceil(N/32)]`` or dense bool ``[B, N, N]``; the kernel and the 4-D mask route take either). Read-only: a static
+    tree hands the same tables on every step."""
+
+    depth: torch.Tensor
+    mask: torch.Tensor
+
+    @classmethod
+    def of(cls, parents: torch.Tensor, packed: bool = True, validate: bool = True) -> "TreeTables":
+        """The tables of ``parents[B, N]`` (int64); ``validate`` checks the tree (ValueError naming the row)."""
+        depth = ops.build_tree(parents, 0, validate=validate).depth
+        return cls(depth, ops.tree_ancestor_mask(parents, packed=packed, validate=False))
+
+
 @dataclass
 class DraftTree:
-    """One step's draft tree per row (see :mod:`specdec_ext.drafters.base`)."""
+    """One step's draft tree per row (see :mod:`specdec_ext.drafters.base`). ``tables``: the tree's
+    :class:`TreeTables` when its drafter has them at hand (a static tree's, made once), else None (the verification
+    forward computes them); they must be those of ``parents``."""
 
     tokens: torch.Tensor  # [B, N] int64; tokens[:, 0] is the root (last emitted token)
     parents: torch.Tensor  # [B, N] int64; parents[:, 0] == -1, parents[:, i] < i
     draft_probs: torch.Tensor | None = None  # [B, N, V] float32, row u = distribution of u's children; or None
+    tables: TreeTables | None = None
 
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
 
 
+@functools.lru_cache(maxsize=64)
+def _plain_parts(batch: int, device: torch.device) -> tuple[torch.Tensor, TreeTables]:
+    """The 1-node tree's parents and tables for ``batch`` rows (made once per batch size and device; read-only)."""
+    parents = torch.full((batch, 1), -1, dtype=torch.int64, device=device)
+    return parents, TreeTables.of(parents, validate=False)
+
+
 def plain_tree(roots: torch.Tensor) -> DraftTree:
     """The 1-node tree of each row's root ``roots[B]``: a plain decoding step."""
-    return DraftTree(roots[:, None], torch.full((roots.shape[0], 1), -1, dtype=torch.int64, device=roots.device))
+    parents, tables = _plain_parts(roots.shape[0], roots.device)
+    return DraftTree(roots[:, None], parents, None, tables)
 
 
 @dataclass

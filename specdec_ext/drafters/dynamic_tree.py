@@ -12,6 +12,10 @@ device. A level's bookkeeping (the next frontier's tokens, scores, parents, ance
 :func:`specdec_ext.ops.advance_tree_frontier`, and the final selection another,
 :func:`specdec_ext.ops.select_tree_nodes`: a tree step pays a few microseconds per small op, and these were ~25.
 
+The tree goes out without :class:`~specdec_ext.state.TreeTables` (the verification forward derives them): the
+growth's ancestor rows cover only the frontier nodes, by tree slot, and ``select_tree_nodes`` does not return which
+candidate each kept node is, so remapping them would cost the gathers that ``tree_ancestor_mask`` does in one op.
+
 Tree slots. Level d's frontier (d = 1 .. depth - 1) is fed at the drafter's cache slots ``valid[b] + (d - 1) *
 top_k + j``; the mask handed to ``level`` (``[B, top_k, kv_len]`` bool) allows the prefix (slots ``< valid[b]``)
 and the node's ancestors-or-self among the fed slots. The slots are scratch: the drafter discards them after the

@@ -54,7 +54,7 @@ from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, def
 from specdec_ext.models.eagle_step import EagleStepOps
 from specdec_ext.models.fast_linear import Linear, tensor_version
 from specdec_ext.models.kv_cache import keep_batch_rows, write_rows
-from specdec_ext.state import DecodeState, DraftTree, StepResult
+from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 
 __all__ = ["EagleDrafter"]
 
@@ -325,7 +325,7 @@ class EagleDrafter:
         root = state.last_tokens
         depth = min(self.depth, int(max_depth))
         if depth <= 0:
-            return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
+            return plain_tree(root)
         m, k = self.model, self.top_k
         if not self._ops_built:
             lm = self._lm_sub if self._lm_sub is not None else self._lm_head if m.version == 1 else m.lm_head
@@ -366,39 +366,31 @@ class EagleDrafter:
     @torch.no_grad()
     def _propose_static(self, state: DecodeState, tree: StaticTree, root, root_h, root_pos, valid) -> DraftTree:
         B, dev, m, k, N = state.batch_size, state.device, self.model, tree.top_k, tree.num_nodes
-        par_all = tree.parents_tensor(B, dev)
         if N == 1:
-            return DraftTree(root[:, None], par_all, None)
+            return plain_tree(root)
         tokens = torch.zeros(B, N, dtype=torch.int64, device=dev)
         tokens[:, 0] = root
         hid = root_h.new_zeros(B, N, root_h.shape[-1])
         hid[:, 0] = root_h
         top = torch.zeros(B, N, k, dtype=torch.int64, device=dev)  # [:, i]: node i's top-k children (target ids)
         top[:, 0] = self._target_ids(self._logits(root_h).topk(k, dim=-1).indices)
-        anc = torch.eye(N, dtype=torch.bool)
-        for i in range(1, N):
-            anc[i] |= anc[tree.parents[i]]
-        anc = anc[:, 1:].to(dev)  # ancestors-or-self among the non-root nodes (their K/V slots)
+        anc = tree.ancestors_tensor(dev)[:, 1:]  # ancestors-or-self among the non-root nodes (their K/V slots)
         kv_len = max(self.valid) + N - 1
         rel = torch.arange(kv_len, device=dev)[None, :] - valid[:, None]
         in_tree = (rel >= 0) & (rel < N - 1)
         rel_c = rel.clamp(0, N - 2)
-        for d in range(1, tree.max_depth + 1):
-            nodes = [i for i in range(N) if tree.depth[i] == d]
-            idx = torch.tensor(nodes, device=dev)
-            par = torch.tensor([tree.parents[i] for i in nodes], device=dev)
-            rk = torch.tensor([tree.rank[i] for i in nodes], device=dev)
+        for d, (idx, par, rk) in enumerate(tree.level_tensors(dev), 1):
             tokens[:, idx] = top[:, par, rk]
             if d == tree.max_depth:
                 break
             mask = anc[idx][:, rel_c].permute(1, 0, 2) & in_tree[:, None, :]
             mask = mask | (rel < 0)[:, None, :]
-            pos = (root_pos + d)[:, None].expand(B, len(nodes))
+            pos = (root_pos + d)[:, None].expand(B, idx.numel())
             h = self._draft(hid[:, par], tokens[:, idx], pos, from_target=False, mask=mask,
                             write_slots=valid[:, None] + idx - 1, kv_len=kv_len)
             hid[:, idx] = h
             top[:, idx] = self._target_ids(self._logits(h).topk(k, dim=-1).indices)
-        return DraftTree(tokens, par_all, None)
+        return DraftTree(tokens, tree.parents_tensor(B, dev), None, tree.tables(B, dev))
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
         if result.hidden_states is None:

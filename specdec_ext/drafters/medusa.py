@@ -39,7 +39,7 @@ from specdec_ext.drafters.trees import MC_SIM_7B_63, StaticTree, static_tree
 from specdec_ext.models.checkpoints import load_medusa
 from specdec_ext.models.config import text_config
 from specdec_ext.models.medusa import MedusaHeads
-from specdec_ext.state import DecodeState, DraftTree, StepResult
+from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 
 __all__ = ["MedusaDrafter"]
 
@@ -172,13 +172,13 @@ class MedusaDrafter:
         root = state.last_tokens
         tree = self._tree_for(max_depth)
         if tree.num_nodes == 1 or not self._ready:
-            return DraftTree(root[:, None], torch.full((B, 1), -1, dtype=torch.int64, device=dev), None)
+            return plain_tree(root)
         if self.dynamic:
             return self._propose_dynamic(tree, root)
         cand = self.candidates(tree.max_depth, tree.top_k).reshape(B, tree.max_depth * tree.top_k)
         drafts = cand.index_select(1, tree.gather_index_tensor(dev))
         tokens = torch.cat([root[:, None], drafts], 1)
-        return DraftTree(tokens, tree.parents_tensor(B, dev), None)
+        return DraftTree(tokens, tree.parents_tensor(B, dev), None, tree.tables(B, dev))
 
     def _path_matrix(self, tree: StaticTree, device) -> torch.Tensor:
         """``P[i - 1, (d - 1) * top_k + r] = 1`` for each ancestor-or-self (depth d, rank r) of node i: the

@@ -17,6 +17,9 @@ from typing import Iterable, Sequence
 
 import torch
 
+from specdec_ext import ops
+from specdec_ext.state import TreeTables
+
 __all__ = ["MC_SIM_7B_63", "StaticTree", "static_tree"]
 
 MC_SIM_7B_63: tuple[tuple[int, ...], ...] = tuple(tuple(c) for c in [
@@ -37,7 +40,8 @@ class StaticTree:
     (the node's rank in the top-k of head ``depth[i] - 1``; -1 for the root), ``top_k`` (largest rank + 1: how
     many candidates each head must provide), ``max_depth`` (= heads used). ``gather_index[i - 1]`` =
     ``(depth[i] - 1) * top_k + rank[i]``: where node i's token sits in the flattened ``[max_depth, top_k]``
-    candidate table.
+    candidate table. Its tensors (parents, :meth:`tables`, ...) are made once per batch size and device and are
+    read-only: the tree is the same every step.
     """
 
     choices: tuple[tuple[int, ...], ...]
@@ -60,6 +64,25 @@ class StaticTree:
         """``parents[batch, N]`` int64 on ``device`` (built once per batch size and device)."""
         return self._tensor(("parents", batch), [self.parents] * batch, device)
 
+    def tables(self, batch: int, device: torch.device | str | None = None) -> TreeTables:
+        """The tree's :class:`~specdec_ext.state.TreeTables` for ``batch`` rows on ``device`` (what the verification
+        forward would otherwise derive from the parents every step)."""
+        return self._cached(("tables", batch), device, lambda: TreeTables.of(self.parents_tensor(batch, device)))
+
+    def ancestors_tensor(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """``[N, N]`` bool: node j is node i or one of its ancestors (a drafter feeding the tree level by level)."""
+        return self._cached("ancestors", device,
+                            lambda: ops.tree_ancestor_mask(self.parents_tensor(1, device), validate=False)[0])
+
+    def level_tensors(self, device: torch.device | str | None = None) -> tuple[tuple[torch.Tensor, ...], ...]:
+        """Per depth d = 1 .. max_depth (entry d - 1): int64 ``(nodes, their parents, their ranks)``."""
+        def make():
+            levels = [[i for i in range(self.num_nodes) if self.depth[i] == d] for d in range(1, self.max_depth + 1)]
+            return tuple(tuple(torch.tensor(v, dtype=torch.int64, device=device) for v in
+                               (nodes, [self.parents[i] for i in nodes], [self.rank[i] for i in nodes]))
+                         for nodes in levels)
+        return self._cached("levels", device, make)
+
     def gather_index_tensor(self, device: torch.device | str | None = None) -> torch.Tensor:
         return self._tensor("gather", self.gather_index, device)
 
@@ -68,12 +91,14 @@ class StaticTree:
         candidate, -1 for the root's children (:func:`specdec_ext.ops.select_tree_nodes`' input)."""
         return self._tensor(("candidate_parents", batch), [[p - 1 for p in self.parents[1:]]] * batch, device)
 
-    def _tensor(self, name: str, values, device) -> torch.Tensor:
+    def _tensor(self, name, values, device) -> torch.Tensor:
+        return self._cached(name, device, lambda: torch.tensor(values, dtype=torch.int64, device=device))
+
+    def _cached(self, name, device, make):
         key = (name, str(torch.device(device) if device is not None else torch.device("cpu")))
         t = self._tensors.get(key)
         if t is None:
-            t = torch.tensor(values, dtype=torch.int64, device=device)
-            self._tensors[key] = t
+            t = self._tensors[key] = make()
         return t
 
 

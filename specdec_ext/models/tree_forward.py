@@ -3,7 +3,8 @@
 ``tree_forward(model, cache, tokens, parents, prefix_lens)`` runs the N tree nodes of each row at positions
 ``prefix_lens + depth`` (``ops.build_tree``), each node attending to the row's cached prefix and to its own ancestors
 (``ops.tree_ancestor_mask``), and returns logits ``[B, N, V]``: row i of a row's logits is what the model predicts
-after the root-to-node-i path. Two routes, same results:
+after the root-to-node-i path. A tree that carries its :class:`~specdec_ext.state.TreeTables` (a static tree's,
+made once) hands those two in; otherwise they are derived from ``parents`` here. Two routes, same results:
 
 * the kernel: the model is set to ``"specdec_tree"`` (:func:`~specdec_ext.models.attention.use_tree_attention`);
   the metadata travels as forward kwargs (and a context variable) to the attention function, which calls
@@ -28,6 +29,7 @@ from specdec_ext.models.attention import (PREFIX_LENS_KWARG, TREE_MASK_KWARG, is
                                           tree_metadata)
 from specdec_ext.models.config import row_tensor
 from specdec_ext.models.kv_cache import TreeKVCache
+from specdec_ext.state import TreeTables
 
 
 def tree_attention_mask(prefix_lens: torch.Tensor, tree_mask: torch.Tensor, kv_len: int,
@@ -75,11 +77,22 @@ def _model_dtype(model, cache: TreeKVCache) -> torch.dtype:
         return cache.dtype
 
 
+def _check_tables(tables: TreeTables, B: int, N: int, device: torch.device) -> None:
+    depth, mask, W = tables.depth, tables.mask, (N + 31) // 32
+    depth_ok = depth.dtype == torch.int64 and depth.shape in ((N,), (1, N), (B, N))
+    mask_ok = (mask.dtype, tuple(mask.shape)) in ((torch.bool, (B, N, N)), (torch.int32, (B, N, W)))
+    if not (depth_ok and mask_ok and depth.device == device and mask.device == device):
+        raise ValueError(f"tree_forward: tables must be a tree's TreeTables for B = {B}, N = {N} on {device}: depth "
+                         f"int64 [B, N] (or [N]) and mask bool [B, N, N] or int32 [B, N, {W}]; got depth "
+                         f"{depth.dtype} {tuple(depth.shape)} on {depth.device}, mask {mask.dtype} "
+                         f"{tuple(mask.shape)} on {mask.device}")
+
+
 @torch.no_grad()  # a KV cache is inference state: writing K/V that require grad into it would fail in place
 def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch.Tensor | None,
                  prefix_lens: torch.Tensor | int | None = None, *, use_kernel: bool | None = None,
                  packed: bool = True, validate: bool = True, return_outputs: bool = False,
-                 **model_kwargs) -> torch.Tensor:
+                 tables: TreeTables | None = None, **model_kwargs) -> torch.Tensor:
     """Verification forward of a draft tree per row; returns logits ``[B, N, V]``.
 
     ``tokens[B, N]`` / ``parents[B, N]`` (int64; node 0 the root, parents earlier than children; ``None``: a chain,
@@ -88,7 +101,10 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     (number or ``[B]``; default: the cache's lengths) tokens of each row already in ``cache`` before the root.
     Anything the cache holds at or beyond ``prefix_lens[b]`` is overwritten. ``use_kernel``: None = the kernel when
     the model is set to ``"specdec_tree"``, else the 4-D mask fallback. ``packed``: bit-packed tree mask for the
-    kernel. ``validate``: check the tree and that ``prefix_lens[b] + N <= max_len`` (one host sync).
+    kernel. ``tables``: the tree's :class:`~specdec_ext.state.TreeTables` on the cache's device (``TreeTables.of``,
+    which checks the tree, or a static tree's): nothing is then derived from ``parents`` and the mask goes in the
+    form the tables hold. ``validate``: check the tree (or the tables' shapes) and that ``prefix_lens[b] + N <=
+    max_len`` (one host sync).
     Extra ``model_kwargs`` go to the model's forward (e.g. ``output_hidden_states=True``); with
     ``return_outputs`` the model's whole output (logits, hidden states) is returned instead of the logits.
     """
@@ -120,19 +136,23 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
         if window is not None and int((prefix + N).max()) > window:
             raise NotImplementedError(f"tree_forward: prefix_lens + N exceeds the model's sliding window ({window}); "
                                       "sliding-window masks are not applied by tree verification")
-    if chain:
-        position_ids = prefix[:, None] + torch.arange(N, device=device)
-    else:
-        position_ids = ops.build_tree(parents, prefix, validate=validate).position_ids
     use_kernel = is_tree_attention(model) if use_kernel is None else use_kernel
     if use_kernel and not is_tree_attention(model):
         raise ValueError("tree_forward: use_kernel=True needs the model set to 'specdec_tree' "
                          "(specdec_ext.models.use_tree_attention(model))")
+    packed = packed and use_kernel  # (the 4-D mask is built from the dense one)
+    if tables is None and chain:  # (depths 0 .. N - 1 without build_tree)
+        tables = TreeTables(torch.arange(N, device=device), ops.tree_ancestor_mask(parents, packed, validate=False))
+    elif tables is None:
+        tables = TreeTables.of(parents, packed, validate=validate)
+    elif validate:
+        _check_tables(tables, B, N, device)
+    position_ids = prefix[:, None] + tables.depth
     cache.rewind(prefix, validate=validate)
     kwargs = dict(model_kwargs)
     kwargs[_cache_kwarg(model)] = cache
+    tree_mask = tables.mask
     if use_kernel:
-        tree_mask = ops.tree_ancestor_mask(parents, packed=packed, validate=False)
         placeholder = torch.ones((), dtype=torch.bool, device=device).expand(B, 1, N, cache.max_len)
         kwargs[PREFIX_LENS_KWARG] = prefix
         kwargs[TREE_MASK_KWARG] = tree_mask
@@ -140,7 +160,6 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
             out = model(input_ids=tokens, attention_mask=placeholder, position_ids=position_ids,
                         use_cache=True, **kwargs)
     else:
-        tree_mask = ops.tree_ancestor_mask(parents, packed=False, validate=False)
         mask = tree_attention_mask(prefix, tree_mask, cache.max_len, dtype=_model_dtype(model, cache))
         out = model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True, **kwargs)
     cache.rewind(prefix, validate=False)  # (the lengths the forward started from)
