@@ -4,7 +4,7 @@ through it) asks of a drafter. The state types it hands over live in :mod:`specd
 One speculative step, for every row b of the batch::
 
     tree  = drafter.propose(state, max_depth)          # DraftTree: tokens[B, N], parents[B, N], draft_probs
-    logits = tree_forward(target, cache, tree.tokens, tree.parents, state.prefix_lens)
+    logits = tree_forward(target, cache, tree.tokens, tree.parents, state.prefix_lens, tables=tree.tables)
     result = verify(logits, tree)                       # accepted path, accept_len, next_token
     drafter.observe(state, tree, result)                # after the state took the emitted tokens
 

@@ -244,7 +244,7 @@ class Engine:
         t1 = time.perf_counter()
         prefix = st.prefix_lens
         out = tree_forward(self.target, self.cache, tree.tokens, tree.parents, prefix, validate=False,
-                           **self._hidden_kwargs)
+                           tables=tree.tables, **self._hidden_kwargs)
         v = self.verify(out.logits if self.layers else out, tree, st)
         self.cache.accept(v.accepted, v.accept_len, prefix, validate=False)
         emitted, host = self._read_back(tree, v)
