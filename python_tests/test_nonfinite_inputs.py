@@ -109,3 +109,14 @@ def test_compact_kv_with_an_empty_last_dimension(device):
     ops.compact_kv(caches, src, torch.tensor([2, 3], device=device), torch.tensor([2, 1], device=device))
     with pytest.raises(ValueError, match="compact_kv"):
         ops.compact_kv(caches, src, torch.tensor([2, 3], device=device), torch.tensor([3, 1], device=device))
+
+
+def test_a_query_whose_every_visible_score_is_minus_inf_gets_zeros(device):
+    """q = +inf in a dimension where every key is negative: every score the query sees is -inf, so it has no weight
+    anywhere, the case of a query that sees nothing (zeros), in the kernels and the reference alike."""
+    q, k, v, prefix, mask = _attention_case(device)
+    k[0, :, :, 7] = -k[0, :, :, 7].abs() - 0.5
+    q[0, :, 0, 7] = math.inf
+    got, want = _both(q, k, v, prefix, mask)
+    assert bool((got[0, :, 0] == 0).all())
+    _assert_same_nan_and_close(got, want)

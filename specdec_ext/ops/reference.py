@@ -631,9 +631,10 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         v = v_cache[b, :, :T].cpu().to(compute_dtype).repeat_interleave(G, dim=0)
         allowed = torch.ones(N, T, dtype=torch.bool)
         allowed[:, prefix:] = dense[b]
-        # masked keys: exactly -inf whatever q . k is (NaN too); a query that sees no key: zeros, whatever V holds
+        # masked keys: exactly -inf whatever q . k is (NaN too); a query with no weight (no visible key, or -inf
+        # scores for all of them): zeros, whatever V holds
         scores = ((q[b].cpu().to(compute_dtype) @ k.transpose(-1, -2)) * scale).masked_fill(~allowed, -math.inf)
-        sees = allowed.any(-1, keepdim=True)
+        sees = ~(scores == -math.inf).all(-1, keepdim=True)
         p = torch.softmax(scores, dim=-1).masked_fill(~sees, 0.0)
         out[b] = (p @ v).masked_fill(~sees, 0.0).to(q.dtype)
     return out.to(q.device)
@@ -821,8 +822,9 @@ def draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv
         values = v_cache[b, :, :kv_len].float().repeat_interleave(G, 0)
         scores = q[b].transpose(0, 1) @ keys.transpose(1, 2) / math.sqrt(D)  # [nH, T, kv_len]
         scores = scores.masked_fill(~mask[b], -math.inf)
-        # a query that sees nothing gets zeros (whatever V holds); NaN anywhere else stays NaN, as in the kernels
-        sees = mask[b].any(-1)[None, :, None]
+        # a query with no weight (sees nothing, or only -inf scores) gets zeros whatever V holds; NaN anywhere else
+        # stays NaN, as in the kernels
+        sees = ~(scores == -math.inf).all(-1, keepdim=True)
         p = torch.softmax(scores, -1).masked_fill(~sees, 0.0)
         o = rnd((p @ values).masked_fill(~sees, 0.0)).transpose(0, 1).reshape(T, nH * D)
         h1 = rnd(residual[b].float() + lin(o, o_weight, H, nH * D))

@@ -267,7 +267,8 @@ SPECDEC_HD bool tree_attention_head_dim_supported(int64_t d) {
 // Query m = g * N + i of kv head k is query head h = k * G + g (G = H / Hkv) at tree node i. Node i of row b attends
 // to cache positions [0, prefix_lens[b]) and to prefix_lens[b] + j for every tree key j < Nk with mask(b, i, j)
 // (the tree's K/V are already in the cache at prefix_lens[b] + j). out = softmax(scale * q . k) v over those
-// positions, accumulated in float32; a query that attends to nothing gets zeros. Masked keys get a score of exactly
+// positions, accumulated in float32; a query that attends to nothing (no visible key, or a score of -inf for each)
+// gets zeros. Masked keys get a score of exactly
 // -inf (weight 0) whatever their K holds; NaN in a visible score, or in any V row the sum runs over, gives NaN (as
 // the product P V does in plain PyTorch). A row with prefix_lens[b] < 0 or
 // prefix_lens[b] + Nk > S gets kBadPrefixLen and zero outputs. The tree_attention op has one key per node (Nk = N:
