@@ -284,3 +284,21 @@ def test_forwards_work_with_grad_enabled():
     result = ops.verify_tree_greedy(logits, tokens, parents)
     cache.accept(result.accepted, result.accept_len, prefix)
     assert int(cache.lengths[0]) == 7 + int(result.accept_len[0]) + 1
+
+
+def test_add_rows_takes_a_shorter_prefill_cache():
+    """A joining prefill's cache need only hold its prompts: add_rows copies its max_len slots into the first slots
+    of the new rows, with their lengths, and keeps the rows already there as they were; a longer cache is refused."""
+    cfg = make_model("llama").config
+    cache = TreeKVCache(cfg, 1, 20, capacity=4)
+    cache.storage.normal_()
+    before = cache.storage.clone()
+    src = TreeKVCache(cfg, 2, 6)
+    src.storage.normal_()
+    src.rewind(torch.tensor([6, 4]))
+    cache.add_rows(src)
+    assert cache.batch_size == 3 and cache.lengths.tolist()[1:] == [6, 4]
+    assert torch.equal(cache.storage[:, :, :1], before)
+    assert torch.equal(cache.storage[:, :, 1:, :, :6], src.storage)
+    with pytest.raises(ValueError, match="max_len <= 20"):
+        cache.add_rows(TreeKVCache(cfg, 1, 21))

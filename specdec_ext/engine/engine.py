@@ -22,8 +22,8 @@ Every emitted token comes out of a verification: a prompt's last token is not pr
 plain decoding is the same loop with 1-node trees.
 
 Joining. Requests wait in a FIFO queue (:class:`~specdec_ext.engine.scheduler.Scheduler`) and join when rows are
-free. The joining rows' prefill runs alone, as a batch of its own, into a cache of their own, whose rows are then
-appended to the running cache (:meth:`~specdec_ext.models.TreeKVCache.add_rows`); the drafter gains the rows
+free. The joining rows' prefill runs alone, as a batch of its own, into a cache of their own (sized to the
+prompts), whose rows are then appended to the running cache (:meth:`~specdec_ext.models.TreeKVCache.add_rows`); the drafter gains the rows
 (``Drafter.add_rows``, or ``begin`` when the batch was empty) and the rows take part in the same step. A prefill
 beside the decoding rows (chunked into the step's forward) would need a forward whose rows carry different numbers
 of tokens; here a prompt's prefill is one forward of its own, which costs what it costs alone.
@@ -305,8 +305,9 @@ class Engine:
             return
         t0 = time.perf_counter()
         rows = self._rows_of(joining)
-        cache = TreeKVCache(self.target.config, len(joining), self.max_len, dtype=self.dtype, device=self.device)
         T = max(rows.prompt_lens) - 1  # everything but each prompt's last token (its first root)
+        # a cache that holds the prompts only: the join copies T slots a row, not max_len
+        cache = TreeKVCache(self.target.config, len(joining), max(T, 1), dtype=self.dtype, device=self.device)
         hidden = None
         if T > 0:
             out = tree_forward(self.target, cache, rows.tokens[:, :T], None, 0, validate=False,

@@ -266,16 +266,19 @@ class TreeKVCache(Cache):
         self._write_index.lengths_set(None)
 
     def add_rows(self, src: "TreeKVCache") -> None:
-        """``src``'s rows (a cache of the same model and ``max_len``: joining rows' prefill) join as the last rows,
-        with their lengths. They are copied into the allocated rows after the batch; past the capacity the storage
-        is reallocated (twice as many rows, so that joins cost amortised O(1) reallocations)."""
+        """``src``'s rows (a cache of the same model: joining rows' prefill) join as the last rows, with their
+        lengths. Its ``max_len`` may be shorter (a prefill's cache need only hold the prompts): its slots are copied
+        into the first slots of the allocated rows after the batch, and the rest of those rows is left as it is
+        (slots past a row's length are never read before they are written). Past the capacity the storage is
+        reallocated (twice as many rows, so that joins cost amortised O(1) reallocations)."""
         if not isinstance(src, TreeKVCache) or src.storage.shape[:2] != self.storage.shape[:2] or (
-                src.storage.shape[3:] != self.storage.shape[3:]):
-            raise ValueError(f"TreeKVCache.add_rows: src must be a TreeKVCache of the same model and max_len "
-                             f"(storage [L, 2, B, Hkv, S, D] = {list(self.storage.shape[:2])} + [B] + "
-                             f"{list(self.storage.shape[3:])}), got "
+                src.storage.shape[3] != self.storage.shape[3] or src.storage.shape[5] != self.storage.shape[5]
+                or src.max_len > self.max_len):
+            raise ValueError(f"TreeKVCache.add_rows: src must be a TreeKVCache of the same model with max_len <= "
+                             f"{self.max_len} (storage [L, 2, B, Hkv, S, D] = {list(self.storage.shape[:2])} + [B, "
+                             f"{self.storage.shape[3]}, S, {self.storage.shape[5]}]), got "
                              f"{tuple(src.storage.shape) if isinstance(src, TreeKVCache) else type(src).__name__}")
-        B, n = self.batch_size, src.batch_size
+        B, n, S = self.batch_size, src.batch_size, src.max_len
         if B + n > self.capacity:
             grown = torch.zeros(*self._all_storage.shape[:2], max(B + n, 2 * self.capacity),
                                 *self._all_storage.shape[3:], dtype=self.dtype, device=self.device)
@@ -283,7 +286,7 @@ class TreeKVCache(Cache):
             lengths = torch.zeros(self._all_lengths.shape[0], grown.shape[2], dtype=torch.int64, device=self.device)
             lengths.narrow(1, 0, B).copy_(self._lengths)
             self._all_storage, self._all_lengths = grown, lengths
-        self._all_storage.narrow(2, B, n).copy_(src.storage)
+        self._all_storage.narrow(2, B, n).narrow(4, 0, S).copy_(src.storage)
         self._all_lengths.narrow(1, B, n).copy_(src._lengths)
         self._view_rows(B + n)
 
