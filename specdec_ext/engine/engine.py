@@ -23,8 +23,9 @@ plain decoding is the same loop with 1-node trees.
 
 Joining. Requests wait in a FIFO queue (:class:`~specdec_ext.engine.scheduler.Scheduler`) and join when rows are
 free. The joining rows' prefill runs alone, as a batch of its own, into a cache of their own (sized to the
-prompts), whose rows are then appended to the running cache (:meth:`~specdec_ext.models.TreeKVCache.add_rows`); the drafter gains the rows
-(``Drafter.add_rows``, or ``begin`` when the batch was empty) and the rows take part in the same step. A prefill
+prompts), whose rows are then appended to the running cache (:meth:`~specdec_ext.models.TreeKVCache.add_rows`);
+the drafter gains the rows (``Drafter.add_rows``, or ``begin`` when the batch was empty) and the rows take part in
+the same step. A prefill
 beside the decoding rows (chunked into the step's forward) would need a forward whose rows carry different numbers
 of tokens; here a prompt's prefill is one forward of its own, which costs what it costs alone.
 
