@@ -11,14 +11,10 @@
   Thresholds as in test_generate_sampling: each test rejects at p < 1e-3 (8 per drafter: at most 0.8% false alarms
   per drafter over independent seeds); seeds are fixed, so the outcome is deterministic.
 * A seeded request gives the same tokens alone and beside other requests (greedy, sampled, seeded or not, other
-  settings and budgets, joining at other steps, so it changes rows): plain decoding, and EAGLE with raw scores
-  (``calibrate=False``) while the batch's tree depth is the request's own. The engine documents two ways in which a
-  drafter's tree for one row depends on the other rows (the engine's module doc, "Budget": the depth cap is that of
-  the row with the most budget left; ``drafters.base.pad_chains``: shorter chains are padded to the longest chain
-  of the batch), and EAGLE's calibrated scores are shared by the rows (eagle.py's module doc). Under sampling a
-  different tree verifies the same row with the same uniforms differently (lossless in distribution, yet other
-  tokens), so a seeded request's tokens then depend on its batch: the two ``xfail(strict=True)`` tests below show
-  it for the depth cap and the n-gram padding (issue 18 asks for "the same tokens whatever else shares its batch").
+  settings and budgets, joining at other steps, so it changes rows): plain decoding, the draft model (sampled
+  chains), EAGLE-2 trees (raw scores, ``calibrate=False``: calibrated scores learn from every row the drafter
+  served, by design) and n-gram chains padded to a neighbour's longer chain (engine/verify.py, "Padding"); near
+  its end beside rows with more budget left (engine/engine.py, "Budget").
 """
 
 from __future__ import annotations
@@ -33,7 +29,9 @@ import test_generate_sampling as sampling_t  # noqa: E402
 
 from specdec_ext import Engine, RequestSettings  # noqa: E402
 from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, NgramDrafter  # noqa: E402
+from specdec_ext.engine.verify import Verifier  # noqa: E402
 from specdec_ext.models.eagle import Eagle1Model, EagleConfig  # noqa: E402
+from specdec_ext.state import DecodeState, DraftTree, SamplingParams  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -287,38 +285,62 @@ def test_seeded_request_is_independent_of_its_batch_plain():
 
 
 def test_seeded_request_is_independent_of_its_batch_eagle():
-    """EAGLE (raw scores: its trees are each row's own), one tested request at a time (it joins at step 0 .. 3)
-    beside neighbours of at most 6 tokens that join at steps 0 .. 3: they end by step 9, when the tested request (40
-    tokens, at most 3 a step) still has 10 or more left, so the batch's depth cap is the tested request's own all
-    along (the engine's module doc, "Budget"). (Two tested requests of equal budgets arriving at different steps
-    would cap each other's depth: see the xfail test below.)"""
+    """EAGLE, each tested request (40 tokens) alone beside neighbours of at most 6 tokens, then all of them
+    together, arriving at steps 0 .. 3 (equal budgets, so each ends beside rows with more budget left)."""
     want = alone("eagle", 40)
     assert all(len(t) == 40 for t in want.values())
     for key in range(len(SEEDED)):
         assert in_a_batch("eagle", 40, short_neighbours(6), [key]) == {key: want[key]}, key
+    assert in_a_batch("eagle", 40, short_neighbours(6), range(len(SEEDED))) == want
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug (issue 18: 'a seeded request gives the same tokens whatever else shares its batch'): Engine._step "
-    "asks the drafter for trees max(r.remaining) - 1 deep over the whole batch, so near its end a seeded request "
-    "beside a row with more budget left is verified on a deeper tree than alone; with the same uniforms the "
-    "deeper tree accepts or rejects other nodes and its last tokens differ"))
-def test_seeded_request_beside_a_longer_request_eagle():
-    """The tested requests (8 tokens) beside greedy requests of 40 tokens that arrive with them."""
-    long = {0: [(f"g{i}", [4, 4, 4, 4][: i + 1], RequestSettings(max_new_tokens=40)) for i in range(2)]}
-    want = alone("eagle", 8)
-    assert {key: in_a_batch("eagle", 8, long, [key])[key] for key in want} == want
+@pytest.mark.parametrize("kind", ["eagle", "draft"])
+def test_seeded_request_beside_a_longer_request(kind):
+    """The tested requests (8 tokens) beside greedy and sampled requests of 40 tokens that arrive with them: the
+    tested requests end while their neighbours still draft deep trees."""
+    long = {0: [("g0", [4, 4, 4, 4], RequestSettings(max_new_tokens=40)),
+                ("s0", [5, 3, 5], RequestSettings(max_new_tokens=40, temperature=1.0, seed=7))]}
+    want = alone(kind, 8)
+    assert all(len(t) == 8 for t in want.values())
+    assert in_a_batch(kind, 8, long, range(len(SEEDED))) == want
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/drafter bug (issue 18: 'a seeded request gives the same tokens whatever else shares its batch'): "
-    "drafters.base.pad_chains pads every row's n-gram chain to the batch's longest chain by repeating its last "
-    "token, and the padding nodes are verified like drafts; a seeded request whose chain is shorter than a "
-    "neighbour's gets nodes it would not have alone, which under sampling change its accepted tokens"))
 def test_seeded_request_beside_repetitive_prompts_ngram():
-    """Neighbours with repetitive prompts (long n-gram matches) of 8 tokens, joining at step 0: they end by step 8,
-    when each tested request (40 tokens, at most 4 a step) still has 8 or more left, so the depth cap is the tested
-    requests' own, and only the padding differs."""
+    """Neighbours with repetitive prompts (long n-gram matches, so the batch's chains are padded to theirs) of 8
+    tokens, joining at step 0."""
     rep = {0: [(f"r{i}", [3, 5, 6] * (4 + i), RequestSettings(max_new_tokens=8)) for i in range(2)]}
     want = alone("ngram", 40)
-    assert {key: in_a_batch("ngram", 40, rep, [key])[key] for key in want} == want
+    got = {}
+    for key in want:
+        got[key] = in_a_batch("ngram", 40, rep, [key])[key]
+    assert got == want
+
+
+def test_depth_limit_is_the_rows_own_tree():
+    """The verification's cut of padded rows (engine/verify.py) against the trees they stand for, over many seeds:
+    in a batch of two 4-node chains padded past depths 1 and 2 (``row_depth``), each row is verified as its own 2-
+    or 3-node chain alone, with the same uniforms (equal seeds)."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, V) * 2
+    drafts = logits.argmax(-1)  # likely drafts, so that whole chains are often accepted
+    tokens = torch.stack([torch.tensor([1, drafts[0, 0], drafts[0, 0], drafts[0, 0]]),
+                          torch.cat([torch.tensor([3]), drafts[1, :3]])])
+    chain = torch.arange(-1, 3).expand(2, 4).contiguous()
+    verifier = Verifier("exact", 4)
+
+    def state(seeds):
+        n = len(seeds)
+        return DecodeState.of_prompts([[1]] * n, 8, V, sampling=SamplingParams.rows([1.0] * n, [0] * n, [1.0] * n,
+                                                                                     "cpu"),
+                                      generators=[torch.Generator().manual_seed(x) for x in seeds])
+
+    reached = [0, 0]
+    for seed in range(0, 600, 2):
+        both = verifier(logits, DraftTree(tokens, chain, row_depth=[1, 2]), state([seed, seed + 1]))
+        for b, n in ((0, 2), (1, 3)):
+            own = verifier(logits[b:b + 1, :n], DraftTree(tokens[b:b + 1, :n], chain[b:b + 1, :n]),
+                           state([seed + b]))
+            assert both.accept_len[b] == own.accept_len[0] and both.next_token[b] == own.next_token[0], (seed, b)
+            assert both.accepted[b, :n].tolist() == own.accepted[0].tolist() and (both.accepted[b, n:] == -1).all()
+            reached[b] += int(own.accept_len[0] == n - 1)
+    assert min(reached) > 50, reached  # (the cut was exercised: each row's whole own chain was often accepted)

@@ -13,8 +13,10 @@ The tree's node 0 is the **root**: the last emitted token of the row, not yet in
 ``draft_probs[B, N, V]`` (float32) is indexed by the parent: row u is the distribution u's children were sampled
 from (needed for lossless sampling of *sampled* drafts); ``None`` means deterministic drafts (n-gram, top-k
 children, greedy chains), which greedy and lossless verification both accept as they are. A drafter that has
-nothing to propose for a row pads: a 1-node tree is a plain decoding step, and extra nodes of any content are safe
-(verification is lossless whatever the drafts are), merely wasted work.
+nothing to propose for a row pads: a 1-node tree is a plain decoding step. Rows of one batch share ``N``: a row
+whose own tree is smaller pads it with nodes deeper than its own and says so in ``DraftTree.row_depth``, so that
+verification ignores them (drafts of any content would be lossless too, but a seeded row's tokens would then
+depend on its neighbours). A row's tree depends on the row and on ``max_depth``, never on the other rows.
 
 Hidden states (for Medusa / EAGLE): a drafter lists the indices it needs into the target's ``output_hidden_states``
 tuple in ``hidden_state_layers`` (HF convention: 0 = embeddings, i = after decoder layer i, -1 = the last, which for
@@ -184,7 +186,7 @@ def check_vocab(name: str, drafter_vocab: int, target_vocab: int) -> None:
 
 def pad_chains(chains: list[list[int]], roots: list[int], device: torch.device) -> DraftTree:
     """A batch of chains (row b: root then ``chains[b]``) as one tree; shorter rows are padded by repeating their
-    last token (safe, see the module doc)."""
+    last token, and ``row_depth`` marks the padding so that verification ignores it."""
     n = 1 + max((len(c) for c in chains), default=0)
     rows = []
     for root, chain in zip(roots, chains):
@@ -192,5 +194,5 @@ def pad_chains(chains: list[list[int]], roots: list[int], device: torch.device) 
         rows.append(row + [row[-1]] * (n - len(row)))
     tokens = to_device(rows, device)
     parents = torch.arange(-1, n - 1, dtype=torch.int64, device=device).expand(len(rows), n).contiguous()
-    return DraftTree(tokens, parents, None)
+    return DraftTree(tokens, parents, None, row_depth=[len(c) for c in chains])
 

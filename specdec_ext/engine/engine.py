@@ -6,7 +6,7 @@
     rid = engine.add_request(prompt_ids, max_new_tokens=64, temperature=0.7, seed=1, stop=["\\n\\n"])
     while engine.has_unfinished():
         for request_id, new_tokens, finish_reason in engine.step():
-            ...
+            text = engine.take_text(request_id)  # its new text (stop strings cut; undecided ends held back)
 
 One step (:meth:`Engine.step`)::
 
@@ -33,7 +33,9 @@ Leaving. Finished and aborted rows leave after the step in which they ended (abo
 work): the target cache, the state and the drafter keep the live rows (``keep_rows`` / ``Drafter.retire``), so they
 cost nothing in later steps.
 
-Budget. The drafter is asked for trees at most ``remaining - 1`` deep for the row with the most budget left.
+Budget. A greedy row needs no draft past its budget (``remaining - 1`` deep); a sampled row gets the drafter's full
+depth whatever its budget, since its tree — and so its random stream — must not depend on its neighbours' budgets,
+or a seeded request's tokens would depend on its batch. Tokens past a row's budget are dropped.
 
 Synchronisation. Inside a step every op runs with ``validate=False``; the host reads one small tensor per step
 (accepted lengths and emitted tokens). Times in :attr:`Engine.stats` are host wall times per phase.
@@ -100,11 +102,12 @@ class Engine:
 
     ``max_batch``: rows decoded together (more requests queue). ``max_len``: cache positions per row (a request
     needs its prompt + ``max_new_tokens`` + the drafter's tree size; default: the target's
-    ``max_position_embeddings``). ``tokenizer``: needed by requests with stop strings. ``eos_token_id``: ids that
-    end every request (default: the target's ``generation_config``; ``[]``: none). ``acceptance`` /
-    ``posterior_threshold`` / ``posterior_alpha``: :mod:`~specdec_ext.engine.verify`. ``tree_attention``: switch the
-    target to the ``specdec_tree`` attention implementation. ``packed_linears``: the target's linear layers multiply
-    with packed weights where that is faster (CPU).
+    ``max_position_embeddings``). ``tokenizer``: detokenizes every request's output (:meth:`take_text`); needed by
+    requests with stop strings. ``eos_token_id``: ids that end every request (default: the target's
+    ``generation_config``; ``[]``: none). ``acceptance`` / ``posterior_threshold`` / ``posterior_alpha``:
+    :mod:`~specdec_ext.engine.verify`. ``tree_attention``: switch the target to the ``specdec_tree`` attention
+    implementation. ``packed_linears``: the target's linear layers multiply with packed weights where that is
+    faster (CPU).
 
     The engine holds ``drafter`` until :meth:`close` (or the end of a ``with`` block): one engine per drafter.
     ``caller``: the name the drafter's errors start with (a wrapper such as ``generate`` passes its own).
@@ -135,6 +138,9 @@ class Engine:
                              f"token and the drafter's tree of {self.max_nodes} nodes), got {max_len!r}")
         if not isinstance(packed_linears, bool):
             raise ValueError(f"Engine: packed_linears must be True or False, got {packed_linears!r}")
+        if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
+            raise ValueError(f"Engine: tokenizer must have a decode() method (a Hugging Face tokenizer), got "
+                             f"{type(tokenizer).__name__}")
         self.eos = self._eos_ids(eos_token_id, target)
         self.verify = Verifier(acceptance, self.max_nodes, posterior_threshold, posterior_alpha)
         check_window("Engine", target.config, max_len - 1)
@@ -158,7 +164,9 @@ class Engine:
         self.state: DecodeState | None = None
         self.requests: dict[int, Request] = {}  # unfinished requests (running or queued) by id
         self._next_id = 0
-        self._events: list[Event] = []  # aborts of queued requests, reported by the next step
+        self._events: list[Event] = []  # aborts, reported by the next step
+        self._aborted: list[Request] = []  # their requests (take_text answers for them after that step)
+        self._ended: dict[int, Request] = {}  # requests that ended in the last step (see take_text)
         self.stats = DecodeStats(batch_size=0, accept_hist=[0] * self.max_nodes)
         self._t_start = t_start
 
@@ -188,7 +196,7 @@ class Engine:
         rid = self._next_id
         self._next_id += 1
         stop_ids = frozenset(s.stop_token_ids) | (frozenset() if s.ignore_eos else frozenset(self.eos))
-        text = TextStops(self.tokenizer, s.stop, prompt) if s.stop else None
+        text = TextStops(self.tokenizer, s.stop, prompt) if self.tokenizer is not None else None
         request = Request(rid, prompt, s, stop_ids, s.make_generator(self.device), text)
         self.requests[rid] = request
         self.scheduler.add(request)
@@ -207,16 +215,31 @@ class Engine:
         request.finish_reason = "abort"
         self.scheduler.drop_waiting(request)  # (a running one leaves at the next retirement)
         self._events.append((request_id, [], "abort"))
+        self._aborted.append(request)
 
     def has_unfinished(self) -> bool:
         """Whether some request is running or queued, or an abort waits to be reported by the next :meth:`step`
         (so that a ``while engine.has_unfinished(): engine.step()`` loop sees every abort)."""
         return bool(self.requests) or bool(self._events)
 
+    def take_text(self, request_id: int) -> str:
+        """The text that ``request_id``'s output added since the last call (needs the engine's tokenizer): decoded
+        incrementally, cut before a stop string, and holding back an end that could still begin one until a later
+        token rules it out or the request ends (the OpenAI API's rule). For an unfinished request, and for one that
+        ended in the step just returned (its last piece), until the next :meth:`step`."""
+        request = self.requests.get(request_id) or self._ended.get(request_id)
+        if request is None:
+            raise ValueError(f"take_text: request_id {request_id!r} is neither unfinished nor ended in the last step")
+        if request.text is None:
+            raise ValueError("take_text: the engine has no tokenizer (Engine(..., tokenizer=...))")
+        return request.text.take(final=request.finished)
+
     def step(self) -> list[Event]:
         """Admits queued requests into free rows, runs one speculative step over the batch, and returns
         ``[(request id, new token ids, finish reason or None)]`` for every request that emitted or ended."""
         events, self._events = self._events, []
+        self._ended = {r.id: r for r in self._aborted}
+        self._aborted = []
         with packed_linears(self.packed), torch.no_grad():
             self._leave()
             self._join()
@@ -240,8 +263,7 @@ class Engine:
     def _step(self) -> list[Event]:
         st, stats, drafter, rows = self.state, self.stats, self.drafter, self.scheduler.running
         t0 = time.perf_counter()
-        budget = max(r.remaining for r in rows)
-        tree = drafter.propose(st, budget - 1) if drafter is not None else plain_tree(st.last_tokens)
+        tree = drafter.propose(st, self._draft_depth(rows)) if drafter is not None else plain_tree(st.last_tokens)
         t1 = time.perf_counter()
         prefix = st.prefix_lens
         out = tree_forward(self.target, self.cache, tree.tokens, tree.parents, prefix, validate=False,
@@ -258,7 +280,7 @@ class Engine:
             appended.append(len(new))
             events.append((r.id, new, r.finish_reason))
             if r.finished:
-                self.requests.pop(r.id, None)
+                self._ended[r.id] = self.requests.pop(r.id)
             stats.accept_hist[host[b][0]] += 1
         self._advance(emitted, appended)
         t3 = time.perf_counter()
@@ -275,6 +297,13 @@ class Engine:
         stats.verify_s += t2 - t1
         stats.bookkeeping_s += t3 - t2
         return events
+
+    def _draft_depth(self, rows: list[Request]) -> int:
+        """How deep the step's trees may go: a greedy row needs no draft past its budget; a sampled row gets the
+        drafter's full depth whatever its budget, since its tree (and so its random stream) must not depend on the
+        rows beside it (see "Budget" in the module doc)."""
+        full = self.drafter.max_depth
+        return max(min(r.remaining - 1, full) if r.settings.greedy else full for r in rows)
 
     def _read_back(self, tree, v) -> tuple[torch.Tensor, list[list[int]]]:
         """Each row's accepted path tokens after the root then the next token (``[B, N]``, the first
