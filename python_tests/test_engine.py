@@ -160,12 +160,43 @@ def test_stop_string_across_token_boundaries(kind):
         n += 1
     with Engine(m, greedy_t.make_drafter(kind, m), max_batch=2, max_len=64, eos_token_id=[], tokenizer=tok) as e:
         rid = e.add_request(prompt, max_new_tokens=NEW, stop=[stop, "w999"])
-        request = e.requests[rid]
-        stream = TokenStream(e, rid)
-        out = [t for new in stream for t in new]
-    assert stream.finish_reason == "stop"
-    assert out == ref[:n]
-    assert request.text.take(final=True) == " " + text[:cut]  # (the prompt's last word before it: a space)
+        other = e.add_request(prompt, max_new_tokens=NEW)  # the same tokens, no stop string
+        out, pieces, reasons = {}, {}, {}
+        while e.has_unfinished():
+            for r, new, reason in e.step():
+                out.setdefault(r, []).extend(new)
+                pieces.setdefault(r, []).append(e.take_text(r))
+                reasons[r] = reason
+        with pytest.raises(ValueError, match="take_text: request_id 0 is neither unfinished"):
+            e.take_text(rid)  # (ended two steps ago)
+    assert reasons == {rid: "stop", other: "length"}
+    assert out[rid] == ref[:n] and out[other] == ref
+    assert "".join(pieces[rid]) == " " + text[:cut]  # (the prompt's last word before it: a space)
+    assert "".join(pieces[other]) == " " + text
+    # text handed out is never taken back: every step's text so far is a prefix of the final text
+    assert all((" " + text[:cut]).startswith("".join(pieces[rid][:i])) for i in range(len(pieces[rid])))
+    assert sum(1 for p in pieces[rid] if p) > 1  # (the text came over several steps)
+
+
+def test_take_text_needs_a_tokenizer_and_reports_an_abort():
+    m = greedy_t.target("llama")
+    with pytest.raises(ValueError, match="Engine: tokenizer must have a decode"):
+        Engine(m, max_len=64, tokenizer=object())
+    with Engine(m, max_batch=2, max_len=64, eos_token_id=[]) as e:
+        rid = e.add_request(greedy_t.prompt_of(6, 1), max_new_tokens=4)
+        e.step()
+        with pytest.raises(ValueError, match="the engine has no tokenizer"):
+            e.take_text(rid)
+    tok = word_tokenizer()
+    with Engine(m, max_batch=2, max_len=64, eos_token_id=[], tokenizer=tok) as e:
+        rid = e.add_request(greedy_t.prompt_of(6, 1), max_new_tokens=8)
+        (_, first, _), = e.step()
+        seen = e.take_text(rid)
+        e.abort(rid)
+        assert e.step() == [(rid, [], "abort")]
+        assert seen == " " + tok.decode(first) and e.take_text(rid) == ""  # (nothing was held back)
+        with pytest.raises(ValueError, match="take_text: request_id 7"):
+            e.take_text(7)
 
 
 def test_bad_input_names_the_argument():

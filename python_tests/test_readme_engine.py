@@ -5,7 +5,8 @@ tokenizer, with smaller budgets.
   batch; after two steps the third is aborted and a fourth joins in its row. The greedy requests equal Hugging
   Face's greedy decoding of their prompts alone (cut at the target's EOS, which the engine adds); the aborted one
   reports ``"abort"`` once, after the tokens of its two steps; the stop-string request (with these seeds) ends at
-  the token that completes the string, and its text stops right before it.
+  the token that completes the string, and its text (``take_text`` after each event) stops right before it; the
+  others' texts are their tokens' text.
 * ``TokenStream`` over one request: its tokens are Hugging Face's greedy ones.
 """
 
@@ -49,12 +50,12 @@ def test_the_readme_engine_example():
     a = engine.add_request(prompt_a, max_new_tokens=12)
     b = engine.add_request(prompt_b, max_new_tokens=16, temperature=0.7, top_p=0.9, seed=1, stop=[STOP])
     c = engine.add_request(prompt_c, RequestSettings(max_new_tokens=256, temperature=1.0, top_k=50))
-    request_b = engine.requests[b]  # (finished requests leave engine.requests)
-    outputs, reasons, steps = {}, {}, 0
+    outputs, texts, reasons, steps = {}, {}, {}, 0
     while engine.has_unfinished():
         for request_id, new_tokens, finish_reason in engine.step():
             assert request_id not in reasons, "an event after the request finished"
             outputs.setdefault(request_id, []).extend(new_tokens)
+            texts[request_id] = texts.get(request_id, "") + engine.take_text(request_id)
             if finish_reason is not None:
                 reasons[request_id] = finish_reason
         steps += 1
@@ -71,8 +72,10 @@ def test_the_readme_engine_example():
     text = tokenizer.decode(outputs[b])
     assert reasons[b] == "stop" and outputs[b][-1] not in eos_ids(target), (reasons[b], text)  # (these seeds)
     assert STOP in text and STOP not in tokenizer.decode(outputs[b][:-1])  # the last token completed it
-    kept = request_b.text.take(final=True)
+    kept = texts[b]
     assert STOP not in kept and kept == (" " + text)[: len(kept)] and len(kept) == (" " + text).index(STOP)
+    for rid in (a, d):  # no stop strings: the whole text (each first token after a space, as after the prompt)
+        assert texts[rid] == " " + tokenizer.decode(outputs[rid]), rid
 
     with Engine(target, drafter, max_batch=1, max_len=1024) as engine:
         stream = TokenStream(engine, engine.add_request(prompt_a, max_new_tokens=10))
