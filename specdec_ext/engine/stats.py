@@ -21,6 +21,8 @@ class DecodeStats:
     retirements: int = 0  # steps after which finished rows were dropped from the batch
     joins: int = 0  # steps before which requests joined the batch
     accept_hist: list[int] = field(default_factory=list)  # [d] = row-steps that accepted d draft tokens
+    drafts: int = 0  # row-steps whose tree held a draft (vLLM's spec_decode_num_drafts)
+    draft_tokens: int = 0  # draft nodes proposed over all row-steps, padding excluded (num_draft_tokens)
     prefill_s: float = 0.0
     draft_s: float = 0.0  # drafter.propose + drafter.observe + drafter.retire
     verify_s: float = 0.0  # target forward + verification + cache compaction + the read-back
@@ -31,6 +33,16 @@ class DecodeStats:
     def mean_accepted_length(self) -> float:
         """Tokens emitted per row-step (= tokens per target forward at B = 1): 1 + mean accepted drafts."""
         return self.new_tokens / self.row_steps if self.row_steps else 0.0
+
+    @property
+    def accepted_tokens(self) -> int:
+        """Draft tokens accepted over all row-steps (vLLM's ``spec_decode_num_accepted_tokens``)."""
+        return sum(d * n for d, n in enumerate(self.accept_hist))
+
+    @property
+    def accepted_by_position(self) -> list[int]:
+        """``[i]``: row-steps that accepted the draft at depth i + 1 (and so every one before it)."""
+        return [sum(self.accept_hist[d:]) for d in range(1, len(self.accept_hist))]
 
     @property
     def acceptance_by_depth(self) -> list[float]:
