@@ -20,7 +20,6 @@ Randomness. Sampled rows draw from one generator, in row order: the user's ``gen
 
 from __future__ import annotations
 
-import numbers
 import os
 import time
 
@@ -28,6 +27,7 @@ import torch
 
 from specdec_ext.drafters.base import check_drafter
 from specdec_ext.engine import DecodeStats, Engine, RequestSettings, TokenStream
+from specdec_ext.engine.limits import check_positions, check_target, check_token_ids, eos_token_ids, is_int
 from specdec_ext.models.causal_lm import load_causal_lm
 from specdec_ext.models.config import check_window, text_config
 
@@ -55,10 +55,6 @@ def load_model(path_or_model, dtype: torch.dtype | str | None = None, device: to
     return model.eval()
 
 
-def _is_token(t) -> bool:
-    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
-
-
 def _check_ids_tensor(t: torch.Tensor, what: str) -> None:
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise ValueError(f"generate: {what} must hold integer token ids (e.g. torch.int64), got a tensor of dtype "
@@ -75,7 +71,7 @@ def _prompts(input_ids) -> tuple[list[list[int]], str]:
             return input_ids.tolist(), "2d"
         raise ValueError(f"generate: input_ids must be [P] or [B, P], got shape {tuple(input_ids.shape)}")
     if isinstance(input_ids, (list, tuple)):
-        if input_ids and all(_is_token(t) for t in input_ids):
+        if input_ids and all(is_int(t) for t in input_ids):
             return [[int(t) for t in input_ids]], "1d"
         rows = []
         for b, row in enumerate(input_ids):
@@ -85,7 +81,7 @@ def _prompts(input_ids) -> tuple[list[list[int]], str]:
                     raise ValueError(f"generate: input_ids[{b}] must be a 1-D tensor of token ids, got shape "
                                      f"{tuple(row.shape)}")
                 rows.append(row.tolist())
-            elif isinstance(row, (list, tuple)) and all(_is_token(t) for t in row):
+            elif isinstance(row, (list, tuple)) and all(is_int(t) for t in row):
                 rows.append([int(t) for t in row])
             else:
                 raise ValueError(f"generate: input_ids[{b}] must be a list of integer token ids or a 1-D integer "
@@ -96,7 +92,7 @@ def _prompts(input_ids) -> tuple[list[list[int]], str]:
 
 def _describe(value) -> str:
     if isinstance(value, (list, tuple)):
-        odd = next((t for t in value if not _is_token(t)), None)
+        odd = next((t for t in value if not is_int(t)), None)
         return f"a {type(value).__name__} holding {odd!r} ({type(odd).__name__})"
     return f"{type(value).__name__} {value!r}"[:120]
 
@@ -115,22 +111,6 @@ def _budgets(max_new_tokens, B: int) -> list[int]:
             raise ValueError(f"generate: max_new_tokens must be an integer >= 1 (or a list of them, one per prompt), "
                              f"got {max_new_tokens!r}")
     return values
-
-
-def _eos_list(eos_token_id, target) -> list[int]:
-    if eos_token_id is None:
-        gc = getattr(target, "generation_config", None)
-        eos_token_id = getattr(gc, "eos_token_id", None)
-    if eos_token_id is None:
-        return []
-    if isinstance(eos_token_id, torch.Tensor):
-        _check_ids_tensor(eos_token_id, "eos_token_id")
-        return [int(x) for x in eos_token_id.flatten().tolist()]
-    if _is_token(eos_token_id):
-        return [int(eos_token_id)]
-    if isinstance(eos_token_id, (list, tuple)) and all(_is_token(x) for x in eos_token_id):
-        return [int(x) for x in eos_token_id]
-    raise ValueError(f"generate: eos_token_id must be a token id, a list of them or None, got {eos_token_id!r}")
 
 
 @torch.no_grad()
@@ -169,34 +149,21 @@ def generate(target: torch.nn.Module = None, drafter=None, input_ids=None, *, ma
     """
     t_start = time.perf_counter()
     # ---- validate everything once --------------------------------------------------------------------------------
-    if not isinstance(target, torch.nn.Module) or getattr(target, "config", None) is None:
-        raise ValueError(f"generate: target must be a Hugging Face causal LM (a torch.nn.Module with a config), "
-                         f"got {type(target).__name__}")
+    # (the engine checks the rest — acceptance, packed_linears, its cache against a sliding window — by this name)
+    check_target("generate", target)
     if drafter is not None:
-        check_drafter("generate", drafter)
-    if not isinstance(packed_linears, bool):
-        raise ValueError(f"generate: packed_linears must be True or False, got {packed_linears!r}")
+        check_drafter("generate", drafter)  # (its max_nodes sizes the cache below)
     if input_ids is None:
         raise ValueError("generate: input_ids is required")
-    if acceptance not in ("exact", "typical"):
-        raise ValueError(f"generate: acceptance must be 'exact' or 'typical', got {acceptance!r}")
-    if acceptance == "typical" and not (0 <= posterior_threshold <= 1 and 0 <= posterior_alpha <= 1):
-        raise ValueError(f"generate: posterior_threshold and posterior_alpha must be in [0, 1], got "
-                         f"{posterior_threshold}, {posterior_alpha}")
     prompts, form = _prompts(input_ids)
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate: empty prompt (every prompt needs at least one token)")
     cfg = text_config(target.config)
-    V = cfg.vocab_size
-    bad = [(b, t) for b, p in enumerate(prompts) for t in p if not 0 <= t < V]
-    if bad:
-        raise ValueError(f"generate: prompt {bad[0][0]} holds token {bad[0][1]}, outside the target's vocabulary "
-                         f"[0, {V})")
+    for b, p in enumerate(prompts):
+        check_token_ids("generate", f"prompt {b}", p, cfg.vocab_size)
     budgets = _budgets(max_new_tokens, len(prompts))
     settings = RequestSettings.of(temperature=temperature, top_k=top_k, top_p=top_p)  # (named errors)
-    eos = _eos_list(eos_token_id, target)
-    if any(not 0 <= e < V for e in eos):
-        raise ValueError(f"generate: eos_token_id {eos} outside the target's vocabulary [0, {V})")
+    eos = eos_token_ids("generate", eos_token_id, target)
     B = len(prompts)
     if streamer is not None and B != 1:
         raise ValueError("generate: a streamer needs batch size 1")
@@ -205,20 +172,17 @@ def generate(target: torch.nn.Module = None, drafter=None, input_ids=None, *, ma
                          f"{type(streamer).__name__}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generate: generator must be a torch.Generator, got {type(generator).__name__}")
-    if seed is not None and not _is_token(seed):
+    if seed is not None and not is_int(seed):
         raise ValueError(f"generate: seed must be an integer, got {seed!r}")
     for arg, value in (("pad_token_id", pad_token_id), ("max_cache_len", max_cache_len)):
-        if value is not None and not _is_token(value):
+        if value is not None and not is_int(value):
             raise ValueError(f"generate: {arg} must be an integer, got {value!r}")
     max_nodes = drafter.max_nodes if drafter is not None else 1
     P = max(len(p) for p in prompts)
     needed = max(len(p) + n for p, n in zip(prompts, budgets))
-    limit = getattr(cfg, "max_position_embeddings", None)
     demand = (f"the longest prompt ({P} tokens) plus max_new_tokens ({max_new_tokens})"
               if isinstance(max_new_tokens, int) else "a prompt plus its max_new_tokens")
-    if limit is not None and needed > limit:
-        raise ValueError(f"generate: {demand} needs {needed} positions, which exceeds the target's "
-                         f"max_position_embeddings = {limit}")
+    check_positions("generate", demand, needed, getattr(cfg, "max_position_embeddings", None))
     max_len = needed + max_nodes
     if max_cache_len is not None:
         if max_cache_len < max_len:

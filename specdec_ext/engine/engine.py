@@ -45,12 +45,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import numbers
 import time
 
 import torch
 
 from specdec_ext.drafters.base import check_drafter, serving, to_device
+from specdec_ext.engine.limits import check_positions, check_target, check_token_ids, eos_token_ids, is_int
 from specdec_ext.engine.request import Request
 from specdec_ext.engine.scheduler import Scheduler
 from specdec_ext.engine.settings import RequestSettings
@@ -66,10 +66,6 @@ from specdec_ext.state import DecodeState, SamplingParams, StepResult, plain_tre
 __all__ = ["Engine"]
 
 Event = tuple[int, list[int], "str | None"]
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _accepts(model, name: str) -> bool:
@@ -89,7 +85,7 @@ def prompt_list(prompt_ids, where: str = "add_request") -> list[int]:
             raise ValueError(f"{where}: prompt_ids must be a 1-D tensor (one prompt), got shape "
                              f"{tuple(prompt_ids.shape)}")
         prompt_ids = prompt_ids.tolist()
-    if not isinstance(prompt_ids, (list, tuple)) or not all(_is_int(t) for t in prompt_ids):
+    if not isinstance(prompt_ids, (list, tuple)) or not all(is_int(t) for t in prompt_ids):
         raise ValueError(f"{where}: prompt_ids must be a list of integer token ids or a 1-D integer tensor, got "
                          f"{type(prompt_ids).__name__}")
     if not prompt_ids:
@@ -110,7 +106,8 @@ class Engine:
     faster (CPU).
 
     The engine holds ``drafter`` until :meth:`close` (or the end of a ``with`` block): one engine per drafter.
-    ``caller``: the name the drafter's errors start with (a wrapper such as ``generate`` passes its own).
+    ``caller``: the name the errors of the engine's creation start with (a wrapper such as ``generate`` passes its
+    own).
     """
 
     def __init__(self, target: torch.nn.Module, drafter=None, *, max_batch: int = 8, max_len: int | None = None,
@@ -118,32 +115,30 @@ class Engine:
                  posterior_alpha: float = 0.3, tree_attention: bool = True, packed_linears: bool = True,
                  caller: str = "Engine"):
         t_start = time.perf_counter()
-        if not isinstance(target, torch.nn.Module) or getattr(target, "config", None) is None:
-            raise ValueError(f"Engine: target must be a Hugging Face causal LM (a torch.nn.Module with a config), "
-                             f"got {type(target).__name__}")
+        check_target(caller, target)
         if drafter is not None:
             check_drafter(caller, drafter)
-        if not _is_int(max_batch) or max_batch < 1:
-            raise ValueError(f"Engine: max_batch must be an integer >= 1, got {max_batch!r}")
+        if not is_int(max_batch) or max_batch < 1:
+            raise ValueError(f"{caller}: max_batch must be an integer >= 1, got {max_batch!r}")
         cfg = text_config(target.config)
         self.vocab_size = V = cfg.vocab_size
         self.max_nodes = drafter.max_nodes if drafter is not None else 1
         self.position_limit = getattr(cfg, "max_position_embeddings", None)
         if max_len is None:
             if self.position_limit is None:
-                raise ValueError("Engine: max_len is required (the target's config has no max_position_embeddings)")
+                raise ValueError(f"{caller}: max_len is required (the target's config has no max_position_embeddings)")
             max_len = self.position_limit + self.max_nodes
-        if not _is_int(max_len) or max_len < self.max_nodes + 1:
-            raise ValueError(f"Engine: max_len must be an integer >= {self.max_nodes + 1} (one prompt token, one new "
+        if not is_int(max_len) or max_len < self.max_nodes + 1:
+            raise ValueError(f"{caller}: max_len must be an integer >= {self.max_nodes + 1} (one prompt token, one new "
                              f"token and the drafter's tree of {self.max_nodes} nodes), got {max_len!r}")
         if not isinstance(packed_linears, bool):
-            raise ValueError(f"Engine: packed_linears must be True or False, got {packed_linears!r}")
+            raise ValueError(f"{caller}: packed_linears must be True or False, got {packed_linears!r}")
         if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
-            raise ValueError(f"Engine: tokenizer must have a decode() method (a Hugging Face tokenizer), got "
+            raise ValueError(f"{caller}: tokenizer must have a decode() method (a Hugging Face tokenizer), got "
                              f"{type(tokenizer).__name__}")
-        self.eos = self._eos_ids(eos_token_id, target)
-        self.verify = Verifier(acceptance, self.max_nodes, posterior_threshold, posterior_alpha)
-        check_window("Engine", target.config, max_len - 1)
+        self.eos = eos_token_ids(caller, eos_token_id, target)
+        self.verify = Verifier(acceptance, self.max_nodes, posterior_threshold, posterior_alpha, where=caller)
+        check_window(caller, target.config, max_len - 1)
         self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
         self.max_batch, self.max_len = int(max_batch), int(max_len)
         param = next(p for p in target.parameters() if p.is_floating_point())
@@ -175,18 +170,11 @@ class Engine:
         """Queues a request (``settings``, or the :class:`RequestSettings` fields as keywords); returns its id."""
         s = RequestSettings.of(settings, **kwargs)
         prompt = prompt_list(prompt_ids)
-        bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"add_request: prompt_ids holds token {bad}, outside the target's vocabulary "
-                             f"[0, {self.vocab_size})")
-        if any(t >= self.vocab_size for t in s.stop_token_ids):
-            raise ValueError(f"add_request: stop_token_ids {list(s.stop_token_ids)} outside the target's vocabulary "
-                             f"[0, {self.vocab_size})")
+        check_token_ids("add_request", "prompt_ids", prompt, self.vocab_size)
+        check_token_ids("add_request", "stop_token_ids", s.stop_token_ids, self.vocab_size)
         needed = len(prompt) + s.max_new_tokens
-        if self.position_limit is not None and needed > self.position_limit:
-            raise ValueError(f"add_request: prompt_ids ({len(prompt)} tokens) plus max_new_tokens "
-                             f"({s.max_new_tokens}) needs {needed} positions, more than the target's "
-                             f"max_position_embeddings = {self.position_limit}")
+        check_positions("add_request", f"prompt_ids ({len(prompt)} tokens) plus max_new_tokens ({s.max_new_tokens})",
+                        needed, self.position_limit)
         if needed + self.max_nodes > self.max_len:
             raise ValueError(f"add_request: prompt_ids ({len(prompt)} tokens) plus max_new_tokens "
                              f"({s.max_new_tokens}) plus the drafter's tree ({self.max_nodes}) needs "
@@ -206,7 +194,7 @@ class Engine:
         """Ends a request: a queued one leaves the queue, a running one leaves the batch before the next step's
         work. Either way the next :meth:`step` reports ``(request_id, [], "abort")``. A finished request: nothing to
         do. An id this engine never gave out is a ValueError."""
-        if not _is_int(request_id) or not 0 <= request_id < self._next_id:
+        if not is_int(request_id) or not 0 <= request_id < self._next_id:
             raise ValueError(f"abort: unknown request_id {request_id!r} (this engine gave out ids 0 .. "
                              f"{self._next_id - 1})")
         request = self.requests.pop(request_id, None)
@@ -389,19 +377,3 @@ class Engine:
         self.stats.draft_s += time.perf_counter() - t1
         self.stats.retirements += 1
         self.stats.bookkeeping_s += time.perf_counter() - t0
-
-    @staticmethod
-    def _eos_ids(eos_token_id, target) -> list[int]:
-        if eos_token_id is None:
-            eos_token_id = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-        if eos_token_id is None:
-            return []
-        if isinstance(eos_token_id, torch.Tensor):
-            eos_token_id = eos_token_id.flatten().tolist()
-        ids = [eos_token_id] if _is_int(eos_token_id) else eos_token_id
-        if not isinstance(ids, (list, tuple)) or not all(_is_int(i) for i in ids):
-            raise ValueError(f"Engine: eos_token_id must be a token id, a list of them or None, got {eos_token_id!r}")
-        V = text_config(target.config).vocab_size
-        if any(not 0 <= i < V for i in ids):
-            raise ValueError(f"Engine: eos_token_id {list(ids)} outside the target's vocabulary [0, {V})")
-        return [int(i) for i in ids]

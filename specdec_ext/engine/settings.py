@@ -14,13 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec_ext.engine.limits import is_int
 from specdec_ext.state import GREEDY_TEMPERATURE  # (the ops' greedy epsilon)
 
 __all__ = ["GREEDY_TEMPERATURE", "RequestSettings"]
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_number(value) -> bool:
@@ -72,27 +69,27 @@ class RequestSettings:
     def validated(self) -> "RequestSettings":
         """These settings with ``stop_token_ids`` / ``stop`` as tuples, after checking every field."""
         n = self.max_new_tokens
-        if not _is_int(n) or n < 1:
+        if not is_int(n) or n < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {n!r}")
         t = self.temperature
         if not _is_number(t) or not (math.isfinite(t) and t >= 0):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        if not _is_int(self.top_k) or self.top_k < 0:
+        if not is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = no top-k filter), got {self.top_k!r}")
         p = self.top_p
         if not _is_number(p) or not (0 < p <= 1):
             raise ValueError(f"top_p must be in (0, 1] (1 = no top-p filter), got {p!r}")
-        if self.seed is not None and not _is_int(self.seed):
+        if self.seed is not None and not is_int(self.seed):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
         if self.generator is not None and not isinstance(self.generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(self.generator).__name__}")
         if self.seed is not None and self.generator is not None:
             raise ValueError("seed and generator: give one of them (a seed makes the request's own generator)")
         ids = self.stop_token_ids
-        ids = (ids,) if _is_int(ids) else ids
+        ids = (ids,) if is_int(ids) else ids
         if isinstance(ids, torch.Tensor):
             ids = ids.flatten().tolist()
-        if not isinstance(ids, (list, tuple, set, frozenset)) or not all(_is_int(i) and i >= 0 for i in ids):
+        if not isinstance(ids, (list, tuple, set, frozenset)) or not all(is_int(i) and i >= 0 for i in ids):
             raise ValueError(f"stop_token_ids must be token ids >= 0 (an integer or a list of them), got {ids!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):

@@ -32,15 +32,16 @@ ACCEPTANCE = ("exact", "typical")
 
 
 class Verifier:
-    """Verifies a step's trees under ``acceptance`` (see the module doc); ``max_nodes``: uniforms per row and step."""
+    """Verifies a step's trees under ``acceptance`` (see the module doc); ``max_nodes``: uniforms per row and step;
+    ``where``: the name its errors start with."""
 
     def __init__(self, acceptance: str, max_nodes: int, posterior_threshold: float = 0.09,
-                 posterior_alpha: float = 0.3):
+                 posterior_alpha: float = 0.3, where: str = "Verifier"):
         if acceptance not in ACCEPTANCE:
-            raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
+            raise ValueError(f"{where}: acceptance must be 'exact' or 'typical', got {acceptance!r}")
         for name, value in (("posterior_threshold", posterior_threshold), ("posterior_alpha", posterior_alpha)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+                raise ValueError(f"{where}: {name} must be a number in [0, 1], got {value!r}")
         self.acceptance = acceptance
         self.max_nodes = max_nodes
         self.threshold, self.alpha = float(posterior_threshold), float(posterior_alpha)
