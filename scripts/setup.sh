@@ -20,7 +20,9 @@ fi
 
 # Build and test tools; pip runs only when one is missing or off its pin (its own no-op check costs seconds).
 # hypothesis pinned: the fuzz suite's fixed-seed examples depend on its version (the same CI examples everywhere)
-deps=("setuptools>=77" wheel ninja numpy pytest hypothesis==6.155.2 scipy matplotlib transformers==5.24.0)
+# the server (specdec serve) and its tests: fastapi, uvicorn, prometheus-client; openai and httpx drive it
+deps=("setuptools>=77" wheel ninja numpy pytest hypothesis==6.155.2 scipy matplotlib transformers==5.24.0
+      fastapi==0.163.2 uvicorn==0.54.0 prometheus-client==0.26.0 openai==3.51.0 httpx==0.28.1)
 if ! cmake --version 2>/dev/null | awk '/version/ { split($3, v, "."); ok = v[1] > 3 || (v[1] == 3 && v[2] >= 18) } END { exit !ok }'; then
   deps+=("cmake>=3.18")  # the kernels are built by CMake (setup.py); a system cmake >= 3.18 does as well
 fi

@@ -9,6 +9,9 @@ with accepted draft tokens marked, then plain decoding vs every drafter measured
 generates from a local Hugging Face model (plain decoding without a drafter), streams the output and ends with a
 summary line (tokens/s, mean accepted length, target forwards, time split).
 
+``specdec serve --model DIR [drafter flags] | --zoo``: an OpenAI-compatible HTTP server on the engine
+(:mod:`specdec_ext.serve`).
+
 ``specdec train-medusa | train-eagle | train-draft`` (:mod:`specdec_ext.train.cli`), ``specdec zoo build``
 (:mod:`specdec_ext.zoo.cli`), ``specdec bench`` (:mod:`specdec_ext.bench.cli`).
 
@@ -26,6 +29,7 @@ import sys
 import torch
 
 from specdec_ext.devices import check_device
+from specdec_ext.drafter_args import add_drafter_arguments, check_one_drafter, drafter_from_args
 from specdec_ext.threads import add_threads_argument, apply_threads
 
 try:
@@ -93,16 +97,14 @@ def _load_tokenizer(path: str, required: bool):
 
 
 def generate_cmd(args: argparse.Namespace) -> int:
-    from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter
     from specdec_ext.generate import generate, load_model
-    from specdec_ext.models.checkpoints import resolve_eagle_dtype
+    from specdec_ext.serve.prompts import chat_ids, text_ids
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise ValueError("pass exactly one of --prompt and --prompt-ids")
     if args.chat and args.prompt is None:
         raise ValueError("--chat wraps --prompt text in the chat template; drop it with --prompt-ids")
-    if sum(map(bool, (args.ngram, args.draft_model, args.medusa, args.eagle))) > 1:
-        raise ValueError("choose one drafter (--ngram, --draft-model, --medusa or --eagle)")
+    check_one_drafter(args)
     ids = None
     if args.prompt_ids is not None:
         try:
@@ -116,30 +118,12 @@ def generate_cmd(args: argparse.Namespace) -> int:
             if not getattr(tokenizer, "chat_template", None):
                 raise ValueError(f"--chat: the tokenizer in {args.model!r} has no chat template; drop --chat to "
                                  "use the prompt as it is")
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
-                                                tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            ids = chat_ids(tokenizer, [{"role": "user", "content": args.prompt}], "--chat")
         else:
-            ids = tokenizer(args.prompt)["input_ids"]
+            ids = text_ids(tokenizer, args.prompt)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     target = load_model(args.model, dtype=dtype, device=args.device)
-    drafter = None
-    if args.draft_model:
-        drafter = DraftModelDrafter(load_model(args.draft_model, dtype=dtype, device=args.device),
-                                    num_draft_tokens=args.num_draft_tokens, tree_width=args.tree_width,
-                                    total_tokens=args.tree_total_tokens,
-                                    confidence_threshold=args.confidence_threshold,
-                                    packed_linears=not args.no_packed_linears)
-    elif args.ngram:
-        drafter = NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
-    elif args.medusa:
-        drafter = MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device,
-                                                max_nodes=args.medusa_nodes, dynamic=args.medusa_dynamic)
-    elif args.eagle:
-        tdtype = next(p.dtype for p in target.parameters() if p.is_floating_point())
-        drafter = EagleDrafter.from_pretrained(args.eagle, target=target, depth=args.eagle_depth,
-                                               top_k=args.eagle_top_k, total_tokens=args.eagle_total_tokens,
-                                               dtype=resolve_eagle_dtype(args.eagle_dtype, tdtype, args.device))
+    drafter = drafter_from_args(args, target)
     decoder = None if args.print_ids else tokenizer  # output as text, or as ids
     streamer = None
     if not args.no_stream:
@@ -173,30 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     add_ops_tour_command(sub)
     p_gen = sub.add_parser("generate", help="generate from a local Hugging Face model, with an optional drafter")
     p_gen.add_argument("--model", required=True, help="directory of the target model (save_pretrained layout)")
-    p_gen.add_argument("--draft-model", help="directory of a smaller draft model with the same tokenizer")
-    p_gen.add_argument("--ngram", action="store_true", help="n-gram (prompt lookup) drafter")
-    p_gen.add_argument("--medusa", help="directory of Medusa-1 heads (config.json + medusa_lm_head.pt/.safetensors)")
-    p_gen.add_argument("--eagle", help="directory of an EAGLE-1 or EAGLE-3 draft (config.json + weights)")
-    p_gen.add_argument("--eagle-depth", type=int, default=8, help="--eagle: tree depth (EAGLE's depth + 1)")
-    p_gen.add_argument("--eagle-top-k", type=int, default=10, help="--eagle: children per frontier node")
-    p_gen.add_argument("--eagle-total-tokens", type=int, default=60, help="--eagle: draft tokens per tree")
-    p_gen.add_argument("--medusa-nodes", type=int, default=None,
-                       help="--medusa: tree nodes, root included (default: all 63 choices of mc_sim_7b_63; 16 with "
-                            "--medusa-dynamic)")
-    p_gen.add_argument("--medusa-dynamic", action="store_true",
-                       help="--medusa: each step keeps the --medusa-nodes choices of highest calibrated head "
-                            "probability (a per-step tree) instead of a fixed tree")
+    add_drafter_arguments(p_gen)
     p_gen.add_argument("--typical", action="store_true",
                        help="Medusa typical acceptance when sampling (LOSSY: faster, not the exact distribution)")
-    p_gen.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length")
-    p_gen.add_argument("--tree-width", type=int, default=1,
-                       help="--draft-model: top-k tree with this many branches at the root (1 = chain)")
-    p_gen.add_argument("--tree-total-tokens", type=int, default=None,
-                       help="--draft-model with --tree-width > 1: an EAGLE-2 dynamic tree of this many drafts (depth "
-                            "--num-draft-tokens, --tree-width children per frontier node)")
-    p_gen.add_argument("--confidence-threshold", type=float, default=0.0,
-                       help="--draft-model chains: stop drafting after a draft below this probability (0 = off)")
-    p_gen.add_argument("--max-ngram", type=int, default=3, help="longest n-gram matched by --ngram")
     p_gen.add_argument("--prompt", help="prompt text (needs a tokenizer in --model)")
     p_gen.add_argument("--chat", action="store_true", help="wrap --prompt in the tokenizer's chat template")
     p_gen.add_argument("--prompt-ids", help="prompt as token ids, e.g. '1 2 3'")
@@ -208,9 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--seed", type=int, default=0)
     p_gen.add_argument("--device", default="cpu")
     p_gen.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None)
-    p_gen.add_argument("--eagle-dtype", choices=["auto", "float32", "float16", "bfloat16"], default=None,
-                       help="dtype of the EAGLE draft (default: the target's; auto: bfloat16 for a float32 target "
-                            "where bfloat16 products are fast, e.g. CPUs with AVX512-BF16)")
     p_gen.add_argument("--no-stream", action="store_true", help="print the output at the end instead of streaming")
     p_gen.add_argument("--print-ids", action="store_true",
                        help="print the output as token ids, not text (the default where --model has no tokenizer)")
@@ -228,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_ext.zoo.cli import add_zoo_command
 
     add_zoo_command(sub)
+    from specdec_ext.serve.cli import add_serve_command
+
+    add_serve_command(sub)
     args = parser.parse_args(argv)
     command = args.command_name
     # The one place errors become lines: commands raise, they never print-and-exit (SystemExit passes through).

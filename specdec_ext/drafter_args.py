@@ -1,0 +1,72 @@
+"""The drafter flags of the command line (``--draft-model DIR | --ngram | --medusa DIR | --eagle DIR`` and their
+shapes), shared by ``specdec generate`` and ``specdec serve``: :func:`add_drafter_arguments` declares them,
+:func:`drafter_from_args` builds the drafter they choose (None: plain decoding).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+__all__ = ["add_drafter_arguments", "drafter_from_args"]
+
+
+def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-model", help="directory of a smaller draft model with the same tokenizer")
+    p.add_argument("--ngram", action="store_true", help="n-gram (prompt lookup) drafter")
+    p.add_argument("--medusa", help="directory of Medusa-1 heads (config.json + medusa_lm_head.pt/.safetensors)")
+    p.add_argument("--eagle", help="directory of an EAGLE-1 or EAGLE-3 draft (config.json + weights)")
+    p.add_argument("--eagle-depth", type=int, default=8, help="--eagle: tree depth (EAGLE's depth + 1)")
+    p.add_argument("--eagle-top-k", type=int, default=10, help="--eagle: children per frontier node")
+    p.add_argument("--eagle-total-tokens", type=int, default=60, help="--eagle: draft tokens per tree")
+    p.add_argument("--eagle-dtype", choices=["auto", "float32", "float16", "bfloat16"], default=None,
+                   help="dtype of the EAGLE draft (default: the target's; auto: bfloat16 for a float32 target "
+                        "where bfloat16 products are fast, e.g. CPUs with AVX512-BF16)")
+    p.add_argument("--medusa-nodes", type=int, default=None,
+                   help="--medusa: tree nodes, root included (default: all 63 choices of mc_sim_7b_63; 16 with "
+                        "--medusa-dynamic)")
+    p.add_argument("--medusa-dynamic", action="store_true",
+                   help="--medusa: each step keeps the --medusa-nodes choices of highest calibrated head "
+                        "probability (a per-step tree) instead of a fixed tree")
+    p.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length")
+    p.add_argument("--tree-width", type=int, default=1,
+                   help="--draft-model: top-k tree with this many branches at the root (1 = chain)")
+    p.add_argument("--tree-total-tokens", type=int, default=None,
+                   help="--draft-model with --tree-width > 1: an EAGLE-2 dynamic tree of this many drafts (depth "
+                        "--num-draft-tokens, --tree-width children per frontier node)")
+    p.add_argument("--confidence-threshold", type=float, default=0.0,
+                   help="--draft-model chains: stop drafting after a draft below this probability (0 = off)")
+    p.add_argument("--max-ngram", type=int, default=3, help="longest n-gram matched by --ngram")
+
+
+def check_one_drafter(args: argparse.Namespace) -> None:
+    if sum(map(bool, (args.ngram, args.draft_model, args.medusa, args.eagle))) > 1:
+        raise ValueError("choose one drafter (--ngram, --draft-model, --medusa or --eagle)")
+
+
+def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
+    """The drafter the flags choose for ``target`` (None: no drafter flag). Reads ``args.device``, ``args.dtype``
+    and ``args.no_packed_linears`` besides the drafter flags."""
+    from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter
+    from specdec_ext.generate import load_model
+    from specdec_ext.models.checkpoints import resolve_eagle_dtype
+
+    check_one_drafter(args)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    if args.draft_model:
+        return DraftModelDrafter(load_model(args.draft_model, dtype=dtype, device=args.device),
+                                 num_draft_tokens=args.num_draft_tokens, tree_width=args.tree_width,
+                                 total_tokens=args.tree_total_tokens, confidence_threshold=args.confidence_threshold,
+                                 packed_linears=not args.no_packed_linears)
+    if args.ngram:
+        return NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
+    if args.medusa:
+        return MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device,
+                                             max_nodes=args.medusa_nodes, dynamic=args.medusa_dynamic)
+    if args.eagle:
+        tdtype = next(p.dtype for p in target.parameters() if p.is_floating_point())
+        return EagleDrafter.from_pretrained(args.eagle, target=target, depth=args.eagle_depth,
+                                            top_k=args.eagle_top_k, total_tokens=args.eagle_total_tokens,
+                                            dtype=resolve_eagle_dtype(args.eagle_dtype, tdtype, args.device))
+    return None
