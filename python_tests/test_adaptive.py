@@ -567,6 +567,34 @@ def test_a_deferred_prefill_is_a_lag_of_the_prompt_and_its_catch_up_is_measured_
     assert set(ad.history) == {0} and inner.lag == lag_before + 40, ad.history
 
 
+def test_rows_joining_a_speculating_batch_are_prefilled_at_once():
+    """Rows that join while the batch decodes plainly are deferred (the prefill may never be needed); rows that join
+    while it speculates are prefilled at once: deferred, they would be caught up on at the next step in one forward
+    padded to their lag over every row."""
+    asked = []
+
+    class Recording(FakeDeferred):
+        def add_rows(self, target, rows, prefill_hidden_states=None, *, defer_prefill=False):
+            asked.append(defer_prefill)
+
+    clock = FakeClock()
+    ad = AdaptiveDrafter(Recording(clock, 1e-3, D=4, draft_time=lambda d: 1e-3 * d), explore_every=8, clock=clock)
+    ad.begin(None, fake_state(1), defer_prefill=False)  # (the wrapper defers whatever its caller asks)
+    assert ad._lag == 0 and ad.inner.lag == 0  # (a 1-token prompt: nothing to defer)
+    joining = fake_state(1)
+    joining.prompt_lens, joining.host_tokens = [9], [[0] * 9]
+    ad.add_rows(None, joining)  # no step yet: the batch is not speculating
+    assert asked == [True] and ad._lag == 8
+    fake_run(ad, clock, 12, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: d)  # 1 row: drafting pays
+    assert ad.history[-1] > 0 and ad._lag == 0
+    ad.add_rows(None, joining)
+    assert asked == [True, False] and ad._lag == 0
+    ad.mode = "off"
+    fake_run(ad, clock, 2, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: d, start=12)
+    ad.add_rows(None, joining)
+    assert asked == [True, False, True] and ad._lag >= 8
+
+
 def test_optimism_keeps_one_row_from_settling_on_a_depth_after_one_unlucky_step():
     """At one row each step is one sample: a single failure at depth 3 pulls its estimate to 0.35, below what depth
     3 needs to pay (~0.68), and without optimism only rare explorations could lift it (the drafter settles at depth

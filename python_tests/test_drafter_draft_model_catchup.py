@@ -1,7 +1,7 @@
 """The draft-model drafter's catch-up after deferred prefills, with rows that joined at different times.
 
-An :class:`~specdec_ext.adaptive.AdaptiveDrafter` asks its inner drafter to defer the prefill of joining rows and
-skips the draft's forwards on plain steps; the first speculative step then catches every row up on what its draft
+An :class:`~specdec_ext.adaptive.AdaptiveDrafter` asks its inner drafter to defer the prefill of rows that join
+a batch decoding plainly and skips the draft's forwards on plain steps; the first speculative step then catches every row up on what its draft
 cache lacks: the whole prompt for a row that just joined, a few tokens for a row that was drafting. Each row must
 write its own lag only. The engine here gets exactly the positions its requests need (prompt + budget + the tree,
 no slack), so that an up-to-date row writing another row's lag after its context overflows the draft cache. Every
@@ -23,8 +23,8 @@ from specdec_ext.drafters import DraftModelDrafter  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-# (prompt length, budget) of four requests. The first drafts alone until its context is long, then the second (a long
-# prompt) and third join; two plain steps follow, then speculative ones: lags of ~3, ~30 and ~17 tokens at one
+# (prompt length, budget) of four requests. The first drafts alone until its context is long, then after a plain step
+# the second (a long prompt) and third join; a plain step follows, then speculative ones: lags of ~3, ~30 and ~17 tokens at one
 # catch-up, where writing the longest lag after the first row's context would overflow its draft cache (the second
 # row's prompt exceeds the first row's remaining budget by more than the tree). The fourth joins into another plain
 # stretch.
@@ -85,13 +85,15 @@ def test_rows_catch_up_on_their_own_lag_in_an_exactly_sized_engine(kind):
                 assert ad.steps_total < 100
 
         add(0)
-        while len(tokens.get(0, [])) < 18:
+        while len(tokens.get(0, [])) < 19:
             step("fixed")
+        step("off")  # (rows joining a speculating batch are prefilled at once: these join a plain one)
         add(1, 2)
-        step("off", 2)
+        step("off")
         step("fixed", 3)
+        step("off")
         add(3)
-        step("off", 3)
+        step("off", 2)
         while engine.has_unfinished():
             step("fixed")
     for key, p in enumerate(prompts):

@@ -54,9 +54,12 @@ Depth 0 is a plain decoding step: the inner drafter is still asked (``propose(st
 and observes the result, so its caches stay in sync. A drafter with its own model skips its forwards on plain steps
 and catches up on them at the next speculative step. The wrapper also asks it to defer its prefill
 (``begin`` / ``add_rows`` with ``defer_prefill=True``, where the inner drafter's ``defers_prefill`` says it
-can; not in ``"fixed"`` mode): the
+can; not in ``"fixed"`` mode) while the batch decodes plainly: the
 prompt is then caught up on at the first speculative step, so a generation that stays plain (large batches) never
-pays for the draft's pass over the prompts. The *lag* counts the context tokens per row the drafter has not read
+pays for the draft's pass over the prompts. Rows that join a speculating batch are prefilled at once: the next
+step would catch them up in one draft forward padded to their lag over every row (at 8 rows a join made that
+step's draft ~5x its steady cost, and booked as catch-up it escaped the cost model, which then chose speculation
+where plain decoding was faster). The *lag* counts the context tokens per row the drafter has not read
 (the longest prompt - 1 after a deferred prefill, then one per plain step). A speculative step's draft time with a
 lag is kept apart from its depth's steady cost (as catch-up seconds per lagging token and row, ``catchup``), and an
 exploration out of a lag is skipped where the catch-up per token exceeds ``catchup_budget`` of a step (leaving
@@ -267,8 +270,8 @@ class AdaptiveDrafter:
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None, *,
               defer_prefill: bool = False) -> None:
         self._lag = 0
+        self.history = []  # (before _defer: a new batch is not speculating yet)
         self.inner.begin(target, state, prefill_hidden_states, **self._defer(state))
-        self.history = []
         self._gen_step = 0
         self._pending = None
 
@@ -279,9 +282,11 @@ class AdaptiveDrafter:
 
     def _defer(self, rows: DecodeState) -> dict:
         """The inner drafter's ``defer_prefill`` keyword for ``rows``, and the lag it leaves: context tokens per row
-        the inner drafter has not read (it catches up on them when it next drafts). The wrapper defers whenever it
-        can (``defers_prefill``), whatever its caller asks."""
-        if not self.defers_prefill:
+        the inner drafter has not read (it catches up on them when it next drafts). The wrapper defers where it can
+        (``defers_prefill``), whatever its caller asks, unless the batch is speculating: then the rows would be
+        caught up on at the next step, in one forward padded to their lag over every row of the batch (a join of
+        one row at 8 rows cost that step ~4x the joining row's own prefill), so they are prefilled at once."""
+        if not self.defers_prefill or (self.history and self.history[-1] > 0):
             return {}
         self._lag = max(self._lag, max(rows.prompt_lens) - 1)
         return {"defer_prefill": True}
