@@ -25,9 +25,9 @@ Joining. Requests wait in a FIFO queue (:class:`~specdec_ext.engine.scheduler.Sc
 free. The joining rows' prefill runs alone, as a batch of its own, into a cache of their own (sized to the
 prompts), whose rows are then appended to the running cache (:meth:`~specdec_ext.models.TreeKVCache.add_rows`);
 the drafter gains the rows (``Drafter.add_rows``, or ``begin`` when the batch was empty) and the rows take part in
-the same step. A prefill
-beside the decoding rows (chunked into the step's forward) would need a forward whose rows carry different numbers
-of tokens; here a prompt's prefill is one forward of its own, which costs what it costs alone.
+the same step. A prefill chunked into the decoding rows' forwards would take one N-token chunk a step (the
+forward's rows share one node count) and, on a compute-bound CPU, save little of the compute while delaying the
+first token by P / N steps (measured: docs/ARCHITECTURE.md, "Rows join").
 
 Leaving. Finished and aborted rows leave after the step in which they ended (aborted ones before the next step's
 work): the target cache, the state and the drafter keep the live rows (``keep_rows`` / ``Drafter.retire``), so they
