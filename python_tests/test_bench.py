@@ -334,3 +334,26 @@ def test_tree_sizes_benchmark_runs_every_size_with_its_bound(tmp_path, capsys):
     with pytest.raises(SystemExit):
         mod.main(["--sizes", "4,x"])
     assert "--sizes" in capsys.readouterr().err
+
+
+def test_join_benchmark_compares_alone_and_chunked_on_the_same_forwards(tmp_path):
+    """benchmarks/python/bench_join.py on the shipped family, tiny settings: each row's chunked cost is the extra
+    of the step with one more row, times the steps its prompt takes, and the ratio is that over the alone prefill."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "python",
+                        "bench_join.py")
+    spec = importlib.util.spec_from_file_location("bench_join", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--repeats", "1", "--batches", "2", "--prompts", "20", "--out", str(tmp_path)]) == 0
+    (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("join_*.json")]
+    (row,) = result["rows"]
+    N = result["tree_nodes"]
+    assert row["batch"] == 2 and row["prompt"] == 20 and row["alone_ms"] > 0
+    for c in row["chunked"]:
+        assert c["steps_to_first_token"] == -(-19 // c["chunk"])
+        assert c["total_extra_ms"] == pytest.approx(c["steps_to_first_token"] * c["per_step_extra_ms"])
+    best = min(row["chunked"], key=lambda c: c["total_extra_ms"])
+    assert row["best_chunk"] == best["chunk"] >= N
+    assert row["chunked_over_alone"] == pytest.approx(best["total_extra_ms"] / row["alone_ms"])
