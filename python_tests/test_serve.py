@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import threading
-import time
 
 import pytest
 import torch
@@ -26,10 +23,9 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
-
-import uvicorn  # noqa: E402
 
 import test_generate_batch as batch_t  # noqa: E402
 import test_generate_greedy as greedy_t  # noqa: E402
@@ -37,7 +33,7 @@ from test_engine import word_tokenizer  # noqa: E402
 
 from specdec_ext import Engine  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
-from specdec_ext.serve.app import create_app  # noqa: E402
+from specdec_ext.serve.app import create_app, serve_in_thread  # noqa: E402
 from specdec_ext.serve.engine_loop import EngineLoop  # noqa: E402
 from specdec_ext.serve.metrics import ServerMetrics  # noqa: E402
 
@@ -78,24 +74,8 @@ def live_server(target, drafter=None, *, max_batch: int = 4, max_queue: int = 10
     depth = drafter.max_depth if drafter is not None else 0
     loop = EngineLoop(engine, max_queue=max_queue, metrics=ServerMetrics(depth))
     app = create_app(loop, MODEL, api_key=api_key, chat_template=chat_template, **app_kw)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield LiveServer(f"http://127.0.0.1:{port}", loop, api_key)
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
-        assert not thread.is_alive(), "the server did not stop"
+    with serve_in_thread(app) as url:
+        yield LiveServer(url, loop, api_key)
 
 
 def plain_greedy(target, prompt: list[int], n: int) -> list[int]:

@@ -2,6 +2,7 @@
 
     specdec bench [--suite e2e,batch,context,engine] [--quick] [--out DIR]      # the project's model family
     specdec bench --suite engine --concurrency 1,2,4,...,64 --rates 2,8,32      # the Engine under load
+    specdec bench --suite serve [--concurrency 1,2,...,64]                     # the HTTP server under load
     specdec bench --model DIR [--draft-model DIR --medusa DIR --eagle DIR ...]  # your own local models
     specdec bench --tiny --quick                                                # tiny random models (CI)
 
@@ -23,7 +24,8 @@ import specdec_ext
 from specdec_ext.devices import check_device
 from specdec_ext.threads import add_threads_argument, apply_threads
 
-SUITES = ("e2e", "batch", "context", "engine")
+SUITES = ("e2e", "batch", "context", "engine", "serve")
+DEFAULT_SUITES = ("e2e", "batch", "context", "engine")  # (serve needs the server's packages: asked for by name)
 
 # (full, --quick)
 PRESETS = {
@@ -31,6 +33,7 @@ PRESETS = {
     "context_prompts": (4, 1), "context_new_tokens": (64, 32), "warmup_tokens": (16, 8),
     "concurrency": ((1, 2, 4, 8, 16), (1, 2)), "rates": ((2.0, 8.0, 32.0), (50.0,)), "requests": (16, 4),
     "engine_prompt_len": (64, 32), "engine_max_new_tokens": (48, 16),
+    "serve_concurrency": ((1, 2, 4, 8, 16, 32, 64), (1, 2)), "serve_time_limit": (60.0, 30.0),
 }
 
 
@@ -72,8 +75,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="dtype of the EAGLE drafts (default auto: bfloat16 for a float32 target where bfloat16 "
                         "products are fast, e.g. CPUs with AVX512-BF16; else the target's)")
     s = p.add_argument_group("what to run")
-    s.add_argument("--suite", default=",".join(SUITES),
-                   help="comma-separated: e2e, batch, context, engine (default: all)")
+    s.add_argument("--suite", default=",".join(DEFAULT_SUITES),
+                   help="comma-separated: e2e, batch, context, engine, serve (default: all but serve)")
     s.add_argument("--quick", action="store_true", help="small, fast settings (CI)")
     s.add_argument("--methods", help="comma-separated methods for e2e/context (default: all available), e.g. "
                                      "ngram,draft-model,eagle2,hf-assisted")
@@ -106,6 +109,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--adaptive-inner", default="best", help="the adaptive drafter's inner drafter (default best: "
                                                             "the fastest fixed drafter at the first load)")
     e.add_argument("--sampled", action="store_true", help="sample at temperature 1 (default greedy)")
+    v = p.add_argument_group("serve suite (specdec serve on loopback, streaming clients; --concurrency, --requests, "
+                             "--engine-prompt-len and --engine-max-new-tokens apply; default concurrency 1,2,...,64)")
+    v.add_argument("--serve-drafter", default="best",
+                   help="the fixed drafter, also inside adaptive (default best: the fastest on the family's card)")
+    v.add_argument("--serve-time-limit", type=float,
+                   help="seconds per load point after which no new request starts (default 60, quick 30)")
     o = p.add_argument_group("output")
     o.add_argument("--out", help="output directory (default: benchmarks/results when run from the repository, "
                                  "else ./specdec_bench_results)")
@@ -173,7 +182,25 @@ def check_args(args: argparse.Namespace) -> dict:
             raise BenchError(str(err)) from None
     st.update(suites=suites, temperatures=temps, context_lengths=lengths, methods=methods,
               engine=_engine_config(args, st))
+    st["serve"] = _serve_config(args, st) if "serve" in suites else None
     return st
+
+
+def _serve_config(args: argparse.Namespace, st: dict):
+    """The serve suite's :class:`ServeLoadConfig` (the engine suite's request shape; its own concurrency preset)."""
+    try:
+        from specdec_ext.bench.serve_load import ServeLoadConfig
+    except ImportError as err:
+        raise BenchError(f"--suite serve needs the server's packages ({err}): pip install specdec_ext[serve]") \
+            from None
+    e = st["engine"]
+    conc = tuple(e.concurrency) if args.concurrency else tuple(st["serve_concurrency"])
+    limit = args.serve_time_limit if args.serve_time_limit is not None else st["serve_time_limit"]
+    if not limit > 0:
+        raise BenchError(f"--serve-time-limit must be > 0 seconds, got {limit}")
+    return ServeLoadConfig(concurrency=conc, requests=e.requests, prompt_len=e.prompt_len,
+                           max_new_tokens=e.max_new_tokens, time_limit_s=limit, drafter=args.serve_drafter,
+                           seed=args.seed)
 
 
 def _engine_config(args: argparse.Namespace, st: dict):
@@ -309,11 +336,11 @@ def run(args: argparse.Namespace, log=print) -> tuple[dict, list[str]]:
     if "engine" in st["suites"]:
         from specdec_ext.bench.engine_load import run_engine_load
 
-        log("engine under load")
-        try:
-            results["engine"] = run_engine_load(models, st["engine"], log=log)
-        except ValueError as err:
-            raise BenchError(f"engine: {err}") from None
+        results["engine"] = _under_load("engine", run_engine_load, models, st["engine"], log)
+    if "serve" in st["suites"]:
+        from specdec_ext.bench.serve_load import run_serve_load
+
+        results["serve"] = _under_load("serve", run_serve_load, models, st["serve"], log)
     results["elapsed_s"] = round(time.perf_counter() - t0, 1)
     out_dir = args.out or default_out_dir()
     os.makedirs(out_dir, exist_ok=True)
@@ -327,6 +354,10 @@ def run(args: argparse.Namespace, log=print) -> tuple[dict, list[str]]:
             from specdec_ext.bench.plots import plot_all
 
             written += plot_all(results, out_dir, stem)
+            if results.get("serve"):
+                from specdec_ext.bench.serve_load import plot_serve
+
+                written.append(plot_serve(results["serve"], os.path.join(out_dir, f"{stem}_serve.png")))
         except ImportError as err:
             log(f"specdec bench: no plots ({err}; pip install matplotlib)")
     if results.get("e2e"):
@@ -341,9 +372,22 @@ def run(args: argparse.Namespace, log=print) -> tuple[dict, list[str]]:
         from specdec_ext.bench.engine_load import format_table as engine_table
 
         log("\n" + engine_table(results["engine"]) + "\n")
+    if results.get("serve"):
+        from specdec_ext.bench.serve_load import format_table as serve_table
+
+        log("\n" + serve_table(results["serve"]) + "\n")
     for p in written:
         log(f"wrote {p}")
     return results, written
+
+
+def _under_load(suite: str, run_suite, models, cfg, log) -> dict:
+    """A load suite (engine, serve): its ValueErrors are the user's (a BenchError naming the suite)."""
+    log(f"{suite} under load")
+    try:
+        return run_suite(models, cfg, log=log)
+    except ValueError as err:
+        raise BenchError(f"{suite}: {err}") from None
 
 
 def bench_cmd(args: argparse.Namespace) -> int:

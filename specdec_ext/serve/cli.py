@@ -19,7 +19,7 @@ import sys
 from specdec_ext.drafter_args import add_drafter_arguments, check_one_drafter, drafter_from_args
 from specdec_ext.threads import add_threads_argument
 
-__all__ = ["add_serve_command", "apply_speculative_config", "best_zoo_drafter", "build_server", "serve_cmd"]
+__all__ = ["add_serve_command", "apply_speculative_config", "best_drafter", "build_server", "serve_cmd"]
 
 SPEC_METHODS = ("eagle", "eagle3", "medusa", "ngram", "draft_model")
 
@@ -103,11 +103,10 @@ def apply_speculative_config(args: argparse.Namespace) -> None:
             args.eagle_depth, args.eagle_top_k, args.eagle_total_tokens = k, 1, k
 
 
-def best_zoo_drafter(family) -> str:
-    """The drafter with the highest speedup on the family's card (``eagle2`` when the card has none)."""
-    measured = (family.card.get("evaluation") or {}).get("drafters") or {}
-    scored = [(v.get("speedup") or 0.0, name) for name, v in measured.items()
-              if name in family.drafter_names and isinstance(v, dict)]
+def best_drafter(card: dict, names) -> str:
+    """The drafter of ``names`` with the highest speedup on a family's card (``eagle2`` when the card says none)."""
+    measured = (card.get("evaluation") or {}).get("drafters") or {}
+    scored = [(v.get("speedup") or 0.0, name) for name, v in measured.items() if name in names and isinstance(v, dict)]
     return max(scored)[1] if scored else "eagle2"
 
 
@@ -147,7 +146,7 @@ def build_server(args: argparse.Namespace):
             raise ValueError("--adaptive wraps a drafter: --zoo-drafter plain has none")
         fam = load_family(args.zoo or None, device=args.device, dtype=args.dtype or "float32",
                           packed_linears=not args.no_packed_linears, eagle_dtype="auto")
-        name = best_zoo_drafter(fam) if args.zoo_drafter == "best" else args.zoo_drafter
+        name = best_drafter(fam.card, fam.drafter_names) if args.zoo_drafter == "best" else args.zoo_drafter
         target, tokenizer = fam.target, fam.tokenizer
         drafter = None if name == "plain" else fam.make_drafter(name)
         model_name = args.served_model_name or fam.card.get("name") or "specdec-zoo"

@@ -1,0 +1,57 @@
+"""``specdec bench --suite serve --tiny --quick``: the server under load from streaming clients in a process of their
+own, for plain, the fixed drafter and adaptive. Every request finishes without an error and gets its whole budget
+(EOS ignored), the greedy outputs of the drafters equal plain decoding's, plain decoding accepts nothing and the
+drafters something, the JSON holds every row and the goals' check, and the PNG is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("httpx")
+pytest.importorskip("matplotlib")
+
+from specdec_ext.bench.cli import main  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_serve_suite_quick(tmp_path):
+    assert main(["--tiny", "--quick", "--suite", "serve", "--out", str(tmp_path), "--name", "s", "--threads", "1",
+                 "--requests", "4"]) == 0
+    files = sorted(os.listdir(tmp_path))
+    json_file = next(f for f in files if f.endswith(".json"))
+    png = next(f for f in files if f.endswith("_serve.png"))
+    with open(tmp_path / png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    serve = json.load(open(tmp_path / json_file))["serve"]
+    rows = {(r["method"], r["concurrency"]): r for r in serve["rows"]}
+    assert set(rows) == {(m, c) for m in ("plain", "fixed", "adaptive") for c in (1, 2)}
+    for (method, c), r in rows.items():
+        assert r["errors"] == 0 and r["finished"] == r["sent"] == 4, r
+        assert r["tokens"] == r["budget_tokens"] > 0  # every request ran its whole budget
+        assert r["tokens_per_s"] > 0 and r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] is not None
+        assert r["engine_step_s"] > 0 and r["overhead"] is not None
+        if method == "plain":
+            assert r["mean_accepted_length"] == 1.0 and r["outputs_match_plain"] is None
+        else:
+            assert r["outputs_match_plain"] is True and r["mean_accepted_length"] >= 1.0
+    s = serve["summary"]
+    assert s["errors"] == 0 and s["all_finished"] and s["all_outputs_match_plain"]
+    assert set(s["overhead"]) == {"plain", "fixed", "adaptive"} and s["overhead_at"] == 2
+    assert all(v > 0 for v in s["server_vs_direct_throughput"].values())
+    assert [e["concurrency"] for e in s["per_concurrency"]] == [1, 2]
+
+
+def test_serve_suite_bad_arguments(capsys, tmp_path):
+    assert main(["--tiny", "--quick", "--suite", "serve", "--serve-time-limit", "0"]) == 2
+    assert "--serve-time-limit must be > 0" in capsys.readouterr().err
+    assert main(["--tiny", "--quick", "--suite", "serve", "--serve-drafter", "eagle9", "--no-plots",
+                 "--out", str(tmp_path)]) == 2
+    assert "drafter 'eagle9' is not one of" in capsys.readouterr().err
