@@ -28,7 +28,7 @@ pytest.importorskip("scipy.stats")
 import test_generate_sampling as sampling_t  # noqa: E402
 
 from specdec_ext import Engine, RequestSettings  # noqa: E402
-from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, NgramDrafter  # noqa: E402
+from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, NgramDrafter, pad_trees  # noqa: E402
 from specdec_ext.engine.verify import Verifier  # noqa: E402
 from specdec_ext.models.eagle import Eagle1Model, EagleConfig  # noqa: E402
 from specdec_ext.state import DecodeState, DraftTree, SamplingParams  # noqa: E402
@@ -316,10 +316,10 @@ def test_seeded_request_beside_repetitive_prompts_ngram():
     assert got == want
 
 
-def test_depth_limit_is_the_rows_own_tree():
+def test_padded_chains_are_verified_as_their_own_chains():
     """The verification's cut of padded rows (engine/verify.py) against the trees they stand for, over many seeds:
-    in a batch of two 4-node chains padded past depths 1 and 2 (``row_depth``), each row is verified as its own 2-
-    or 3-node chain alone, with the same uniforms (equal seeds)."""
+    in a batch of two 4-node chains padded past depths 1 and 2 (``row_depth`` / ``row_nodes``), each row is
+    verified as its own 2- or 3-node chain alone, with the same uniforms (equal seeds)."""
     torch.manual_seed(0)
     logits = torch.randn(2, 4, V) * 2
     drafts = logits.argmax(-1)  # likely drafts, so that whole chains are often accepted
@@ -336,7 +336,7 @@ def test_depth_limit_is_the_rows_own_tree():
 
     reached = [0, 0]
     for seed in range(0, 600, 2):
-        both = verifier(logits, DraftTree(tokens, chain, row_depth=[1, 2]), state([seed, seed + 1]))
+        both = verifier(logits, DraftTree(tokens, chain, row_depth=[1, 2], row_nodes=[2, 3]), state([seed, seed + 1]))
         for b, n in ((0, 2), (1, 3)):
             own = verifier(logits[b:b + 1, :n], DraftTree(tokens[b:b + 1, :n], chain[b:b + 1, :n]),
                            state([seed + b]))
@@ -344,3 +344,37 @@ def test_depth_limit_is_the_rows_own_tree():
             assert both.accepted[b, :n].tolist() == own.accepted[0].tolist() and (both.accepted[b, n:] == -1).all()
             reached[b] += int(own.accept_len[0] == n - 1)
     assert min(reached) > 50, reached  # (the cut was exercised: each row's whole own chain was often accepted)
+
+
+def test_padded_trees_are_verified_as_their_own_trees():
+    """``pad_trees``: rows of 4 and 6 nodes (trees with siblings) share N = 6; the smaller gets padding under its
+    deepest node, and each row is verified as its own tree alone, with the same uniforms, over many seeds; the
+    padding is marked (``row_depth`` / ``row_nodes``)."""
+    torch.manual_seed(1)
+    logits = torch.randn(2, 6, V) * 2
+    top = logits.topk(2, -1).indices  # likely drafts: each node's two best children
+    small = ([1, int(top[0, 0, 0]), int(top[0, 0, 1]), int(top[0, 1, 0])], [-1, 0, 0, 1])
+    large = ([3, int(top[1, 0, 0]), int(top[1, 0, 1]), int(top[1, 1, 0]), int(top[1, 1, 1]), int(top[1, 3, 0])],
+             [-1, 0, 0, 1, 1, 3])
+    both_tree = pad_trees([small, large], "cpu")
+    assert both_tree.row_depth == [2, 3] and both_tree.row_nodes == [4, 6]
+    assert both_tree.parents[0].tolist() == [-1, 0, 0, 1, 3, 4]  # (a chain under the deepest node, node 3)
+    verifier = Verifier("exact", 6)
+
+    def state(seeds):
+        n = len(seeds)
+        return DecodeState.of_prompts([[1]] * n, 8, V, sampling=SamplingParams.rows([1.0] * n, [0] * n, [1.0] * n,
+                                                                                     "cpu"),
+                                      generators=[torch.Generator().manual_seed(x) for x in seeds])
+
+    deepest = 0
+    for seed in range(0, 600, 2):
+        both = verifier(logits, both_tree, state([seed, seed + 1]))
+        for b, own_tree in ((0, small), (1, large)):
+            n = len(own_tree[0])
+            one = pad_trees([own_tree], "cpu")
+            own = verifier(logits[b:b + 1, :n], one, state([seed + b]))
+            assert both.accept_len[b] == own.accept_len[0] and both.next_token[b] == own.next_token[0], (seed, b)
+            assert both.accepted[b, :n].tolist() == own.accepted[0].tolist() and (both.accepted[b, n:] == -1).all()
+        deepest += int(own.accept_len[0] == 3) + int(both.accept_len[0] == 2)
+    assert deepest > 30  # (walks reached the small tree's deepest node, where the padding hangs)

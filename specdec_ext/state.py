@@ -48,15 +48,17 @@ class TreeTables:
 class DraftTree:
     """One step's draft tree per row (see :mod:`specdec_ext.drafters.base`). ``tables``: the tree's
     :class:`TreeTables` when its drafter has them at hand (a static tree's, made once), else None (the verification
-    forward computes them); they must be those of ``parents``. ``row_depth``: when rows of different sizes share
-    the batch's ``N``, row b's own tree is its nodes of depth <= ``row_depth[b]`` and the deeper ones are padding,
-    which verification ignores (so a row's tokens do not depend on its neighbours); None: every node is a draft."""
+    forward computes them); they must be those of ``parents``. ``row_depth`` / ``row_nodes``: when rows of
+    different sizes share the batch's ``N`` (``drafters.base.pad_trees``), row b's own tree is its first
+    ``row_nodes[b]`` nodes, none deeper than ``row_depth[b]``, and the rest are padding, every node of it deeper:
+    verification ignores it (so a row's tokens do not depend on its neighbours); None: every node is a draft."""
 
     tokens: torch.Tensor  # [B, N] int64; tokens[:, 0] is the root (last emitted token)
     parents: torch.Tensor  # [B, N] int64; parents[:, 0] == -1, parents[:, i] < i
     draft_probs: torch.Tensor | None = None  # [B, N, V] float32, row u = distribution of u's children; or None
     tables: TreeTables | None = None
-    row_depth: list[int] | None = None  # host ints, one per row
+    row_depth: list[int] | None = None  # host ints, one per row (set together with row_nodes)
+    row_nodes: list[int] | None = None
 
     @property
     def num_nodes(self) -> int:

@@ -7,7 +7,7 @@
 """
 
 from specdec_ext.drafters.base import (DecodeState, Drafter, DraftTree, SamplingParams, StepResult, check_vocab,
-                                       pad_chains)
+                                       pad_chains, pad_trees)
 from specdec_ext.drafters.draft_model import DraftModelDrafter
 from specdec_ext.drafters.eagle import EagleDrafter
 from specdec_ext.drafters.medusa import MedusaDrafter
@@ -17,4 +17,4 @@ from specdec_ext.models.medusa import MedusaHeads  # (the network; here too for 
 
 __all__ = ["DecodeState", "DraftModelDrafter", "DraftTree", "Drafter", "EagleDrafter", "MC_SIM_7B_63", "MedusaDrafter",
            "MedusaHeads", "NgramDrafter", "SamplingParams", "StaticTree", "StepResult", "check_vocab",
-           "ngram_lookup", "pad_chains", "static_tree"]
+           "ngram_lookup", "pad_chains", "pad_trees", "static_tree"]

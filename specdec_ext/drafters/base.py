@@ -70,7 +70,7 @@ import torch
 from specdec_ext.state import DecodeState, DraftTree, SamplingParams, StepResult, plain_tree
 
 __all__ = ["DecodeState", "DraftTree", "Drafter", "REQUIRED_MEMBERS", "SamplingParams", "StepResult", "check_drafter",
-           "check_vocab", "pad_chains", "plain_tree", "serving", "to_device"]
+           "check_vocab", "pad_chains", "pad_trees", "plain_tree", "serving", "to_device"]
 
 
 @runtime_checkable
@@ -184,15 +184,27 @@ def check_vocab(name: str, drafter_vocab: int, target_vocab: int) -> None:
                          f"({target_vocab}); drafter and target must share one tokenizer and vocabulary")
 
 
-def pad_chains(chains: list[list[int]], roots: list[int], device: torch.device) -> DraftTree:
-    """A batch of chains (row b: root then ``chains[b]``) as one tree; shorter rows are padded by repeating their
-    last token, and ``row_depth`` marks the padding so that verification ignores it."""
-    n = 1 + max((len(c) for c in chains), default=0)
-    rows = []
-    for root, chain in zip(roots, chains):
-        row = [root] + list(chain)
-        rows.append(row + [row[-1]] * (n - len(row)))
-    tokens = to_device(rows, device)
-    parents = torch.arange(-1, n - 1, dtype=torch.int64, device=device).expand(len(rows), n).contiguous()
-    return DraftTree(tokens, parents, None, row_depth=[len(c) for c in chains])
+def pad_trees(trees: list[tuple[list[int], list[int]]], device: torch.device) -> DraftTree:
+    """A batch of host trees (row b: ``(tokens, parents)``, node 0 the root with parent -1, parents earlier than
+    children) as one ``DraftTree``. A row with fewer nodes than the largest gets a chain of padding nodes (its last
+    token repeated) under its deepest node, so every padding node is deeper than the row's own tree, and
+    ``row_depth`` / ``row_nodes`` mark it for verification (which ignores it) and the engine's counts."""
+    n = max((len(t) for t, _ in trees), default=1)
+    tok_rows, par_rows, depths, sizes = [], [], [], []
+    for tokens, parents in trees:
+        depth = [0] * len(tokens)
+        for i in range(1, len(tokens)):
+            depth[i] = depth[parents[i]] + 1
+        deepest = max(range(len(tokens)), key=lambda i: (depth[i], -i))
+        pad = n - len(tokens)
+        tok_rows.append(list(tokens) + [tokens[-1]] * pad)
+        par_rows.append(list(parents) + [deepest if j == 0 else len(tokens) + j - 1 for j in range(pad)])
+        depths.append(depth[deepest])
+        sizes.append(len(tokens))
+    tokens_t, parents_t = to_device([tok_rows, par_rows], device)
+    return DraftTree(tokens_t, parents_t, None, row_depth=depths, row_nodes=sizes)
 
+
+def pad_chains(chains: list[list[int]], roots: list[int], device: torch.device) -> DraftTree:
+    """A batch of chains (row b: root then ``chains[b]``) as one tree, padded as :func:`pad_trees` pads."""
+    return pad_trees([([root, *chain], list(range(-1, len(chain)))) for root, chain in zip(roots, chains)], device)

@@ -280,9 +280,9 @@ class Engine:
         stats.target_forwards += 1
         stats.row_steps += len(rows)
         stats.new_tokens += sum(appended)
-        own = tree.row_depth or [tree.num_nodes - 1] * len(rows)  # (padded rows are chains: depth = drafts)
-        stats.draft_tokens += sum(own)
-        stats.drafts += sum(1 for n in own if n > 0)
+        own = tree.row_nodes or [tree.num_nodes] * len(rows)  # (each row's own nodes, root included)
+        stats.draft_tokens += sum(own) - len(own)
+        stats.drafts += sum(1 for n in own if n > 1)
         stats.draft_forwards = int(drafter.forwards) if drafter is not None else 0
         stats.draft_s += (t1 - t0) + (t4 - t3)
         stats.verify_s += t2 - t1

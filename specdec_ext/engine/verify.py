@@ -11,11 +11,12 @@ batch (:meth:`~specdec_ext.state.DecodeState.uniforms`), so a seeded request's r
 what else shares its batch.
 
 Padding. Rows of one batch share the tree's ``N``; a drafter whose row b has a smaller tree pads it with deeper
-nodes and says so in ``DraftTree.row_depth``. Verification walks the whole tree; a row whose walk reached its own
-depth is cut there, and its next token is drawn afresh from the target's distribution at the node it stopped on,
-with the same uniform — what the walk draws at a node without children. A row's tokens are then those of its own
-tree, whatever its neighbours' trees add. (Under greedy verification a padding node is accepted only when it holds
-the target's argmax, so all-greedy batches skip the cut.)
+nodes and says so in ``DraftTree.row_depth`` / ``row_nodes`` (``drafters.base.pad_trees``). Verification walks the
+whole tree; a row whose walk reached its own depth is cut there, and its next token is drawn afresh from the
+target's distribution at the node it stopped on, with the same uniform — what the walk draws at a node without
+children. A row's tokens are then those of its own tree, whatever its neighbours' trees add. (Under greedy
+verification a padding node is accepted only when it holds the target's argmax, so all-greedy batches skip the
+cut.)
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ class Verifier:
         else:
             v = ops.verify_tree_sampling(logits, tree.tokens, tree.parents, u[:, : tree.num_nodes],
                                          tree.draft_probs, s.temperature, s.top_k, s.top_p, validate=False)
-        if tree.row_depth is None or min(tree.row_depth, default=0) >= tree.num_nodes - 1:
-            return v  # nothing padded (a depth of N - 1 is a chain of every node)
+        if tree.row_nodes is None or min(tree.row_nodes, default=0) == tree.num_nodes:
+            return v  # nothing padded
         return _cut_at(v, logits, tree.row_depth, u[:, 0], s, typical)
 
 
