@@ -316,6 +316,13 @@ def test_seeded_request_beside_repetitive_prompts_ngram():
     assert got == want
 
 
+def sampled_rows(seeds: list[int]) -> DecodeState:
+    """A state of one-token prompts sampled at temperature 1, row b drawing from a generator seeded ``seeds[b]``."""
+    n = len(seeds)
+    return DecodeState.of_prompts([[1]] * n, 8, V, sampling=SamplingParams.rows([1.0] * n, [0] * n, [1.0] * n, "cpu"),
+                                  generators=[torch.Generator().manual_seed(x) for x in seeds])
+
+
 def test_padded_chains_are_verified_as_their_own_chains():
     """The verification's cut of padded rows (engine/verify.py) against the trees they stand for, over many seeds:
     in a batch of two 4-node chains padded past depths 1 and 2 (``row_depth`` / ``row_nodes``), each row is
@@ -328,18 +335,12 @@ def test_padded_chains_are_verified_as_their_own_chains():
     chain = torch.arange(-1, 3).expand(2, 4).contiguous()
     verifier = Verifier("exact", 4)
 
-    def state(seeds):
-        n = len(seeds)
-        return DecodeState.of_prompts([[1]] * n, 8, V, sampling=SamplingParams.rows([1.0] * n, [0] * n, [1.0] * n,
-                                                                                     "cpu"),
-                                      generators=[torch.Generator().manual_seed(x) for x in seeds])
-
     reached = [0, 0]
     for seed in range(0, 600, 2):
-        both = verifier(logits, DraftTree(tokens, chain, row_depth=[1, 2], row_nodes=[2, 3]), state([seed, seed + 1]))
+        both = verifier(logits, DraftTree(tokens, chain, row_depth=[1, 2], row_nodes=[2, 3]), sampled_rows([seed, seed + 1]))
         for b, n in ((0, 2), (1, 3)):
             own = verifier(logits[b:b + 1, :n], DraftTree(tokens[b:b + 1, :n], chain[b:b + 1, :n]),
-                           state([seed + b]))
+                           sampled_rows([seed + b]))
             assert both.accept_len[b] == own.accept_len[0] and both.next_token[b] == own.next_token[0], (seed, b)
             assert both.accepted[b, :n].tolist() == own.accepted[0].tolist() and (both.accepted[b, n:] == -1).all()
             reached[b] += int(own.accept_len[0] == n - 1)
@@ -361,19 +362,13 @@ def test_padded_trees_are_verified_as_their_own_trees():
     assert both_tree.parents[0].tolist() == [-1, 0, 0, 1, 3, 4]  # (a chain under the deepest node, node 3)
     verifier = Verifier("exact", 6)
 
-    def state(seeds):
-        n = len(seeds)
-        return DecodeState.of_prompts([[1]] * n, 8, V, sampling=SamplingParams.rows([1.0] * n, [0] * n, [1.0] * n,
-                                                                                     "cpu"),
-                                      generators=[torch.Generator().manual_seed(x) for x in seeds])
-
     deepest = 0
     for seed in range(0, 600, 2):
-        both = verifier(logits, both_tree, state([seed, seed + 1]))
+        both = verifier(logits, both_tree, sampled_rows([seed, seed + 1]))
         for b, own_tree in ((0, small), (1, large)):
             n = len(own_tree[0])
             one = pad_trees([own_tree], "cpu")
-            own = verifier(logits[b:b + 1, :n], one, state([seed + b]))
+            own = verifier(logits[b:b + 1, :n], one, sampled_rows([seed + b]))
             assert both.accept_len[b] == own.accept_len[0] and both.next_token[b] == own.next_token[0], (seed, b)
             assert both.accepted[b, :n].tolist() == own.accepted[0].tolist() and (both.accepted[b, n:] == -1).all()
         deepest += int(own.accept_len[0] == 3) + int(both.accept_len[0] == 2)
