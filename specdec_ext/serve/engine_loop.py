@@ -137,11 +137,6 @@ class EngineLoop:
         with self._cond:
             self._admitting = False
 
-    def counts(self) -> tuple[int, int]:
-        """(running rows, requests waiting for a row), as of the last step."""
-        with self._cond:
-            return len(self.engine.scheduler.running), self._waiting + len(self._adds)
-
     def in_flight(self) -> int:
         with self._cond:
             return len(self._tickets) + len(self._adds)
