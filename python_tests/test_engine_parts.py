@@ -18,6 +18,7 @@ from specdec_ext.engine import Request, RequestSettings, Scheduler, TextStops
     ({"max_new_tokens": True}, "max_new_tokens"), ({"temperature": -1}, "temperature"),
     ({"temperature": float("nan")}, "temperature"), ({"temperature": "1"}, "temperature"),
     ({"top_k": -1}, "top_k"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"seed": 1.5}, "seed"),
+    ({"seed": 2 ** 64}, "seed"), ({"seed": -2 ** 63 - 1}, "seed"),
     ({"seed": 1, "generator": torch.Generator()}, "seed and generator"), ({"stop_token_ids": [-1]}, "stop_token_ids"),
     ({"stop_token_ids": ["a"]}, "stop_token_ids"), ({"stop": [""]}, "stop"), ({"stop": [3]}, "stop"),
     ({"ignore_eos": 1}, "ignore_eos"), ({"temprature": 1.0}, "temprature"),

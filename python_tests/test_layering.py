@@ -20,16 +20,19 @@ PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 # package's front door, which re-exports from the layers and so sits above them). ``ops`` stands on ``_C`` alone.
 EVERY_LAYER = object()
 # ``state`` (the decode state types) sits under the models, the drafters and the engine; the engine sits above the
-# models and the drafters and under ``generate`` (a loop over it), the CLI and the benchmarks.
+# models and the drafters and under ``generate`` (a loop over it), the server, the CLI and the benchmarks; the server
+# (``serve``) sits above the engine and under the CLI and the benchmarks (its load test starts it).
 FORBIDDEN = {
     "ops": EVERY_LAYER,
-    "state": {ROOT, "models", "drafters", "adaptive", "engine", "generate", "bench", "zoo", "train", "cli", "demo",
-              "ops_tour"},
-    "models": {ROOT, "drafters", "adaptive", "engine", "generate", "bench", "zoo", "train", "cli", "demo", "ops_tour"},
-    "drafters": {ROOT, "adaptive", "engine", "generate", "bench", "zoo", "train", "cli", "demo", "ops_tour"},
-    "engine": {ROOT, "generate", "bench", "zoo", "train", "cli", "demo", "ops_tour"},
-    "train": {"zoo", "bench", "cli", "demo"},
-    "zoo": {"bench", "cli", "demo"},
+    "state": {ROOT, "models", "drafters", "adaptive", "engine", "generate", "serve", "bench", "zoo", "train", "cli",
+              "demo", "ops_tour"},
+    "models": {ROOT, "drafters", "adaptive", "engine", "generate", "serve", "bench", "zoo", "train", "cli", "demo",
+               "ops_tour"},
+    "drafters": {ROOT, "adaptive", "engine", "generate", "serve", "bench", "zoo", "train", "cli", "demo", "ops_tour"},
+    "engine": {ROOT, "generate", "serve", "bench", "zoo", "train", "cli", "demo", "ops_tour"},
+    "serve": {"bench", "cli", "demo", "ops_tour", "train"},
+    "train": {"zoo", "bench", "cli", "demo", "serve"},
+    "zoo": {"bench", "cli", "demo", "serve"},
 }
 ALWAYS_ALLOWED = {"_C"}  # the compiled library: below everything
 

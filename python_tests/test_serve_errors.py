@@ -55,7 +55,7 @@ BAD_FIELDS = [  # (changes to a good body, the field the 400 names, a word its m
     ({"top_p": 0}, "top_p", "(0, 1]"),
     ({"top_p": 1.5}, "top_p", "(0, 1]"),
     ({"top_k": -5}, "top_k", ">= 0"),
-    ({"seed": 2 ** 70}, "seed", "64-bit"),
+    ({"seed": 2 ** 70}, "seed", "[-2^63, 2^64)"),
     ({"seed": "1"}, "seed", "integer"),
     ({"stop": ""}, "stop", "non-empty"),
     ({"stop": [1, 2]}, "stop", "string"),

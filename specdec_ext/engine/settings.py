@@ -79,8 +79,9 @@ class RequestSettings:
         p = self.top_p
         if not _is_number(p) or not (0 < p <= 1):
             raise ValueError(f"top_p must be in (0, 1] (1 = no top-p filter), got {p!r}")
-        if self.seed is not None and not is_int(self.seed):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and not (is_int(self.seed) and -2 ** 63 <= self.seed < 2 ** 64):
+            raise ValueError(f"seed must be an integer in [-2^63, 2^64) (what torch.Generator.manual_seed takes) or "
+                             f"None, got {self.seed!r}")
         if self.generator is not None and not isinstance(self.generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(self.generator).__name__}")
         if self.seed is not None and self.generator is not None:

@@ -36,7 +36,9 @@ class DecodeStats:
 
     @property
     def accepted_tokens(self) -> int:
-        """Draft tokens accepted over all row-steps (vLLM's ``spec_decode_num_accepted_tokens``)."""
+        """Draft tokens the verification accepted over all row-steps (vLLM's ``spec_decode_num_accepted_tokens``;
+        as there, counted before a stop token, a stop string or the budget cut a row's run, so it equals
+        ``new_tokens - row_steps`` only when nothing was cut)."""
         return sum(d * n for d, n in enumerate(self.accept_hist))
 
     @property

@@ -25,9 +25,6 @@ from specdec_ext.engine import RequestSettings
 __all__ = ["ApiError", "ChatCompletionRequest", "CompletionRequest", "engine_error", "error_body", "parse_request",
            "validation_error"]
 
-SEED_RANGE = (-(2 ** 63), 2 ** 63 - 1)  # torch generators take 64-bit seeds
-
-
 class ApiError(Exception):
     """An HTTP error with an OpenAI-style body."""
 
@@ -81,8 +78,6 @@ class _Common(BaseModel):
             if name in raw and not any(raw[name] == d and type(raw[name]) is type(d) for d in defaults):
                 what = "only n = 1 is served" if name == "n" else "not supported by this server"
                 raise ApiError(400, f"{name} = {raw[name]!r}: {what}", name)
-        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
-            raise ApiError(400, f"seed must be a 64-bit integer, got {self.seed}", "seed")
 
     def settings(self, max_new_tokens) -> RequestSettings:
         """The engine's settings (checked by the engine when it admits the request)."""
