@@ -77,15 +77,16 @@ class SuffixDrafter:
     ``max_depth``: deepest tree; ``max_nodes``: largest tree, root included. ``max_pattern``: longest context suffix
     matched; ``min_match``: shortest. ``spec_factor``: drafts per matched token; ``min_prob``: least estimated
     probability of a draft. ``corpus_tokens``: the corpus' token budget (0: each row drafts from its own context
-    only). ``max_occurrences``: occurrences read per lookup, per source.
+    only). ``max_occurrences``: occurrences read per lookup, per source. The defaults come from a host-only
+    acceptance sweep on the model family (README, "Suffix decoding").
     """
 
     hidden_state_layers: tuple[int, ...] = ()
     forwards = 0  # no network
     defers_prefill = False  # no prefill forward to defer
 
-    def __init__(self, max_depth: int = 12, max_nodes: int = 17, *, max_pattern: int = 16, min_match: int = 1,
-                 spec_factor: float = 1.0, min_prob: float = 0.1, corpus_tokens: int = 1 << 18,
+    def __init__(self, max_depth: int = 16, max_nodes: int = 17, *, max_pattern: int = 16, min_match: int = 1,
+                 spec_factor: float = 3.0, min_prob: float = 0.1, corpus_tokens: int = 1 << 18,
                  max_occurrences: int = 64):
         self.max_depth = _check_int("max_depth", max_depth, 1)
         self.max_nodes = _check_int("max_nodes", max_nodes, 2)
