@@ -78,7 +78,7 @@ class SuffixDrafter:
     matched; ``min_match``: shortest. ``spec_factor``: drafts per matched token; ``min_prob``: least estimated
     probability of a draft. ``corpus_tokens``: the corpus' token budget (0: each row drafts from its own context
     only). ``max_occurrences``: occurrences read per lookup, per source. The defaults come from a host-only
-    acceptance sweep on the model family (README, "Suffix decoding").
+    acceptance sweep on the model family (README, "Suffix decoding across requests").
     """
 
     hidden_state_layers: tuple[int, ...] = ()
