@@ -43,6 +43,9 @@ def serve_args(*argv: str) -> argparse.Namespace:
     ({"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 4},
      {"ngram": True, "num_draft_tokens": 6, "max_ngram": 4}),
     ({"method": "draft_model", "model": "D", "num_speculative_tokens": 3}, {"draft_model": "D", "num_draft_tokens": 3}),
+    ({"method": "suffix", "suffix_decoding_max_tree_depth": 12, "suffix_decoding_max_spec_factor": 2.0,
+      "suffix_decoding_min_token_prob": 0.2},
+     {"suffix": True, "suffix_depth": 12, "suffix_spec_factor": 2.0, "suffix_min_prob": 0.2}),
 ])
 def test_speculative_config_sets_the_drafter_flags(config, want):
     args = serve_args("--model", "T", "--speculative-config", json.dumps(config))
@@ -57,6 +60,8 @@ def test_speculative_config_sets_the_drafter_flags(config, want):
     ('{"method": "eagle"}', "needs \\\"model\\\""),
     ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens"),
     ('{"method": "ngram", "acceptance": 1}', "unsupported key(s) acceptance"),
+    ('{"method": "suffix", "suffix_decoding_max_cached_requests": 100}', "counts tokens here"),
+    ('{"method": "ngram", "suffix_decoding_min_token_prob": 0.2}', "belong(s) to method \\\"suffix\\\""),
 ])
 def test_speculative_config_errors(config, words):
     args = serve_args("--model", "T", "--speculative-config", config)
@@ -69,6 +74,8 @@ def test_speculative_config_errors(config, words):
     ([], "exactly one of --model DIR and --zoo"),
     (["--model", "/nonexistent", "--zoo"], "exactly one of --model DIR and --zoo"),
     (["--model", "/nonexistent", "--ngram", "--eagle", "E"], "choose one drafter"),
+    (["--model", "/nonexistent", "--suffix", "--ngram"], "choose one drafter"),
+    (["--zoo", "--suffix", "--zoo-drafter", "eagle2"], "--suffix chooses the drafter: drop --zoo-drafter"),
     (["--model", "/nonexistent", "--speculative-config", '{"method": "ngram"}', "--ngram"], "drop --ngram"),
     (["--model", "/nonexistent"], "is not a local directory"),
     (["--zoo", "--zoo-drafter", "eagle9"], "--zoo-drafter must be"),
@@ -160,3 +167,17 @@ def test_server_process_answers_and_drains_on_sigterm(model_dir):
     assert took < 1 + 10, took  # --shutdown-timeout 1, then the engine loop's close
     assert short["done"] and len(short["ids"]) == 60  # finished while the server drained
     assert not long_["done"] and len(long_["ids"]) < 2000  # aborted at the shutdown timeout
+
+
+def test_the_suffix_flags_build_a_suffix_drafter():
+    from specdec_ext.drafter_args import drafter_from_args
+    from specdec_ext.drafters import SuffixDrafter
+
+    args = serve_args("--model", "T", "--suffix", "--suffix-depth", "10", "--suffix-spec-factor", "2.5",
+                      "--suffix-min-prob", "0.3", "--suffix-corpus-tokens", "5000")
+    drafter = drafter_from_args(args, None)
+    assert isinstance(drafter, SuffixDrafter)
+    assert (drafter.max_depth, drafter.max_nodes, drafter.spec_factor, drafter.min_prob, drafter.corpus_tokens) == \
+        (10, 11, 2.5, 0.3, 5000)
+    with pytest.raises(ValueError, match="min_prob"):
+        drafter_from_args(serve_args("--model", "T", "--suffix", "--suffix-min-prob", "2"), None)

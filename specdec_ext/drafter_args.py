@@ -1,5 +1,5 @@
-"""The drafter flags of the command line (``--draft-model DIR | --ngram | --medusa DIR | --eagle DIR`` and their
-shapes), shared by ``specdec generate`` and ``specdec serve``: :func:`add_drafter_arguments` declares them,
+"""The drafter flags of the command line (``--draft-model DIR | --ngram | --suffix | --medusa DIR | --eagle DIR``
+and their shapes), shared by ``specdec generate`` and ``specdec serve``: :func:`add_drafter_arguments` declares them,
 :func:`drafter_from_args` builds the drafter they choose (None: plain decoding).
 """
 
@@ -38,17 +38,25 @@ def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence-threshold", type=float, default=0.0,
                    help="--draft-model chains: stop drafting after a draft below this probability (0 = off)")
     p.add_argument("--max-ngram", type=int, default=3, help="longest n-gram matched by --ngram")
+    p.add_argument("--suffix", action="store_true",
+                   help="suffix decoding: drafts from the request's context and earlier requests' outputs")
+    p.add_argument("--suffix-depth", type=int, default=16, help="--suffix: deepest draft tree")
+    p.add_argument("--suffix-spec-factor", type=float, default=3.0,
+                   help="--suffix: drafts per matched context token (the tree follows the match's length)")
+    p.add_argument("--suffix-min-prob", type=float, default=0.1, help="--suffix: least estimated draft probability")
+    p.add_argument("--suffix-corpus-tokens", type=int, default=1 << 18,
+                   help="--suffix: tokens of earlier outputs kept (oldest evicted first; 0: the context only)")
 
 
 def check_one_drafter(args: argparse.Namespace) -> None:
-    if sum(map(bool, (args.ngram, args.draft_model, args.medusa, args.eagle))) > 1:
-        raise ValueError("choose one drafter (--ngram, --draft-model, --medusa or --eagle)")
+    if sum(map(bool, (args.ngram, args.suffix, args.draft_model, args.medusa, args.eagle))) > 1:
+        raise ValueError("choose one drafter (--ngram, --suffix, --draft-model, --medusa or --eagle)")
 
 
 def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
     """The drafter the flags choose for ``target`` (None: no drafter flag). Reads ``args.device``, ``args.dtype``
     and ``args.no_packed_linears`` besides the drafter flags."""
-    from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter
+    from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter, SuffixDrafter
     from specdec_ext.generate import load_model
     from specdec_ext.models.checkpoints import resolve_eagle_dtype
 
@@ -61,6 +69,10 @@ def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
                                  packed_linears=not args.no_packed_linears)
     if args.ngram:
         return NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
+    if args.suffix:
+        return SuffixDrafter(max_depth=args.suffix_depth, max_nodes=args.suffix_depth + 1,
+                             spec_factor=args.suffix_spec_factor, min_prob=args.suffix_min_prob,
+                             corpus_tokens=args.suffix_corpus_tokens)
     if args.medusa:
         return MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device,
                                              max_nodes=args.medusa_nodes, dynamic=args.medusa_dynamic)

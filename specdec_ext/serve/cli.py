@@ -21,7 +21,10 @@ from specdec_ext.threads import add_threads_argument
 
 __all__ = ["add_serve_command", "apply_speculative_config", "best_drafter", "build_server", "serve_cmd"]
 
-SPEC_METHODS = ("eagle", "eagle3", "medusa", "ngram", "draft_model")
+SPEC_METHODS = ("eagle", "eagle3", "medusa", "ngram", "draft_model", "suffix")
+# vLLM's suffix-decoding keys and the --suffix flags they set
+SUFFIX_KEYS = {"suffix_decoding_max_tree_depth": "suffix_depth", "suffix_decoding_max_spec_factor": "suffix_spec_factor",
+               "suffix_decoding_min_token_prob": "suffix_min_prob"}
 
 
 def add_serve_command(sub) -> argparse.ArgumentParser:
@@ -44,8 +47,9 @@ def add_serve_command(sub) -> argparse.ArgumentParser:
                    help="multiply with aten's products (default: packed weights for few-row products)")
     d = p.add_argument_group("speculation")
     add_drafter_arguments(d)
-    d.add_argument("--speculative-config", help="vLLM's JSON: {\"method\": eagle|eagle3|medusa|ngram|draft_model, "
-                                                "\"model\": DIR, \"num_speculative_tokens\": k}")
+    d.add_argument("--speculative-config",
+                   help="vLLM's JSON: {\"method\": eagle|eagle3|medusa|ngram|draft_model|suffix, \"model\": DIR, "
+                        "\"num_speculative_tokens\": k} (suffix: vLLM's suffix_decoding_* keys, no model)")
     d.add_argument("--adaptive", action="store_true",
                    help="wrap the drafter in AdaptiveDrafter (each step's depth chosen for the load)")
     s = p.add_argument_group("the server")
@@ -77,19 +81,31 @@ def apply_speculative_config(args: argparse.Namespace) -> None:
     method = cfg.get("method")
     if method not in SPEC_METHODS:
         raise ValueError(f"--speculative-config: method must be one of {', '.join(SPEC_METHODS)}, got {method!r}")
+    if "suffix_decoding_max_cached_requests" in cfg:
+        raise ValueError("--speculative-config: suffix_decoding_max_cached_requests is not supported: the corpus' "
+                         "budget counts tokens here (specdec serve --suffix --suffix-corpus-tokens N)")
     unknown = sorted(set(cfg) - {"method", "model", "num_speculative_tokens", "prompt_lookup_max",
-                                 "prompt_lookup_min", "draft_tensor_parallel_size"})
+                                 "prompt_lookup_min", "draft_tensor_parallel_size", *SUFFIX_KEYS})
     if unknown:
         raise ValueError(f"--speculative-config: unsupported key(s) {', '.join(unknown)}")
+    misplaced = sorted(set(cfg) & set(SUFFIX_KEYS)) if method != "suffix" else []
+    if misplaced:
+        raise ValueError(f"--speculative-config: {', '.join(misplaced)} belong(s) to method \"suffix\"")
     k = cfg.get("num_speculative_tokens")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         raise ValueError(f"--speculative-config: num_speculative_tokens must be an integer >= 1, got {k!r}")
     model = cfg.get("model")
-    if method != "ngram" and not isinstance(model, str):
+    if method not in ("ngram", "suffix") and not isinstance(model, str):
         raise ValueError(f"--speculative-config: method {method!r} needs \"model\": the draft's directory")
-    if any((args.ngram, args.draft_model, args.medusa, args.eagle)):
-        raise ValueError("--speculative-config chooses the drafter: drop --ngram / --draft-model / --medusa / --eagle")
-    if method == "ngram":
+    if any((args.ngram, args.suffix, args.draft_model, args.medusa, args.eagle)):
+        raise ValueError("--speculative-config chooses the drafter: drop --ngram / --suffix / --draft-model / --medusa "
+                         "/ --eagle")
+    if method == "suffix":
+        args.suffix = True
+        for key, flag in SUFFIX_KEYS.items():
+            if key in cfg:
+                setattr(args, flag, cfg[key])  # (checked by SuffixDrafter, which names the setting)
+    elif method == "ngram":
         args.ngram = True
         args.num_draft_tokens = k or args.num_draft_tokens
         args.max_ngram = cfg.get("prompt_lookup_max", args.max_ngram)
@@ -138,7 +154,10 @@ def build_server(args: argparse.Namespace):
         from specdec_ext.zoo import DRAFTER_NAMES, load_family
 
         if any((args.ngram, args.draft_model, args.medusa, args.eagle)):
-            raise ValueError("--zoo brings its drafters: choose one with --zoo-drafter, not --ngram/--eagle/...")
+            raise ValueError("--zoo brings its drafters: choose one with --zoo-drafter, not --ngram/--eagle/... "
+                             "(--suffix, which needs no model, goes with the family's target)")
+        if args.suffix and args.zoo_drafter != "best":
+            raise ValueError("--suffix chooses the drafter: drop --zoo-drafter")
         if args.zoo_drafter not in ("best", "plain", *DRAFTER_NAMES):
             raise ValueError(f"--zoo-drafter must be best, plain or one of {', '.join(DRAFTER_NAMES)}, got "
                              f"{args.zoo_drafter!r}")
@@ -148,7 +167,10 @@ def build_server(args: argparse.Namespace):
                           packed_linears=not args.no_packed_linears, eagle_dtype="auto")
         name = best_drafter(fam.card, fam.drafter_names) if args.zoo_drafter == "best" else args.zoo_drafter
         target, tokenizer = fam.target, fam.tokenizer
-        drafter = None if name == "plain" else fam.make_drafter(name)
+        if args.suffix:
+            drafter = drafter_from_args(args, target)
+        else:
+            drafter = None if name == "plain" else fam.make_drafter(name)
         model_name = args.served_model_name or fam.card.get("name") or "specdec-zoo"
     else:
         from transformers import AutoTokenizer
