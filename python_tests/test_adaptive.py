@@ -595,6 +595,42 @@ def test_rows_joining_a_speculating_batch_are_prefilled_at_once():
     assert asked == [True, False, True] and ad._lag >= 8
 
 
+def test_draft_prefills_of_rows_joining_a_speculating_batch_count_against_speculating():
+    """At 12 rows one step of drafting pays by ~7% on the target and draft costs alone (0.85 acceptance; 10 ms + 2 ms
+    a token per forward, 1 ms a draft level). A row joins before every step; joining a speculating batch costs the
+    inner drafter 10 ms of prefill, joining a plain one nothing (deferred). The wrapper books the joins' cost per
+    speculative step (``join_cost``) and settles on plain decoding; with free joins it keeps drafting."""
+    class JoinCosting(FakeChain):
+        defers_prefill = True
+
+        def __init__(self, clock, join: float, **kw):
+            super().__init__(clock, **kw)
+            self.join = join
+
+        def begin(self, target, state, prefill_hidden_states=None, *, defer_prefill=False):
+            pass
+
+        def add_rows(self, target, rows, prefill_hidden_states=None, *, defer_prefill=False):
+            if not defer_prefill:
+                self.clock.t += self.join
+
+    tails = {}
+    for join in (0.0, 0.01):
+        clock = FakeClock()
+        ad = AdaptiveDrafter(JoinCosting(clock, join, D=4, draft_time=lambda d: 1e-3 * d), explore_every=8,
+                             clock=clock)
+        state = fake_state(12)
+        ad.begin(None, state)
+        for s in range(80):
+            ad.add_rows(None, fake_state(1))
+            fake_run(ad, clock, 1, B=12, target_time=lambda x: 0.01 + 2e-3 * x, accept=geometric(0.85, seed=s),
+                     state=state, start=s)
+        tails[join] = ad.history[-30:]
+        if join:
+            assert ad.join_cost == pytest.approx(join, rel=0.3), ad.join_cost
+    assert tails[0.0].count(0) <= 10 and tails[0.01].count(0) >= 24, tails
+
+
 def test_optimism_keeps_one_row_from_settling_on_a_depth_after_one_unlucky_step():
     """At one row each step is one sample: a single failure at depth 3 pulls its estimate to 0.35, below what depth
     3 needs to pay (~0.68), and without optimism only rare explorations could lift it (the drafter settles at depth

@@ -11,7 +11,7 @@ cost model, to maximise expected tokens per second.
 
 Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``{0, 1, ..., D}`` maximising::
 
-    E[tokens per row-step | d] / (t_target(B * N(d)) + t_draft(B, d))
+    E[tokens per row-step | d] / (t_target(B * N(d)) + t_draft(B, d) + t_join [d > 0])
 
 (the number of live rows multiplies every candidate alike, so it does not change the choice), where
 
@@ -28,6 +28,9 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
 * ``t_draft(B, d)``: the inner drafter's propose + observe time, the same kind of fit over depths per batch size;
   where B measured too few depths to say how the cost grows with d, the curve of the nearest batch size that did,
   scaled by the ratio of the two at the depths both measured.
+* ``t_join``: the inner drafter's prefill of the rows that join while the batch speculates (a plain batch defers
+  it), per speculative step: a decayed mean over speculative steps, zero for steps without a join. In a closed loop
+  a row joins every step or two, so at 10-16 rows this is what tips one step of drafting below plain decoding.
 * ``N(d)``: tree nodes at depth d, measured from the trees the inner drafter returns (chains: ``d + 1``; tree
   drafters: whatever they build); before a depth was seen, ``d + 1`` bounded by the measured neighbours.
 
@@ -257,6 +260,8 @@ class AdaptiveDrafter:
         self.nodes: dict[int, float] = {0: 1.0}  # depth -> mean tree nodes
         self.catchup: dict[int, float] = {}  # batch rows -> draft seconds per lagging token and row (caught up on)
         self._lag = 0
+        self.join_cost = 0.0  # seconds per speculative step of the inner drafter's prefill of joining rows
+        self._join_s = 0.0  # ... accumulated since the last step
         self.depth_hist: dict[int, int] = {}
         self.history: list[int] = []
         self.steps_total = 0
@@ -277,8 +282,13 @@ class AdaptiveDrafter:
 
     def add_rows(self, target: torch.nn.Module, rows: DecodeState, prefill_hidden_states=None, *,
                  defer_prefill: bool = False) -> None:
-        """Forwarded to the inner drafter (its prefill deferred as in :meth:`begin`)."""
-        self.inner.add_rows(target, rows, prefill_hidden_states, **self._defer(rows))
+        """Forwarded to the inner drafter (its prefill deferred as in :meth:`begin`). A prefill that runs now (the
+        batch speculates) is timed: joins are a cost of speculating (:attr:`join_cost`)."""
+        kw = self._defer(rows)
+        t0 = self.clock()
+        self.inner.add_rows(target, rows, prefill_hidden_states, **kw)
+        if not kw:
+            self._join_s += self.clock() - t0
 
     def _defer(self, rows: DecodeState) -> dict:
         """The inner drafter's ``defer_prefill`` keyword for ``rows``, and the lag it leaves: context tokens per row
@@ -320,6 +330,10 @@ class AdaptiveDrafter:
         if d > 0:
             old = self.nodes.get(d)
             self.nodes[d] = float(N) if old is None else old + 0.5 * (N - old)
+        # joins since the last step, while speculating: their draft prefill ran at once (a plain batch defers it)
+        joined, self._join_s = self._join_s, 0.0
+        if d > 0 and self.history[-2:-1] and self.history[-2] > 0:
+            self.join_cost += self.cost_alpha * (joined - self.join_cost)
         # timings (the generation's first step adds nothing to the curves: first-shape effects)
         lag, self._lag = self._lag, (self._lag + 1 if d == 0 else 0)
         dt = (t1 - t0) + (t3 - t2)
@@ -420,11 +434,12 @@ class AdaptiveDrafter:
         return t_ref * (num / den) if den > 0 else (curve.predict(d) or 0.0)
 
     def predicted_step_time(self, B: int, d: int) -> float | None:
-        """Predicted seconds of one step at depth d with B rows (None before any timing)."""
+        """Predicted seconds of one step at depth d with B rows (None before any timing): the target's and the
+        drafter's, and for d > 0 the draft prefills of the rows that join a speculating batch, per step."""
         t = self.target_cost.predict(B * self.nodes_at(d))
         if t is None:
             return None
-        return t + self._draft_time(B, d)
+        return t + self._draft_time(B, d) + (self.join_cost if d > 0 else 0.0)
 
     def score(self, B: int, d: int, optimism: float = 0.0) -> float | None:
         """Expected tokens per second per row at depth d (None before any timing)."""
