@@ -205,8 +205,12 @@ def test_many_short_requests_leave_memory_flat(kind):
     assert engine.state is None and engine.cache.storage.shape[2] == 0
     engine_only = {k: v for k, v in left_behind(engine, seen_sizes).items() if not k.startswith("engine.drafter")}
     assert not engine_only, engine_only
+    # the engine answers take_text for the requests that ended in its last step, until the next one: at most a
+    # batch of them and the aborts before that step, nothing older
+    last = {id(r) for r in engine._ended.values()}
+    assert len(last) <= 2 * 8 and all(r.finished for r in engine._ended.values())
     gc.collect()
-    assert not [o for o in gc.get_objects() if type(o) is Request]
+    assert not [o for o in gc.get_objects() if type(o) is Request and id(o) not in last]
 
 
 @pytest.mark.parametrize("kind", ["draft", "ngram"])
