@@ -332,7 +332,7 @@ class AdaptiveDrafter:
             self.nodes[d] = float(N) if old is None else old + 0.5 * (N - old)
         # joins since the last step, while speculating: their draft prefill ran at once (a plain batch defers it)
         joined, self._join_s = self._join_s, 0.0
-        if d > 0 and self.history[-2:-1] and self.history[-2] > 0:
+        if d > 0 and len(self.history) > 1 and self.history[-2] > 0:
             self.join_cost += self.cost_alpha * (joined - self.join_cost)
         # timings (the generation's first step adds nothing to the curves: first-shape effects)
         lag, self._lag = self._lag, (self._lag + 1 if d == 0 else 0)

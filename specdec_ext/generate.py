@@ -27,7 +27,8 @@ import torch
 
 from specdec_ext.drafters.base import check_drafter
 from specdec_ext.engine import DecodeStats, Engine, RequestSettings, TokenStream
-from specdec_ext.engine.limits import check_positions, check_target, check_token_ids, eos_token_ids, is_int
+from specdec_ext.engine.limits import (check_id_tensor, check_positions, check_target, check_token_ids,
+                                       eos_token_ids, is_int)
 from specdec_ext.models.causal_lm import load_causal_lm
 from specdec_ext.models.config import check_window, text_config
 
@@ -55,16 +56,10 @@ def load_model(path_or_model, dtype: torch.dtype | str | None = None, device: to
     return model.eval()
 
 
-def _check_ids_tensor(t: torch.Tensor, what: str) -> None:
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise ValueError(f"generate: {what} must hold integer token ids (e.g. torch.int64), got a tensor of dtype "
-                         f"{t.dtype}")
-
-
 def _prompts(input_ids) -> tuple[list[list[int]], str]:
     """Prompts as lists of ints, and the input form ("1d", "2d" or "list") the output mirrors."""
     if isinstance(input_ids, torch.Tensor):
-        _check_ids_tensor(input_ids, "input_ids")
+        check_id_tensor("generate", "input_ids", input_ids)
         if input_ids.dim() == 1:
             return [input_ids.tolist()], "1d"
         if input_ids.dim() == 2:
@@ -76,7 +71,7 @@ def _prompts(input_ids) -> tuple[list[list[int]], str]:
         rows = []
         for b, row in enumerate(input_ids):
             if isinstance(row, torch.Tensor):
-                _check_ids_tensor(row, f"input_ids[{b}]")
+                check_id_tensor("generate", f"input_ids[{b}]", row)
                 if row.dim() != 1:
                     raise ValueError(f"generate: input_ids[{b}] must be a 1-D tensor of token ids, got shape "
                                      f"{tuple(row.shape)}")

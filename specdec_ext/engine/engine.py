@@ -50,7 +50,8 @@ import time
 import torch
 
 from specdec_ext.drafters.base import check_drafter, serving, to_device
-from specdec_ext.engine.limits import check_positions, check_target, check_token_ids, eos_token_ids, is_int
+from specdec_ext.engine.limits import (check_id_tensor, check_positions, check_target, check_token_ids,
+                                       eos_token_ids, is_int)
 from specdec_ext.engine.request import Request
 from specdec_ext.engine.scheduler import Scheduler
 from specdec_ext.engine.settings import RequestSettings
@@ -78,9 +79,7 @@ def _accepts(model, name: str) -> bool:
 def prompt_list(prompt_ids, where: str = "add_request") -> list[int]:
     """A prompt (a list of ints or a 1-D integer tensor) as a non-empty list of ints, or a ValueError."""
     if isinstance(prompt_ids, torch.Tensor):
-        if prompt_ids.dtype.is_floating_point or prompt_ids.dtype.is_complex or prompt_ids.dtype == torch.bool:
-            raise ValueError(f"{where}: prompt_ids must hold integer token ids, got a tensor of dtype "
-                             f"{prompt_ids.dtype}")
+        check_id_tensor(where, "prompt_ids", prompt_ids)
         if prompt_ids.dim() != 1:
             raise ValueError(f"{where}: prompt_ids must be a 1-D tensor (one prompt), got shape "
                              f"{tuple(prompt_ids.shape)}")

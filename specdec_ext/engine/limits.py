@@ -11,12 +11,19 @@ import torch
 
 from specdec_ext.models.config import text_config
 
-__all__ = ["check_positions", "check_target", "check_token_ids", "eos_token_ids", "is_int"]
+__all__ = ["check_id_tensor", "check_positions", "check_target", "check_token_ids", "eos_token_ids", "is_int"]
 
 
 def is_int(value) -> bool:
     """An integer that is not a bool (Python or NumPy)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_id_tensor(where: str, what: str, t: torch.Tensor) -> None:
+    """``t`` (named ``what``) holds integers: token ids may not be floats, complex numbers or bools."""
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{where}: {what} must hold integer token ids (e.g. torch.int64), got a tensor of dtype "
+                         f"{t.dtype}")
 
 
 def check_target(where: str, target) -> None:
@@ -41,9 +48,7 @@ def eos_token_ids(where: str, eos_token_id, target) -> list[int]:
     if eos_token_id is None:
         return []
     if isinstance(eos_token_id, torch.Tensor):
-        if eos_token_id.dtype.is_floating_point or eos_token_id.dtype.is_complex or eos_token_id.dtype == torch.bool:
-            raise ValueError(f"{where}: eos_token_id must hold integer token ids, got a tensor of dtype "
-                             f"{eos_token_id.dtype}")
+        check_id_tensor(where, "eos_token_id", eos_token_id)
         eos_token_id = eos_token_id.flatten().tolist()
     ids = [eos_token_id] if is_int(eos_token_id) else eos_token_id
     if not isinstance(ids, (list, tuple)) or not all(is_int(i) for i in ids):
