@@ -23,6 +23,7 @@ from test_bench import models  # noqa: E402  (the tiny random models, built once
 
 from specdec_ext import Engine, RequestSettings  # noqa: E402
 from specdec_ext.bench import cli as bench_cli  # noqa: E402
+from specdec_ext.bench import engine_load  # noqa: E402
 from specdec_ext.bench.load_clients import (ClosedClients, Job, PoissonArrivals, Trace, drive,  # noqa: E402
                                             make_workload, summarise)
 
@@ -112,12 +113,21 @@ def test_summary_arithmetic():
     assert s["latency_p50_ms"] == pytest.approx(750.0)
 
 
+def test_round_order_rotates_every_method_through_every_place():
+    methods = ["plain", "ngram", "eagle2", "adaptive"]
+    orders = [engine_load.round_order(methods, r) for r in range(4)]
+    assert orders[0] == methods and engine_load.round_order(methods, 4) == methods
+    for place in range(4):
+        assert sorted(o[place] for o in orders) == sorted(methods)
+
+
 def test_engine_suite_through_the_cli(tmp_path, capsys):
     out = tmp_path / "res"
     rc = bench_cli.main(["--tiny", "--suite", "engine", "--out", str(out), "--name", "engine_load",
                          "--concurrency", "1,3", "--rates", "300", "--requests", "4", "--engine-prompt-len", "16",
                          "--engine-max-new-tokens", "8", "--max-batch", "2",
-                         "--engine-methods", "plain,ngram,draft-model,adaptive", "--note", "shared machine"])
+                         "--engine-methods", "plain,ngram,draft-model,adaptive", "--repeats", "2",
+                         "--note", "shared machine"])
     assert rc == 0
     files = sorted(os.listdir(out))
     stem = files[0].removesuffix(".json")
@@ -141,6 +151,8 @@ def test_engine_suite_through_the_cli(tmp_path, capsys):
         assert r["tokens"] == r["engine_new_tokens"] == sum(j.max_new_tokens for j in jobs), r
         assert r["outputs_match_plain"] is True, r
         assert r["tokens_per_s"] > 0 and r["duration_s"] > 0
+        # two rounds; the row is the lower one's (the lower middle of an even count)
+        assert len(r["tokens_per_s_rounds"]) == 2 and r["tokens_per_s"] == min(r["tokens_per_s_rounds"])
         assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and 0 < r["itl_p50_ms"] <= r["itl_p99_ms"]
         assert r["ttft_p99_ms"] <= r["latency_p99_ms"] <= 1e3 * r["duration_s"]
         assert r["mean_accepted_length"] >= 1.0 and r["max_batch_seen"] <= (3 if r["value"] == 3 else 2)
@@ -163,6 +175,7 @@ def test_engine_suite_through_the_cli(tmp_path, capsys):
     (["--rates", "1,-2"], "--rates must be > 0"),
     (["--engine-methods", "plain,warp"], "unknown method(s) ['warp']"),
     (["--adaptive-inner", "warp"], "adaptive_inner must be 'best' or one of"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
 ])
 def test_engine_suite_bad_arguments(argv, message, tmp_path, capsys):
     rc = bench_cli.main(["--tiny", "--suite", "engine", "--out", str(tmp_path), *argv])

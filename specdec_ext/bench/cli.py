@@ -32,7 +32,7 @@ PRESETS = {
     "num_prompts": (8, 2), "prompt_len": (128, 64), "max_new_tokens": (128, 32),
     "context_prompts": (4, 1), "context_new_tokens": (64, 32), "warmup_tokens": (16, 8),
     "concurrency": ((1, 2, 4, 8, 16), (1, 2)), "rates": ((2.0, 8.0, 32.0), (50.0,)), "requests": (16, 4),
-    "engine_prompt_len": (64, 32), "engine_max_new_tokens": (48, 16),
+    "engine_prompt_len": (64, 32), "engine_max_new_tokens": (48, 16), "engine_repeats": (3, 1),
     "serve_concurrency": ((1, 2, 4, 8, 16, 32, 64), (1, 2)), "serve_time_limit": (60.0, 30.0),
 }
 
@@ -109,6 +109,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--adaptive-inner", default="best", help="the adaptive drafter's inner drafter (default best: "
                                                             "the fastest fixed drafter at the first load)")
     e.add_argument("--sampled", action="store_true", help="sample at temperature 1 (default greedy)")
+    e.add_argument("--repeats", type=int, help="rounds per load, in rotated method order; each method reports its "
+                                               "median round (default 3, quick 1)")
     v = p.add_argument_group("serve suite (specdec serve on loopback, streaming clients; --concurrency, --requests, "
                              "--engine-prompt-len and --engine-max-new-tokens apply; default concurrency 1,2,...,64)")
     v.add_argument("--serve-drafter", default="best",
@@ -215,7 +217,8 @@ def _engine_config(args: argparse.Namespace, st: dict):
         raise BenchError(f"--rates must be > 0 requests/s, got {rates}")
     sizes = {}
     for flag, key in (("requests", "requests"), ("engine_prompt_len", "engine_prompt_len"),
-                      ("engine_max_new_tokens", "engine_max_new_tokens"), ("max_batch", None)):
+                      ("engine_max_new_tokens", "engine_max_new_tokens"), ("max_batch", None),
+                      ("repeats", "engine_repeats")):
         val = getattr(args, flag)
         if val is not None and val < 1:
             raise BenchError(f"--{flag.replace('_', '-')} must be >= 1, got {val}")
@@ -224,7 +227,7 @@ def _engine_config(args: argparse.Namespace, st: dict):
     return EngineLoadConfig(concurrency=tuple(conc), rates=tuple(rates), requests=sizes["requests"],
                             prompt_len=sizes["engine_prompt_len"], max_new_tokens=sizes["engine_max_new_tokens"],
                             max_batch=sizes["max_batch"], temperature=1.0 if args.sampled else 0.0, methods=methods,
-                            adaptive_inner=args.adaptive_inner, seed=args.seed)
+                            adaptive_inner=args.adaptive_inner, seed=args.seed, repeats=sizes["repeats"])
 
 
 def default_out_dir() -> str:

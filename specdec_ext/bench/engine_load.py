@@ -2,8 +2,10 @@
 
 Loads: a closed loop of ``C`` concurrent clients (engine of ``C`` rows) and an open loop of requests arriving as a
 Poisson process at each rate (engine of ``max_batch`` rows, the rest queued). At every load, every method serves
-the same requests (:func:`~specdec_ext.bench.load_clients.make_workload`) one after the other, so a machine that
-slows down slows them alike; each method keeps one drafter for the whole run (as a server does). ``adaptive`` is
+the same requests (:func:`~specdec_ext.bench.load_clients.make_workload`) one after the other, ``repeats`` rounds
+in a rotated order (round ``r`` starts at the ``r``-th method), and each method reports its median round: a VM
+that drifts or a neighbour that wakes up then lands on every method alike instead of on whichever ran last. Each
+method keeps one drafter for the whole run (as a server does). ``adaptive`` is
 an :class:`~specdec_ext.adaptive.AdaptiveDrafter` around ``adaptive_inner`` (``"best"``: the fixed drafter with the
 highest throughput at the first load). Per configuration: throughput, TTFT and ITL p50/p99, mean accepted length,
 whether greedy outputs equal plain decoding's. The summary asks the issue's question: where does speculation stop
@@ -39,6 +41,7 @@ class EngineLoadConfig:
     methods: tuple[str, ...] | None = None  # default: plain, every drafter, adaptive
     adaptive_inner: str = "best"
     seed: int = 0
+    repeats: int = 1  # rounds per load, rotated; each method reports its median round
 
 
 def _loads(cfg: EngineLoadConfig) -> list[tuple[str, float]]:
@@ -54,6 +57,8 @@ def _methods(cfg: EngineLoadConfig, names: list[str]) -> list[str]:
         raise ValueError("adaptive_inner 'best' needs a fixed drafter among the methods (or name the inner drafter)")
     if cfg.adaptive_inner not in ("best", *names):
         raise ValueError(f"adaptive_inner must be 'best' or one of {', '.join(names)}, got {cfg.adaptive_inner!r}")
+    if not (isinstance(cfg.repeats, int) and cfg.repeats >= 1):
+        raise ValueError(f"repeats must be an integer >= 1, got {cfg.repeats!r}")
     # plain first (the reference outputs), adaptive last (its inner drafter may be the best of the others)
     return ["plain"] + [m for m in methods if m not in ("plain", "adaptive")] + (["adaptive"] if "adaptive" in methods else [])
 
@@ -105,21 +110,24 @@ def run_engine_load(models, cfg: EngineLoadConfig = EngineLoadConfig(), log=prin
     for kind, value in loads:
         n = max(cfg.requests, 2 * int(value)) if kind == "closed" else cfg.requests
         jobs = workload[:n]
-        reference = None
+        runs: dict[str, list[tuple[dict, list]]] = {m: [] for m in methods}
+        for r in range(cfg.repeats):
+            for m in round_order(methods, r):
+                if m == "adaptive" and "adaptive" not in drafters:
+                    if inner is None:  # the best fixed drafter at the first load's first round
+                        inner = max(((f, rs[0][0]["tokens_per_s"]) for f, rs in runs.items() if f in names and rs),
+                                    key=lambda fr: fr[1])[0]
+                    drafters["adaptive"] = AdaptiveDrafter(models.make_drafter(inner))
+                    warm_up("adaptive")
+                source = ClosedClients(n, int(value)) if kind == "closed" else \
+                    PoissonArrivals(n, float(value), cfg.seed + 7919)
+                runs[m].append(_run_one(models, drafters[m], jobs, source, cfg,
+                                        int(value) if kind == "closed" else cfg.max_batch))
+        reference = runs["plain"][0][1]
         for m in methods:
-            if m == "adaptive" and "adaptive" not in drafters:
-                if inner is None:  # the best fixed drafter at this (the first) load
-                    inner = max((r for r in rows if r["method"] in names), key=lambda r: r["tokens_per_s"])["method"]
-                drafters["adaptive"] = AdaptiveDrafter(models.make_drafter(inner))
-                warm_up("adaptive")
-            source = ClosedClients(n, int(value)) if kind == "closed" else \
-                PoissonArrivals(n, float(value), cfg.seed + 7919)
-            row, outputs = _run_one(models, drafters[m], jobs, source, cfg,
-                                    int(value) if kind == "closed" else cfg.max_batch)
-            if m == "plain":
-                reference = outputs
-            row.update(load=kind, value=value, method=m,
-                       outputs_match_plain=None if cfg.temperature > 0 else outputs == reference)
+            row = _median_run(runs[m])
+            row.update(load=kind, value=value, method=m, outputs_match_plain=None if cfg.temperature > 0 else
+                       all(outputs == reference for _, outputs in runs[m]))
             rows.append(row)
             if log:
                 log(format_row(row))
@@ -128,6 +136,22 @@ def run_engine_load(models, cfg: EngineLoadConfig = EngineLoadConfig(), log=prin
             "budget)", "itl": "a step handing a request k tokens g s after its last ones counts as k intervals of "
             "g / k", "rows": rows, "summary": summarise_loads(rows, methods, names),
             "seconds": round(time.perf_counter() - t_start, 1)}
+
+
+def round_order(methods: list[str], r: int) -> list[str]:
+    """Round ``r``'s order: round 0 the declared one (plain first, adaptive after the drafters "best" picks from),
+    then rotated, so that no method always runs first or last."""
+    k = r % len(methods)
+    return methods[k:] + methods[:k]
+
+
+def _median_run(runs: list[tuple[dict, list]]) -> dict:
+    """The round with the median throughput (the lower middle one of an even count), with every round's
+    throughput beside it."""
+    ordered = sorted((row for row, _ in runs), key=lambda row: row["tokens_per_s"])
+    row = dict(ordered[(len(ordered) - 1) // 2])
+    row["tokens_per_s_rounds"] = [r["tokens_per_s"] for r, _ in runs]
+    return row
 
 
 def summarise_loads(rows: list[dict], methods: list[str], names: list[str]) -> dict:
