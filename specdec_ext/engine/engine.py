@@ -58,7 +58,7 @@ from specdec_ext.engine.settings import RequestSettings
 from specdec_ext.engine.stats import DecodeStats
 from specdec_ext.engine.stop_strings import TextStops
 from specdec_ext.engine.verify import Verifier
-from specdec_ext.models import TreeKVCache, tree_forward, use_tree_attention
+from specdec_ext.models import make_cache, tree_forward, use_tree_attention
 from specdec_ext.models.config import check_window, text_config
 from specdec_ext.models.fast_linear import pack_linears_where_fast, packed_linears
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
@@ -152,8 +152,8 @@ class Engine:
         self.layers = tuple(drafter.hidden_state_layers) if drafter is not None else ()
         self._hidden_kwargs = {"output_hidden_states": True, "return_outputs": True} if self.layers else {}
         self._logits_to_keep = {"logits_to_keep": 1} if _accepts(target, "logits_to_keep") else {}
-        self.cache = TreeKVCache(target.config, 0, self.max_len, dtype=self.dtype, device=self.device,
-                                 capacity=self.max_batch)
+        self.cache = make_cache(target.config, 0, self.max_len, dtype=self.dtype, device=self.device,
+                                capacity=self.max_batch)
         self.scheduler = Scheduler(self.max_batch)
         self.state: DecodeState | None = None
         self.requests: dict[int, Request] = {}  # unfinished requests (running or queued) by id
@@ -327,7 +327,7 @@ class Engine:
         rows = self._rows_of(joining)
         T = max(rows.prompt_lens) - 1  # everything but each prompt's last token (its first root)
         # a cache that holds the prompts only: the join copies T slots a row, not max_len
-        cache = TreeKVCache(self.target.config, len(joining), max(T, 1), dtype=self.dtype, device=self.device)
+        cache = make_cache(self.target.config, len(joining), max(T, 1), dtype=self.dtype, device=self.device)
         hidden = None
         if T > 0:
             out = tree_forward(self.target, cache, rows.tokens[:, :T], None, 0, validate=False,

@@ -4,6 +4,9 @@
   (registered on import), :func:`use_tree_attention`, :func:`uses_attention_interface`.
 * :mod:`~specdec_ext.models.kv_cache`: :class:`TreeKVCache`, a static ``Cache`` with per-row lengths, ``rewind``,
   ``compact`` / ``accept`` (one ``ops.compact_kv`` call for all layers).
+* :mod:`~specdec_ext.models.hybrid_cache`: :func:`make_cache` (the cache for a model's config) and
+  :class:`HybridCache` (a ``TreeKVCache`` plus the recurrent states of a hybrid's linear-attention layers, committed
+  along the accepted path); :mod:`~specdec_ext.models.linear_layers` runs those layers over a tree.
 * :mod:`~specdec_ext.models.tree_forward`: :func:`tree_forward` (the verification forward, logits ``[B, N, V]``),
   :func:`extend` (append tokens per row: prefill, decoding), :func:`tree_attention_mask` (the 4-D fallback mask).
 * :mod:`~specdec_ext.models.fast_linear`: :func:`pack_linears` (a model's ``nn.Linear`` layers multiply with
@@ -16,17 +19,20 @@
 from specdec_ext.models.attention import (TREE_ATTENTION, is_tree_attention, register, tree_attention_forward,
                                           tree_metadata, use_tree_attention, uses_attention_interface)
 from specdec_ext.models.fast_linear import pack_linears, packed_linears, unpack_linears
+from specdec_ext.models.hybrid_cache import HybridCache, make_cache
 from specdec_ext.models.kv_cache import TreeKVCache, TreeKVLayer
 from specdec_ext.models.tree_forward import extend, masked_forward, tree_attention_mask, tree_forward
 
 register()
 
 __all__ = [
+    "HybridCache",
     "TREE_ATTENTION",
     "TreeKVCache",
     "TreeKVLayer",
     "extend",
     "is_tree_attention",
+    "make_cache",
     "masked_forward",
     "pack_linears",
     "packed_linears",

@@ -194,33 +194,47 @@ class TreeKVCache(Cache):
     """Static KV cache ``[L, 2, B, Hkv, S, D]`` with per-row lengths, ``rewind`` and ``compact`` (see module doc).
 
     ``config``: the model's config (``model.config``; its text/decoder config is used). ``batch_size`` rows of
-    ``max_len`` positions, in ``dtype`` (the model's dtype) on ``device``.
+    ``max_len`` positions, in ``dtype`` (the model's dtype) on ``device``. ``other_layers``: cache layers for the
+    model's non-attention layers by layer index (a hybrid model's, given by
+    :class:`~specdec_ext.models.hybrid_cache.HybridCache`); storage ``L`` then counts the attention layers only. Any
+    other layer type is refused (NotImplementedError naming it).
     """
 
     def __init__(self, config, batch_size: int, max_len: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", capacity: int | None = None):
+                 device: torch.device | str = "cpu", capacity: int | None = None, *,
+                 other_layers: dict | None = None):
         cfg = text_config(config)
         L = cfg.num_hidden_layers
         heads = cfg.num_attention_heads
         Hkv = getattr(cfg, "num_key_value_heads", None) or heads
         D = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        layer_types = getattr(cfg, "layer_types", None) or []
-        unsupported = sorted({t for t in layer_types if t not in ("full_attention", "sliding_attention")})
+        layer_types = getattr(cfg, "layer_types", None) or ["full_attention"] * L
+        # other_layers: the cache layers of a hybrid model's non-attention layers, by layer index (a subclass's,
+        # e.g. HybridCache's recurrent states); K/V storage is allocated for the attention layers only
+        other_layers = other_layers or {}
+        unsupported = sorted({t for i, t in enumerate(layer_types)
+                              if i not in other_layers and t not in ("full_attention", "sliding_attention")})
         if unsupported:
-            raise NotImplementedError(f"TreeKVCache holds full/sliding attention layers only, got {unsupported}")
+            raise NotImplementedError(
+                f"TreeKVCache holds full/sliding attention layers only, got {unsupported} layers (model_type "
+                f"{getattr(cfg, 'model_type', None)!r}); specdec_ext.models.make_cache picks the cache for a model "
+                "and names the hybrid layer types it supports")
+        kv_layers = [i for i in range(L) if i not in other_layers]
         capacity = batch_size if capacity is None else capacity
         if batch_size < 0 or capacity < max(batch_size, 1) or max_len < 1:
             raise ValueError(f"TreeKVCache: need 0 <= batch_size <= capacity, capacity >= 1 and max_len >= 1, got "
                              f"batch_size {batch_size}, capacity {capacity}, max_len {max_len}")
         # rows allocated once; the batch is a view of the first batch_size of them (see add_rows / keep_rows)
-        self._all_storage = torch.zeros(L, 2, capacity, Hkv, max_len, D, dtype=dtype, device=device)
-        self._all_lengths = torch.zeros(L, capacity, dtype=torch.int64, device=device)
+        self._all_storage = torch.zeros(len(kv_layers), 2, capacity, Hkv, max_len, D, dtype=dtype, device=device)
+        self._all_lengths = torch.zeros(len(kv_layers), capacity, dtype=torch.int64, device=device)
         self.storage = self._all_storage.narrow(2, 0, batch_size)
         self._lengths = self._all_lengths.narrow(1, 0, batch_size)
         self._write_index = _WriteIndex()
-        layers = [TreeKVLayer(self.storage[l, 0], self.storage[l, 1], self._lengths[l], l, self._write_index)
-                  for l in range(L)]
-        super().__init__(layers=layers)
+        # the attention layers, in storage order (Cache.layers holds every model layer, by layer index)
+        self._kv_layers = [TreeKVLayer(self.storage[s, 0], self.storage[s, 1], self._lengths[s], l, self._write_index)
+                           for s, l in enumerate(kv_layers)]
+        by_index = {**dict(zip(kv_layers, self._kv_layers)), **other_layers}
+        super().__init__(layers=[by_index[i] for i in range(L)])
         self.max_len = max_len
         # The window of the model's sliding-window layers, if any (tree_forward refuses trees that reach past it).
         self.sliding_window = attention_window(config)
@@ -260,8 +274,8 @@ class TreeKVCache(Cache):
         """The batch becomes the first n allocated rows (layers view them; earlier views are stale)."""
         self.storage = self._all_storage.narrow(2, 0, n)
         self._lengths = self._all_lengths.narrow(1, 0, n)
-        for l, layer in enumerate(self.layers):
-            layer.keys, layer.values, layer.lengths = self.storage[l, 0], self.storage[l, 1], self._lengths[l]
+        for s, layer in enumerate(self._kv_layers):
+            layer.keys, layer.values, layer.lengths = self.storage[s, 0], self.storage[s, 1], self._lengths[s]
             layer.batch_size = n
         self._write_index.lengths_set(None)
 

@@ -15,10 +15,15 @@ made once) hands those two in; otherwise they are derived from ``parents`` here.
 
 Afterwards the cache is rewound to ``prefix_lens``: the nodes' K/V stay at ``prefix_lens[b] + j`` for
 ``TreeKVCache.accept``.
+
+A hybrid model's :class:`~specdec_ext.models.hybrid_cache.HybridCache` works the same way: the model's linear
+layers are switched to their tree form once (:func:`~specdec_ext.models.linear_layers.prepare`) and, inside the
+cache's ``tree_step``, read the tree from the cache and record their nodes' keys and values there for ``accept``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -27,8 +32,10 @@ from specdec_ext import ops
 from specdec_ext.ops.reference import unpack_tree_mask
 from specdec_ext.models.attention import (PREFIX_LENS_KWARG, TREE_MASK_KWARG, is_tree_attention,
                                           tree_metadata)
-from specdec_ext.models.config import row_tensor
+from specdec_ext.models.config import row_tensor, text_config
+from specdec_ext.models.hybrid_cache import HybridCache
 from specdec_ext.models.kv_cache import TreeKVCache
+from specdec_ext.models.linear_layers import prepare as prepare_linear_layers
 from specdec_ext.state import TreeTables
 
 
@@ -68,6 +75,16 @@ def _cache_kwarg(model) -> str:
             params = {}
         name = _CACHE_KWARG[type(model)] = "cache" if "cache" in params else "past_key_values"
     return name
+
+
+# Model types whose forward refuses, under use_cache=True, any cache but its own class (MiniMax: "MiniMax uses cache
+# of its own"): they run with use_cache=False, under which their layers still use the cache they are given (checked
+# in transformers 5.24). Every other model keeps use_cache=True.
+OWN_CACHE_MODEL_TYPES = frozenset({"minimax"})
+
+
+def _use_cache(model) -> bool:
+    return getattr(text_config(model.config), "model_type", None) not in OWN_CACHE_MODEL_TYPES
 
 
 def _model_dtype(model, cache: TreeKVCache) -> torch.dtype:
@@ -152,16 +169,25 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     kwargs = dict(model_kwargs)
     kwargs[_cache_kwarg(model)] = cache
     tree_mask = tables.mask
-    if use_kernel:
-        placeholder = torch.ones((), dtype=torch.bool, device=device).expand(B, 1, N, cache.max_len)
-        kwargs[PREFIX_LENS_KWARG] = prefix
-        kwargs[TREE_MASK_KWARG] = tree_mask
-        with tree_metadata(prefix, tree_mask):
-            out = model(input_ids=tokens, attention_mask=placeholder, position_ids=position_ids,
-                        use_cache=True, **kwargs)
-    else:
-        mask = tree_attention_mask(prefix, tree_mask, cache.max_len, dtype=_model_dtype(model, cache))
-        out = model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True, **kwargs)
+    hybrid = isinstance(cache, HybridCache)
+    use_cache = _use_cache(model)
+    # (a hybrid's linear layers read the tree from the cache, inside its tree_step)
+    step = (cache.tree_step(prefix, tree_mask, N, chain, validate=validate) if hybrid
+            else contextlib.nullcontext())
+    if hybrid:
+        prepare_linear_layers(model, cache)
+    with step:
+        if use_kernel:
+            placeholder = torch.ones((), dtype=torch.bool, device=device).expand(B, 1, N, cache.max_len)
+            kwargs[PREFIX_LENS_KWARG] = prefix
+            kwargs[TREE_MASK_KWARG] = tree_mask
+            with tree_metadata(prefix, tree_mask):
+                out = model(input_ids=tokens, attention_mask=placeholder, position_ids=position_ids,
+                            use_cache=use_cache, **kwargs)
+        else:
+            mask = tree_attention_mask(prefix, tree_mask, cache.max_len, dtype=_model_dtype(model, cache))
+            out = model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=use_cache,
+                        **kwargs)
     cache.rewind(prefix, validate=False)  # (the lengths the forward started from)
     return out if return_outputs else out.logits
 
@@ -176,6 +202,9 @@ def masked_forward(model, cache: TreeKVCache, tokens: torch.Tensor, position_ids
     the 4-D mask (the model's SDPA); the cache's lengths are left at ``write_at``. Returns logits ``[B, T, V]``."""
     B, T = tokens.shape
     S = cache.max_len
+    if isinstance(cache, HybridCache):
+        raise ValueError("masked_forward: a HybridCache's linear layers verify a tree in one tree_forward (nodes fed "
+                         "level by level would need per-node states)")
     if mask.shape[:2] != (B, T) or mask.shape[2] > S:
         raise ValueError(f"masked_forward: mask must have shape [B={B}, T={T}, kv_len <= {S}], got "
                          f"{tuple(mask.shape)}")
@@ -183,7 +212,7 @@ def masked_forward(model, cache: TreeKVCache, tokens: torch.Tensor, position_ids
     additive = torch.full((B, 1, T, S), torch.finfo(dtype).min, dtype=dtype, device=cache.device)
     additive[:, 0, :, : mask.shape[2]].masked_fill_(mask, 0.0)
     cache.rewind(write_at, validate=False)
-    out = model(input_ids=tokens, attention_mask=additive, position_ids=position_ids, use_cache=True,
+    out = model(input_ids=tokens, attention_mask=additive, position_ids=position_ids, use_cache=_use_cache(model),
                 **{_cache_kwarg(model): cache})
     cache.rewind(write_at, validate=False)
     return out.logits

@@ -834,3 +834,125 @@ def draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv
     if validate and errors:
         _raise("draft_decoder_layer", *errors[0])
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Linear attention with a fixed per-head decay over a draft tree (Lightning attention, Simple GLA), and its commit.
+# The recurrence per head is S_t = a S_{t-1} + k_t^T v_t, o_t = q_t S_t (a = exp(log_decay) in (0, 1]). Because a
+# does not depend on the input, every tree node's output follows in one pass from the saved state S and the nodes'
+# own keys and values; no per-node state exists. A chain is the width-1 tree.
+
+
+def _check_log_decay(op: str, log_decay: torch.Tensor, H: int) -> None:
+    if log_decay.shape != (H,):
+        raise ValueError(f"{op}: log_decay must have shape [H = {H}] (one decay per head), got "
+                         f"{tuple(log_decay.shape)}")
+    bad = ~(torch.isfinite(log_decay) & (log_decay <= 0))
+    if bool(bad.any()):
+        h = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{op}: log_decay[{h}] = {float(log_decay[h])} must be finite and <= 0 (a decay "
+                         "exp(log_decay) in (0, 1])")
+
+
+def _check_ancestor_mask(op: str, dense: torch.Tensor) -> None:
+    """``dense[B, N, N]`` must be a tree's ancestor-or-self mask (tree_ancestor_mask's output): row 0 is {0} and
+    row i > 0 is {i} plus the row of its parent, the latest earlier node it holds (it must hold one)."""
+    B, N, _ = dense.shape
+    lower = torch.ones(N, N, dtype=torch.bool).tril(-1)
+    for b in range(B):
+        m = dense[b].cpu()
+        for i in range(N):
+            earlier = (m[i] & lower[i]).nonzero()
+            want = (m[int(earlier[-1, 0])].clone() if earlier.numel() else torch.zeros(N, dtype=torch.bool))
+            want[i] = True
+            if not torch.equal(m[i], want) or (i > 0 and not earlier.numel()):
+                raise ValueError(f"{op}: tree_mask[{b}, {i}] is not an ancestor-or-self row (row i must hold i and "
+                                 "exactly the row of its parent, the latest earlier node it holds; only node 0 is a "
+                                 "root; see tree_ancestor_mask)")
+
+
+def tree_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
+                          log_decay: torch.Tensor, tree_mask: torch.Tensor, validate: bool = True) -> torch.Tensor:
+    """Outputs of the N tree nodes of each row of a linear-attention layer with a fixed per-head decay.
+
+    ``q`` / ``k`` ``[B, H, N, Dk]``, ``v`` ``[B, H, N, Dv]`` (the nodes' own projections), ``state[B, H, Dk, Dv]``
+    (the row's saved state after its prefix: ``sum_t a^(T-1-t) k_t^T v_t``), ``log_decay[H]`` (``log a``, <= 0),
+    ``tree_mask``: the tree's ancestor-or-self mask (dense bool ``[B, N, N]`` or packed int32, as
+    ``tree_ancestor_mask`` gives it). With ``d_i`` node i's depth (root 0: the number of its ancestors):
+
+        o_i = a^(d_i + 1) q_i S + sum_{j ancestor-or-self of i} a^(d_i - d_j) (q_i . k_j) v_j
+
+    which is ``q_i S_i`` for the state ``S_i`` after the root-to-i path. No softmax, no scale (as MiniMax's
+    Lightning attention; a model that scales q does so before). Computed in float32; returns ``[B, H, N, Dv]`` in
+    q's dtype. ``validate``: shapes, a finite decay <= 0 and a well-formed mask (ValueError)."""
+    B, H, N, Dk = q.shape
+    Dv = v.shape[-1]
+    if validate:
+        if k.shape != (B, H, N, Dk) or v.shape[:3] != (B, H, N) or state.shape != (B, H, Dk, Dv):
+            raise ValueError(f"tree_linear_attention: need q, k [B, H, N, Dk], v [B, H, N, Dv], state [B, H, Dk, Dv];"
+                             f" got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, state "
+                             f"{tuple(state.shape)}")
+        _check_log_decay("tree_linear_attention", log_decay, H)
+    dense = unpack_tree_mask(tree_mask, N).to(q.device)
+    if validate:
+        if dense.shape != (B, N, N):
+            raise ValueError(f"tree_linear_attention: tree_mask must be for [B = {B}, N = {N}] nodes, got "
+                             f"{tuple(tree_mask.shape)}")
+        _check_ancestor_mask("tree_linear_attention", dense)
+    log_a = log_decay.to(device=q.device, dtype=torch.float32)[None, :, None, None]  # [1, H, 1, 1]
+    depth = (dense.sum(-1) - 1).to(torch.float32)[:, None]  # [B, 1, N]
+    gap = depth[..., :, None] - depth[..., None, :]  # [B, 1, N, N]: d_i - d_j
+    # masked entries (non-ancestors, where d_i - d_j may be negative) are exactly 0, never exp(+x)
+    weights = torch.where(dense[:, None], torch.exp(log_a * gap.clamp(min=0)), torch.zeros((), device=q.device))
+    qf, kf, vf = q.float(), k.float(), v.float()
+    intra = ((qf @ kf.transpose(-1, -2)) * weights) @ vf
+    inter = torch.exp(log_a * (depth[..., None] + 1)) * (qf @ state.float())
+    return (inter + intra).to(q.dtype)
+
+
+def commit_linear_state(state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
+                        path: torch.Tensor, lengths: torch.Tensor, validate: bool = True) -> None:
+    """In place, per row b, with n = lengths[b] and the nodes ``p_t = path[b, t]`` for t < n (root first):
+
+        state[b] <- a^n state[b] + sum_{t < n} a^(n - 1 - t) k[b, :, p_t]^T v[b, :, p_t]
+
+    i.e. the state after the accepted path, from the saved state and the nodes' keys and values (the analogue of
+    ``compact_kv``; rows accept different lengths, n = 0 leaves a row as it is). ``state[B, H, Dk, Dv]`` (float32),
+    ``k[B, H, N, Dk]``, ``v[B, H, N, Dv]``, ``log_decay[H]`` (<= 0), ``path[B, L]`` int64 node indices (-1 padded),
+    ``lengths[B]``. Several layers commit in one call as more heads: ``[B, layers * H, ...]`` views. An invalid row
+    (lengths[b] not in [0, L], a path node of t < n not in [0, N)) is left untouched; with ``validate`` the lowest
+    one raises ValueError after the valid rows are committed, and a bad shape or decay raises first."""
+    B, H, Dk, Dv = state.shape
+    N, L = k.shape[2], path.shape[1]
+    if validate:
+        if k.shape != (B, H, N, Dk) or v.shape != (B, H, N, Dv) or path.shape != (B, L) or lengths.shape != (B,):
+            raise ValueError(f"commit_linear_state: need state [B, H, Dk, Dv], k [B, H, N, Dk], v [B, H, N, Dv], "
+                             f"path [B, L], lengths [B]; got state {tuple(state.shape)}, k {tuple(k.shape)}, v "
+                             f"{tuple(v.shape)}, path {tuple(path.shape)}, lengths {tuple(lengths.shape)}")
+        _check_log_decay("commit_linear_state", log_decay, H)
+    dev = state.device
+    n = lengths.to(device=dev, dtype=torch.int64)
+    path = path.to(device=dev, dtype=torch.int64)
+    t = torch.arange(L, device=dev)
+    used = t[None, :] < n[:, None]  # [B, L]
+    bad_node = (used & ((path < 0) | (path >= N))).any(1)
+    bad = (n < 0) | (n > L) | bad_node
+    log_a = log_decay.to(device=dev, dtype=torch.float32)[None, :, None]  # [1, H, 1]
+    nf = n.clamp(0, L).to(torch.float32)[:, None, None]  # [B, 1, 1]
+    w = torch.where(used[:, None], torch.exp(log_a * (nf - 1 - t.float()).clamp(min=0)),
+                    torch.zeros((), device=dev))  # [B, H, L]
+    idx = path.clamp(0, max(N - 1, 0))[:, None, :, None]
+    kk = k.float().gather(2, idx.expand(B, H, L, Dk))
+    vv = v.float().gather(2, idx.expand(B, H, L, Dv))
+    new = torch.exp(log_a[..., None] * nf[..., None]) * state.float() + (kk * w[..., None]).transpose(-1, -2) @ vv
+    keep = ~bad
+    state.copy_(torch.where(keep[:, None, None, None], new.to(state.dtype), state))
+    if validate and bool(bad.any()):
+        b = int(bad.nonzero()[0, 0])
+        nb = int(lengths[b])
+        if not 0 <= nb <= L:
+            raise ValueError(f"commit_linear_state: lengths[{b}] = {nb} is out of range: need 0 <= lengths[b] <= "
+                             f"L = {L}")
+        tb = int((used[b] & ((path[b] < 0) | (path[b] >= N))).nonzero()[0, 0])
+        raise ValueError(f"commit_linear_state: path[{b}, {tb}] = {int(path[b, tb])} is out of range [0, N = {N}) "
+                         f"(a node of the accepted path, t < lengths[{b}] = {nb})")
