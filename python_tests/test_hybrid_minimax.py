@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -82,7 +83,8 @@ def target():
 def mixerless_draft(model):
     """``model`` with its Lightning mixers dropped: an attention-only MiniMax (every layer ``full_attention``) with
     the target's weights, whose former Lightning layers' attention outputs are zero (o_proj = 0)."""
-    cfg = minimax_config(layer_types=["full_attention"] * len(LAYERS))
+    cfg = copy.deepcopy(model.config)
+    cfg.layer_types = ["full_attention"] * len(cfg.layer_types)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         d = transformers.MiniMaxForCausalLM(cfg).eval()
@@ -90,7 +92,7 @@ def mixerless_draft(model):
            d.state_dict()[k].shape == v.shape}
     d.load_state_dict(own, strict=False)
     with torch.no_grad():
-        for i, t in enumerate(LAYERS):
+        for i, t in enumerate(model.config.layer_types):
             if t == "linear_attention":
                 d.model.layers[i].self_attn.o_proj.weight.zero_()
     return d
