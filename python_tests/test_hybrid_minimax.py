@@ -12,6 +12,7 @@
   EAGLE-2-style dynamic tree; the draft is the target with its Lightning mixers dropped, an attention-only MiniMax)
   is token-identical to Hugging Face's ``generate(do_sample=False)``, batch > 1 with different prompt lengths; the
   same through the Engine with requests joining and leaving a smaller batch.
+* Rows joining past the allocated capacity and leaving: each row's states move with it, and decoding goes on exact.
 * Refusals: unsupported hybrid layer types (Qwen3-Next's Gated DeltaNet) name the layer type; a hybrid cache refuses
   what its recurrent states cannot do (going back, a tree off the committed lengths, committing a non-chain by
   rewind, ordinary forwards, level-by-level trees).
@@ -385,3 +386,33 @@ def test_hybrid_cache_refuses_what_a_recurrent_state_cannot_do():
     level = prefilled(model, [prompt_of(4, 1), prompt_of(4, 2)])  # (rows of equal lengths: HF's own checks pass)
     with pytest.raises(ValueError, match="ran outside a verification forward"):
         model(torch.tensor([[5], [6]]), cache=level, use_cache=False)
+
+
+def test_rows_join_past_the_capacity_and_leave_with_their_states():
+    """add_rows past the allocated rows reallocates (states and lengths kept), keep_rows moves each row's states
+    with it: every row's states stay those of its own prompt, prefilled alone."""
+    model = target()
+    prompts = [prompt_of(n, 80 + n) for n in (5, 2, 7, 4)]
+    alone = [prefilled(model, [p]) for p in prompts]
+    cache = make_cache(model.config, 0, 64, capacity=1)
+    for c in alone[:1] + [prefilled(model, prompts[1:])]:  # one row, then three (past the capacity)
+        cache.add_rows(c)
+    assert cache.capacity >= 4 and cache.lengths.tolist() == [len(p) for p in prompts]
+    cache.keep_rows(torch.tensor([3, 1, 2]))  # row 0 leaves, row 3 takes its slot
+
+    def check(rows):
+        for b, r in enumerate(rows):
+            for l in cache.linear_layers:
+                torch.testing.assert_close(cache.linear_state(l)[b], alone[r].linear_state(l)[0])
+
+    check([3, 1, 2])
+    with pytest.raises(ValueError, match="src must be a HybridCache of the same model"):
+        cache.add_rows(make_cache(mixerless_draft(model).config, 1, 8))
+    cache.add_rows(alone[0])
+    check([3, 1, 2, 0])
+    # and decoding on goes on from the moved states: one more token per row equals HF's
+    tokens = torch.tensor([[7], [8], [9], [10]])
+    logits = extend(model, cache, tokens)
+    for b, r in enumerate([3, 1, 2, 0]):
+        want = hf_run(model, prompts[r] + [int(tokens[b, 0])])[0][-1]
+        torch.testing.assert_close(logits[b, -1], want, atol=TOL, rtol=1e-4)
