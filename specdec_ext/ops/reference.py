@@ -956,3 +956,146 @@ def commit_linear_state(state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, l
         tb = int((used[b] & ((path[b] < 0) | (path[b] >= N))).nonzero()[0, 0])
         raise ValueError(f"commit_linear_state: path[{b}, {tb}] = {int(path[b, tb])} is out of range [0, N = {N}) "
                          f"(a node of the accepted path, t < lengths[{b}] = {nb})")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Gated DeltaNet (Qwen3-Next, Qwen3.5) over a draft tree, and its short causal convolution. The gates depend on the
+# input, so there is no one-pass form: a node's state follows from its parent's (the root's from the saved state),
+# level by level; the commit replays the accepted path from the saved state. Only the step's transient states exist.
+
+
+def _delta_step(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor):
+    """One gated delta-rule step per head: ``S <- exp(g) S``, then ``S <- S + k (beta (v - S^T k))^T``.
+    ``S[..., Dk, Dv]``, ``k[..., Dk]``, ``v[..., Dv]``, ``g`` / ``beta`` ``[...]``; float32."""
+    S = S * g.exp()[..., None, None]
+    delta = (v - (S * k[..., :, None]).sum(-2)) * beta[..., None]
+    return S + k[..., :, None] * delta[..., None, :]
+
+
+def _tree_depths(parents: torch.Tensor) -> torch.Tensor:
+    depth = torch.zeros_like(parents)
+    for i in range(1, parents.shape[1]):
+        depth[:, i] = depth.gather(1, parents[:, i:i + 1].clamp(min=0))[:, 0] + 1
+    return depth
+
+
+def tree_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                          state: torch.Tensor, parents: torch.Tensor, validate: bool = True) -> torch.Tensor:
+    """Outputs of the N tree nodes of each row of a gated delta-rule layer.
+
+    ``q`` / ``k`` ``[B, H, N, Dk]`` (as the layer feeds the rule: Qwen3-Next l2-normalises both and scales q by
+    ``Dk^-0.5`` first), ``v[B, H, N, Dv]``, ``g`` (log decay) / ``beta`` ``[B, H, N]``, ``state[B, H, Dk, Dv]`` the
+    saved state after the prefix, ``parents[B, N]`` the tree (node 0 the root). Node i's state is one step
+    (:func:`_delta_step`) from its parent's (the root's from ``state``) and ``o_i = S_i^T q_i``; nodes are computed
+    level by level (all nodes of one depth at once). Float32; returns ``[B, H, N, Dv]`` in v's dtype."""
+    B, H, N, Dk = q.shape
+    if validate:
+        for b in range(B):
+            try:
+                _check_tree_row(parents[b].tolist())
+            except _RowError as err:
+                _raise("tree_gated_delta_rule", b, err)
+    parents = parents.to(q.device)
+    depth = _tree_depths(parents)
+    qf, kf, vf, gf, bf = q.float(), k.float(), v.float(), g.float(), beta.float()
+    states = torch.zeros(B, H, N, Dk, v.shape[-1], dtype=torch.float32, device=q.device)
+    for d in range(int(depth.max()) + 1 if N else 0):
+        b_idx, i_idx = (depth == d).nonzero(as_tuple=True)
+        prev = (state.float()[b_idx] if d == 0 else states[b_idx, :, parents[b_idx, i_idx]])
+        states[b_idx, :, i_idx] = _delta_step(prev, kf[b_idx, :, i_idx], vf[b_idx, :, i_idx], gf[b_idx, :, i_idx],
+                                              bf[b_idx, :, i_idx])
+    return (states * qf[..., :, None]).sum(-2).to(v.dtype)
+
+
+def _path_nodes(op: str, b: int, path: torch.Tensor, lengths: torch.Tensor, N: int, errors: list) -> list | None:
+    """Row b's accepted nodes ``path[b, :lengths[b]]``, or None (the error appended to ``errors``) when lengths[b]
+    is not in [0, L] or a node is not in [0, N)."""
+    n, L = int(lengths[b]), path.shape[1]
+    if not 0 <= n <= L:
+        errors.append(f"{op}: lengths[{b}] = {n} is out of range: need 0 <= lengths[b] <= L = {L}")
+        return None
+    nodes = path[b, :n].tolist()
+    bad = next((t for t, j in enumerate(nodes) if not 0 <= j < N), None)
+    if bad is not None:
+        errors.append(f"{op}: path[{b}, {bad}] = {nodes[bad]} is out of range [0, N = {N})")
+        return None
+    return nodes
+
+
+def commit_gated_delta_state(state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                             beta: torch.Tensor, path: torch.Tensor, lengths: torch.Tensor,
+                             validate: bool = True) -> None:
+    """In place: ``state[b]`` advances by :func:`_delta_step` through the nodes ``path[b, :lengths[b]]`` (the
+    accepted path, root first) from the saved state; tensors as :func:`tree_gated_delta_rule`'s, ``path[B, L]``
+    int64 (-1 padded). An invalid row (lengths[b] not in [0, L], a path node not in [0, N)) is left untouched; with
+    ``validate`` the lowest one raises ValueError after the valid rows are committed."""
+    errors = []
+    for b in range(k.shape[0]):
+        nodes = _path_nodes("commit_gated_delta_state", b, path, lengths, k.shape[2], errors)
+        if nodes is None:
+            continue
+        S = state[b].float()
+        for j in nodes:
+            S = _delta_step(S, k[b, :, j].float(), v[b, :, j].float(), g[b, :, j].float(), beta[b, :, j].float())
+        state[b].copy_(S.to(state.dtype))
+    if validate and errors:
+        raise ValueError(errors[0])
+
+
+def _conv_windows(x: torch.Tensor, conv_state: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """``[B, C, N, K]``: node i's inputs to a width-K causal convolution, oldest first: its K - 1 nearest ancestors'
+    ``x`` then its own, the saved window ``conv_state[B, C, K - 1]`` (oldest first) standing in above the root."""
+    B, C, N = x.shape
+    K = conv_state.shape[-1] + 1
+    windows = torch.empty(B, C, N, K, dtype=x.dtype, device=x.device)
+    for b in range(B):
+        prow = parents[b].tolist()
+        for i in range(N):
+            path = [i]
+            while prow[path[-1]] != -1 and len(path) < K:
+                path.append(prow[path[-1]])
+            cols = [x[b, :, j] for j in reversed(path)]
+            missing = K - len(cols)
+            windows[b, :, i] = torch.stack([conv_state[b, :, conv_state.shape[-1] - missing + t].to(x.dtype)
+                                            for t in range(missing)] + cols, -1)
+    return windows
+
+
+def tree_causal_conv1d(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       parents: torch.Tensor, activation: str | None = None, validate: bool = True) -> torch.Tensor:
+    """A depthwise causal convolution of width K over a tree: ``x[B, C, N]`` (the nodes' inputs), ``conv_state[B, C,
+    K - 1]`` the saved inputs before the root (oldest first), ``weight[C, K]``, ``bias[C]`` or None, ``parents[B,
+    N]``. Node i's output is ``sum_t weight[c, t] window[c, t] + bias[c]`` over its window (its K - 1 nearest
+    ancestors, then itself; the saved inputs above the root), then ``activation`` ("silu" or None). Float32;
+    returns ``[B, C, N]`` in x's dtype."""
+    if validate:
+        for b in range(x.shape[0]):
+            try:
+                _check_tree_row(parents[b].tolist())
+            except _RowError as err:
+                _raise("tree_causal_conv1d", b, err)
+        if activation not in (None, "silu"):
+            raise ValueError(f"tree_causal_conv1d: activation must be 'silu' or None, got {activation!r}")
+    out = (_conv_windows(x.float(), conv_state.float(), parents) * weight.float()[None, :, None, :]).sum(-1)
+    if bias is not None:
+        out = out + bias.float()[None, :, None]
+    if activation == "silu":
+        out = torch.nn.functional.silu(out)
+    return out.to(x.dtype)
+
+
+def commit_conv_state(conv_state: torch.Tensor, x: torch.Tensor, path: torch.Tensor, lengths: torch.Tensor,
+                      validate: bool = True) -> None:
+    """In place: the saved window ``conv_state[b]`` (``[C, K - 1]``, oldest first) shifts along the accepted path:
+    it becomes the last K - 1 of (old window, ``x[b, :, path[b, t]]`` for t < lengths[b]). Invalid rows as in
+    :func:`commit_gated_delta_state`."""
+    W = conv_state.shape[-1]
+    errors = []
+    for b in range(x.shape[0]):
+        nodes = _path_nodes("commit_conv_state", b, path, lengths, x.shape[2], errors)
+        if nodes is None:
+            continue
+        seq = torch.cat([conv_state[b]] + [x[b, :, j:j + 1].to(conv_state.dtype) for j in nodes], -1)
+        conv_state[b].copy_(seq[:, seq.shape[-1] - W:])
+    if validate and errors:
+        raise ValueError(errors[0])
