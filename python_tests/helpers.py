@@ -271,8 +271,8 @@ def record_valid_at_propose(drafter) -> list:
     seen: list = []
     propose = drafter.propose
 
-    def spy(state, max_depth):
+    def spy(state, max_depth, max_nodes):
         seen.append(list(drafter.valid))
-        return propose(state, max_depth)
+        return propose(state, max_depth, max_nodes)
     drafter.propose = spy
     return seen

@@ -140,7 +140,7 @@ def test_draft_model_identical_to_target_accepts_everything_across_plain_steps()
 
     def alternate(B, max_depth):
         calls.append(1)
-        return 0 if len(calls) % 2 == 0 else pinned_choose(B, max_depth)
+        return (0, False) if len(calls) % 2 == 0 else pinned_choose(B, max_depth)
 
     ad.choose = alternate
     prompt = random_prompt()
@@ -172,10 +172,10 @@ def test_draft_model_drafter_depth_zero_keeps_its_cache_in_sync():
         def retire(self, keep):
             inner.retire(keep)
 
-        def propose(self, state, max_depth):
+        def propose(self, state, max_depth, max_nodes):
             self.i += 1
             self.d = 0 if self.i % 2 == 0 else min(3, max_depth)
-            return inner.propose(state, self.d)
+            return inner.propose(state, self.d, max_nodes)
 
         def observe(self, state, tree, result):
             if self.d == 3:
@@ -206,7 +206,7 @@ def test_deferred_prefill_is_caught_up_on_at_the_first_speculative_step(kind):
     if kind == "draft":  # an exact draft model: after 5 plain steps, every draft of the deferred catch-up is right
         exact = AdaptiveDrafter(DraftModelDrafter(copy.deepcopy(tgt), num_draft_tokens=3), mode="fixed", depth=3)
         exact.defers_prefill = True  # (fixed mode does not defer by itself)
-        exact.choose = lambda B, max_depth, n=iter(range(10 ** 6)): 0 if next(n) < 5 else min(3, max_depth)
+        exact.choose = lambda B, max_depth, n=iter(range(10 ** 6)): (0 if next(n) < 5 else min(3, max_depth), False)
         prompt = random_prompt()
         want1, _ = generate(tgt, None, prompt, max_new_tokens=20, eos_token_id=[])
         got1, stats1 = generate(tgt, exact, prompt, max_new_tokens=20, eos_token_id=[])
@@ -250,8 +250,8 @@ class FakeChain:
     def add_rows(self, target, rows, prefill_hidden_states=None):
         pass
 
-    def propose(self, state, max_depth):
-        d = min(self.num_pred_tokens, max_depth)
+    def propose(self, state, max_depth, max_nodes):
+        d = min(self.num_pred_tokens, max_depth, max_nodes - 1)
         self.clock.t += self.draft_time(d)
         B = state.batch_size
         return DraftTree(torch.zeros(B, d + 1, dtype=torch.int64),
@@ -276,7 +276,7 @@ def fake_run(ad: AdaptiveDrafter, clock: FakeClock, steps: int, B: int, target_t
         state = fake_state(B)
         ad.begin(None, state)
     for s in range(start, start + steps):
-        tree = ad.propose(state, 1000)
+        tree = ad.propose(state, 1000, ad.max_nodes)
         d = tree.num_nodes - 1
         clock.t += target_time(state.batch_size * tree.num_nodes)
         lens = [min(accept(s, b, d), d) for b in range(state.batch_size)]
@@ -386,7 +386,7 @@ def test_a_drained_batch_leaves_plain_steps_despite_the_lag():
     small.host_tokens = [state.host_tokens[b] for b in range(4)]
     n = len(ad.history)
     for s in range(30):  # the loop's budget: 150 tokens left (for the longest row)
-        tree = ad.propose(small, 149 - 2 * s)
+        tree = ad.propose(small, 149 - 2 * s, ad.max_nodes)
         d = tree.num_nodes - 1
         clock.t += cost(4 * tree.num_nodes)
         lens = [min(acc(100 + s, b, d), d) for b in range(4)]
@@ -433,9 +433,10 @@ def test_a_retried_depth_weighs_old_outcomes_by_their_age():
     fake_run(ad, clock, 1, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: d)  # one step: all accepted
     assert ad.conditional_acceptance(1) > 0.9
     # a depth tried every step decays by ``decay`` per step, as before
-    n, s_ = ad.acc_n[1], ad.acc_s[1]
+    n, s_ = ad.acceptance[False].n[1], ad.acceptance[False].s[1]
     fake_run(ad, clock, 1, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)
-    assert ad.acc_n[1] == pytest.approx(0.85 * n + 4) and ad.acc_s[1] == pytest.approx(0.85 * s_)
+    acc = ad.acceptance[False]
+    assert acc.n[1] == pytest.approx(0.85 * n + 4) and acc.s[1] == pytest.approx(0.85 * s_)
 
 
 def test_draft_cost_at_a_new_batch_size_borrows_the_shape_of_a_measured_one():
@@ -450,7 +451,7 @@ def test_draft_cost_at_a_new_batch_size_borrows_the_shape_of_a_measured_one():
     B_now = {"B": 4}
     draft.draft_time = lambda d: 1e-3 * B_now["B"] * d
     fake_run(ad, clock, 20, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: d, state=state)
-    assert ad.history[-5:] == [6] * 5 and all(ad.draft_cost[4].covers(d) for d in range(7))
+    assert ad.history[-5:] == [6] * 5 and all(ad.draft_cost[4, False].covers(d) for d in range(7))
     for x in (32, 64, 128, 256):  # the target's cost is known (flat) up to 256 tokens in flight
         ad.target_cost.add(x, 0.01)
     B_now["B"] = 32
@@ -471,14 +472,14 @@ class FakeCatchUp(FakeChain):
     def begin(self, target, state, prefill_hidden_states=None):
         self.lag = 0
 
-    def propose(self, state, max_depth):
-        d = min(self.num_pred_tokens, max_depth)
+    def propose(self, state, max_depth, max_nodes):
+        d = min(self.num_pred_tokens, max_depth, max_nodes - 1)
         if d > 0:
             self.clock.t += self.lag * self.catch_up * state.batch_size
             self.lag = 0
         else:
             self.lag += 1
-        return super().propose(state, max_depth)
+        return super().propose(state, max_depth, max_nodes)
 
 
 def test_exploring_out_of_plain_steps_is_skipped_where_the_catch_up_costs_more_than_the_budget():
@@ -512,14 +513,14 @@ def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():
     fake_run(ad, clock, 20, B=8, target_time=lambda x: 0.01 + 1e-4 * x, accept=lambda s, b, d: d)
     assert ad.history[-5:] == [4] * 5
     ad.catchup[8] = 0.05 / 8  # per token and row: 50 ms per lagging token at 8 rows
-    assert ad.best_depth(8, 4) == 4  # not in a plain run: nothing to catch up on
+    assert ad.best_step(8, 4) == (4, False)  # not in a plain run: nothing to catch up on
     ad._lag = 50
-    assert ad.best_depth(8, 4) == 0
-    assert ad.best_depth(8, 4, remaining=60) == 0  # 12 deep steps left: the catch-up is not earned back
+    assert ad.best_step(8, 4) == (0, False)
+    assert ad.best_step(8, 4, remaining=60) == (0, False)  # 12 deep steps left: the catch-up is not earned back
     # 2000 tokens left, ~400 deep steps: 6 ms of catch-up per step, and deep drafting more than doubles tokens/s
-    assert ad.best_depth(8, 4, remaining=2000) == 4
+    assert ad.best_step(8, 4, remaining=2000) == (4, False)
     ad._lag = 1  # one plain step behind: 50 ms / 16 per step, deep drafting still pays
-    assert ad.best_depth(8, 4) == 4
+    assert ad.best_step(8, 4) == (4, False)
 
 
 class FakeDeferred(FakeCatchUp):
@@ -660,7 +661,7 @@ def test_pinned_modes_and_budget_cap():
     off = AdaptiveDrafter(FakeChain(clock, D=6), mode="off", clock=clock)
     fake_run(off, clock, 20, B=8, target_time=lambda x: 0.01, accept=lambda s, b, d: d)
     assert off.history == [0] * 20
-    assert fixed.choose(8, 2) == 2 and fixed.choose(8, 0) == 0  # the loop's budget caps the depth
+    assert fixed.choose(8, 2) == (2, False) and fixed.choose(8, 0) == (0, False)  # the loop's budget caps the depth
     capped = AdaptiveDrafter(FakeChain(clock, D=6), depth=3, explore_every=0, clock=clock)  # adapt within 0..3
     fake_run(capped, clock, 20, B=2, target_time=lambda x: 0.01, accept=lambda s, b, d: d)
     assert max(capped.history) == 3 and capped.history[-5:] == [3] * 5
@@ -681,13 +682,13 @@ def test_finished_rows_are_left_out_of_acceptance():
     ad = AdaptiveDrafter(FakeChain(clock, D=3), mode="fixed", depth=3, clock=clock)
     state = fake_state(2)
     ad.begin(None, state)
-    tree = ad.propose(state, 10)
+    tree = ad.propose(state, 10, ad.max_nodes)
     state.done[1] = True  # row 1 hit EOS inside the run: its 1 appended token says nothing about acceptance
     state.host_tokens[0].extend([0] * 4)
     state.host_tokens[1].extend([0])
     ad.observe(state, tree, StepResult(torch.zeros(2, 4, dtype=torch.int64), torch.tensor([3, 3]),
                                        torch.zeros(2, dtype=torch.int64), [4, 1]))
-    assert ad.acc_n[1:] == [1.0, 1.0, 1.0] and ad.acc_s[1:] == [1.0, 1.0, 1.0]
+    assert ad.acceptance[False].n[1:] == [1.0, 1.0, 1.0] and ad.acceptance[False].s[1:] == [1.0, 1.0, 1.0]
 
 
 def test_cost_curve():
@@ -785,7 +786,7 @@ def test_an_inflated_catch_up_estimate_does_not_keep_plain_steps_for_good():
     assert ad.history[-5:] == [4] * 5
     ad.catchup[8] = 1.0
     ad._lag, drafter.lag = 5, 5
-    assert ad.best_depth(8, 4) == 0 and ad._catchup_too_dear(8, 0)
+    assert ad.best_step(8, 4) == (0, False) and ad._catchup_too_dear(8, 0)
     fake_run(ad, clock, 30, B=8, target_time=lambda x: 0.01 + 1e-5 * x, accept=lambda s, b, d: d, state=state,
              start=20)
     tail = ad.history[-20:]  # deep again (explorations every 8 steps try depth 3)
@@ -816,3 +817,62 @@ def test_adaptive_in_an_engine_with_rows_joining_and_leaving(kind):
         assert tokens[b] == hf_greedy(m, p, budgets[b]), (kind, b)
         assert reasons[b] == "length"
     assert stats.joins >= 3 and stats.retirements >= 3 and len(set(ad.history)) > 1, ad.history
+
+
+class FakeTree(FakeChain):
+    """A drafter whose trees are twice as wide as a chain (a sibling beside every chain node: ``2 d + 1`` nodes at
+    depth d) and cost twice its draft time, where a chain (a budget of one node per depth) costs ``draft_time``."""
+
+    def __init__(self, clock: FakeClock, D: int = 6, draft_time=lambda d, B: 0.0):
+        super().__init__(clock, D)
+        self.max_nodes = 2 * D + 1
+        self.tree_draft_time = draft_time
+
+    def propose(self, state, max_depth, max_nodes):
+        B = state.batch_size
+        d = min(self.num_pred_tokens, max_depth)
+        if max_nodes < 2 * d + 1:  # the budget: a chain
+            d = min(d, max_nodes - 1)
+            self.clock.t += self.tree_draft_time(d, B)
+            return DraftTree(torch.zeros(B, d + 1, dtype=torch.int64),
+                             torch.arange(-1, d, dtype=torch.int64).expand(B, d + 1).contiguous())
+        self.clock.t += 2 * self.tree_draft_time(d, B)
+        parents = [-1] + list(range(d)) + list(range(d))  # the chain 0..d, then a sibling of each chain node
+        return DraftTree(torch.zeros(B, 2 * d + 1, dtype=torch.int64),
+                         torch.tensor(parents, dtype=torch.int64).expand(B, 2 * d + 1).contiguous())
+
+
+def test_a_wide_drafter_drafts_trees_at_one_row_and_chains_at_eight():
+    """The shape is part of the choice: with draft time growing with the rows and every verified token costing, the
+    wide tree (it accepts 5 drafts a step, the chain 2) wins at one row (by ~65%) and its chain (half the draft and
+    verification work) at eight (by ~25%, both ahead of plain decoding); the argmax finds each from the measured
+    costs and acceptance."""
+    clock = FakeClock()
+    ad = AdaptiveDrafter(FakeTree(clock, D=6, draft_time=lambda d, B: 2.5e-4 * d * B), clock=clock)
+    assert ad.shapes == (False, True)
+    shapes = []
+
+    def run(steps, B, start):
+        state = fake_state(B)
+        ad.begin(None, state)
+        for s in range(start, start + steps):
+            tree = ad.propose(state, 1000, ad.max_nodes)
+            N = tree.num_nodes
+            chain = bool((tree.parents[0, 1:] == torch.arange(N - 1)).all())
+            d = N - 1 if chain else (N - 1) // 2
+            shapes.append((d, chain and d > 0))
+            clock.t += 0.01 + 2e-4 * B * N
+            lens = [min(2 if chain else 5, d)] * B
+            for b, L in enumerate(lens):
+                state.host_tokens[b].extend([0] * (L + 1))
+            ad.observe(state, tree, StepResult(torch.zeros(B, N, dtype=torch.int64), torch.tensor(lens),
+                                               torch.zeros(B, dtype=torch.int64), [L + 1 for L in lens]))
+
+    run(150, 1, 0)
+    tail = shapes[-40:]
+    assert sum(d >= 4 and not chain for d, chain in tail) >= 30, tail  # deep trees at one row
+    run(200, 8, 1000)
+    tail = shapes[-60:]
+    assert sum(chain and d >= 2 for d, chain in tail) >= 45, tail  # chains at eight, not plain steps
+    assert sum(ad.chain_hist.values()) == sum(chain for _, chain in shapes)
+    assert ad.conditional_acceptance(3, chain=True) < 0.5 < ad.conditional_acceptance(3)  # one table per shape

@@ -160,6 +160,7 @@ def test_engine_suite_through_the_cli(tmp_path, capsys):
             assert r["mean_accepted_length"] == 1.0
         if r["method"] == "adaptive":
             assert sum(r["depth_hist"].values()) == r["steps"]
+            assert all(n <= r["depth_hist"][d] for d, n in r["chain_hist"].items())  # chain steps: some of them
     s = eng["summary"]
     assert s["all_finished"] and s["all_outputs_match_plain"]
     assert len(s["per_load"]) == 3 and all(e["vs_plain"]["plain"] == 1.0 for e in s["per_load"])

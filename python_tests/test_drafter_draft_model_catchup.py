@@ -49,11 +49,11 @@ def _record_catch_ups(drafter) -> list:
     seen: list = []
     propose = drafter.propose
 
-    def spy(state, max_depth):
+    def spy(state, max_depth, max_nodes):
         if max_depth > 0:
             lags = [len(t) - v for t, v in zip(state.host_tokens, drafter.valid)]
             seen.append((lags, max(drafter.valid), drafter.cache.max_len))
-        return propose(state, max_depth)
+        return propose(state, max_depth, max_nodes)
     drafter.propose = spy
     return seen
 

@@ -164,7 +164,7 @@ def test_chain_equals_uncached_greedy(version):
     for b, f in enumerate(feats):
         pre[b, : len(PROMPTS_P[b]) - 1] = f[:-1]
     drafter.begin(tgt, state, tuple(pre.split([H] * (pre.shape[-1] // H), -1)))
-    tree = drafter.propose(state, 10)
+    tree = drafter.propose(state, 10, drafter.max_nodes)
     assert tree.tokens.shape == (3, 5) and tree.parents[0].tolist() == [-1, 0, 1, 2, 3]
     assert tree.draft_probs is None
     m = drafter.model
@@ -175,7 +175,7 @@ def test_chain_equals_uncached_greedy(version):
             path.append(tok)
         assert tree.tokens[b].tolist() == [p[-1]] + path, b
     assert drafter.valid == [len(p) - 1 for p in PROMPTS_P]
-    assert drafter.propose(state, 2).num_nodes == 3 and drafter.propose(state, 0).num_nodes == 1
+    assert drafter.propose(state, 2, drafter.max_nodes).num_nodes == 3 and drafter.propose(state, 0, drafter.max_nodes).num_nodes == 1
 
 
 @pytest.mark.parametrize("version", [1, 3])
@@ -191,7 +191,7 @@ def test_dynamic_tree_nodes_and_validity(version, depth, top_k, total, max_depth
     for b, f in enumerate(feats):
         pre[b, : len(PROMPTS_P[b]) - 1] = f[:-1]
     drafter.begin(tgt, state, (pre,) if version == 1 else tuple(pre.split(H, -1)))
-    tree = drafter.propose(state, max_depth)
+    tree = drafter.propose(state, max_depth, drafter.max_nodes)
     N = tree.num_nodes
     eff = min(depth, max_depth)
     assert N - 1 == min(total, top_k + (eff - 1) * top_k * top_k) and N <= drafter.max_nodes
@@ -394,7 +394,7 @@ def test_features_kept_and_catch_up_after_rollback(rows):
     seqs = [outs[b].tolist() for b in held]
     state = make_state(seqs)
     drafter.top_k, drafter.total_tokens, drafter.depth = 1, 3, 3
-    tree = drafter.propose(state, 3)
+    tree = drafter.propose(state, 3, drafter.max_nodes)
     for b, seq in enumerate(seqs):
         f = target_features(drafter, seq)
         path = []
@@ -486,7 +486,7 @@ def test_static_tree_nodes_equal_uncached_ranks(version):
     for b, f in enumerate(feats):
         pre[b, : len(PROMPTS_P[b]) - 1] = f[:-1]
     drafter.begin(tgt, state, (pre,) if version == 1 else tuple(pre.split(H, -1)))
-    out = drafter.propose(state, 10)
+    out = drafter.propose(state, 10, drafter.max_nodes)
     assert out.parents[0].tolist() == list(tree.parents) and out.draft_probs is None
     m = drafter.model
     for b, p in enumerate(PROMPTS_P):
@@ -496,7 +496,7 @@ def test_static_tree_nodes_equal_uncached_ranks(version):
             path = node_path(list(tree.parents), toks, i)
             lg = uncached_logits(drafter, feats[b], p, path[:-1])
             assert toks[i] == int(m.to_target_ids(lg.topk(tree.top_k).indices)[tree.rank[i]]), (b, i)
-    shallow = drafter.propose(state, 1)
+    shallow = drafter.propose(state, 1, drafter.max_nodes)
     assert shallow.parents[0].tolist() == [-1] + [0] * sum(1 for d in tree.depth if d == 1)
 
 
@@ -574,14 +574,19 @@ def _step_result(B: int, N: int, best_child_accepted: list[bool]) -> StepResult:
                       appended=[1] * B, hidden_states=(torch.zeros(B, N, H),))
 
 
+def prefill_features(tgt) -> torch.Tensor:
+    """The target's prefill features of PROMPTS_P as the loop hands them to ``begin``: ``[3, P - 1, H]``."""
+    feats = [target_features(EagleDrafter(random_draft(1), target=tgt), p) for p in PROMPTS_P]
+    pre = torch.zeros(3, max(len(p) for p in PROMPTS_P) - 1, H)
+    for b, f in enumerate(feats):
+        pre[b, : len(PROMPTS_P[b]) - 1] = f[:-1]
+    return pre
+
+
 @torch.no_grad()
 def test_calibration_follows_the_best_childs_acceptance():
     tgt = target()
-    feats = [target_features(EagleDrafter(random_draft(1), target=tgt), p) for p in PROMPTS_P]
-    P = max(len(p) for p in PROMPTS_P)
-    pre = torch.zeros(3, P - 1, H)
-    for b, f in enumerate(feats):
-        pre[b, : len(PROMPTS_P[b]) - 1] = f[:-1]
+    pre = prefill_features(tgt)
 
     def fresh(**kw):
         d = EagleDrafter(random_draft(1), depth=3, top_k=2, total_tokens=4, target=tgt, **kw)
@@ -591,48 +596,48 @@ def test_calibration_follows_the_best_childs_acceptance():
 
     d, state = fresh()
     assert d.score_scale == 1.0
-    tree = d.propose(state, 10)
+    tree = d.propose(state, 10, d.max_nodes)
     predicted = d.calibration.predicted.clone()
     assert predicted.shape == (3,) and bool(((predicted > 0) & (predicted < 1)).all())
     d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3))
     want = math.exp(0.2 * float((1 - predicted).mean()))
     assert d.score_scale == pytest.approx(want, rel=1e-5)  # accepted more often than predicted: sharper
     for _ in range(200):
-        tree = d.propose(state, 10)
+        tree = d.propose(state, 10, d.max_nodes)
         d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3))
     assert d.score_scale == pytest.approx(16.0)  # clamped
     scales = []
     for _ in range(100):  # never accepted: the scale falls (towards flat scores, where the prediction -> 0)
-        tree = d.propose(state, 10)
+        tree = d.propose(state, 10, d.max_nodes)
         d.observe(state, tree, _step_result(3, tree.num_nodes, [False] * 3))
         scales.append(d.score_scale)
     assert all(b < a for a, b in zip(scales, scales[1:])) and scales[-1] < 4.0
     d.calibration.log_scale = torch.tensor(-10.0)
-    tree = d.propose(state, 10)
+    tree = d.propose(state, 10, d.max_nodes)
     d.observe(state, tree, _step_result(3, tree.num_nodes, [False] * 3))
     assert d.score_scale == pytest.approx(1 / 16)  # clamped
     # every row of the batch counts (rows that finished have left it); a step without a tree (depth 0) changes
     # nothing
     d, state = fresh(calibration_rate=0.5)
-    tree = d.propose(state, 10)
+    tree = d.propose(state, 10, d.max_nodes)
     p = d.calibration.predicted.clone()
     d.observe(state, tree, _step_result(3, tree.num_nodes, [True, False, False]))
     want = math.exp(0.5 * float((torch.tensor([1.0, 0.0, 0.0]) - p).mean()))
     assert d.score_scale == pytest.approx(want, rel=1e-5)
     before = d.score_scale
-    tree = d.propose(state, 0)
+    tree = d.propose(state, 0, d.max_nodes)
     d.observe(state, tree, _step_result(3, 1, [False] * 3))
     assert d.score_scale == before
     # the scale ranks candidates; it never changes them: a chain is the same whatever the scale
     d, state = fresh()
     chain = EagleDrafter(d.model, depth=3, top_k=1, total_tokens=3, target=tgt)
     chain.begin(tgt, state, (pre,))
-    raw = chain.propose(state, 10).tokens.clone()
+    raw = chain.propose(state, 10, chain.max_nodes).tokens.clone()
     chain.calibration.log_scale = torch.tensor(math.log(8.0))
-    assert torch.equal(chain.propose(state, 10).tokens, raw)
+    assert torch.equal(chain.propose(state, 10, chain.max_nodes).tokens, raw)
     # off: raw EAGLE-2 scores
     d, state = fresh(calibrate=False)
-    tree = d.propose(state, 10)
+    tree = d.propose(state, 10, d.max_nodes)
     d.observe(state, tree, _step_result(3, tree.num_nodes, [True] * 3))
     assert d.score_scale == 1.0
     with pytest.raises(ValueError, match="calibration_rate"):
@@ -652,8 +657,8 @@ def test_draft_vocab_restricts_drafts_and_stays_lossless():
     seen, accepted = set(), 0
     orig = drafter.propose
 
-    def spy(state, max_depth):
-        tree = orig(state, max_depth)
+    def spy(state, max_depth, max_nodes):
+        tree = orig(state, max_depth, max_nodes)
         seen.update(tree.tokens[:, 1:].flatten().tolist())
         return tree
 
@@ -671,7 +676,7 @@ def test_draft_vocab_restricts_drafts_and_stays_lossless():
     for d in (everything, plain):
         d.begin(m, make_state(PROMPTS_P), None)
     state = make_state(PROMPTS_P)
-    a, b = everything.propose(state, 10), plain.propose(state, 10)
+    a, b = everything.propose(state, 10, everything.max_nodes), plain.propose(state, 10, plain.max_nodes)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
 
 
@@ -723,3 +728,32 @@ def test_token_embeddings_honour_the_targets_module():
     plain.register_forward_hook(lambda mod, args, out: out + 1.0)
     drafter._embed = plain
     assert torch.equal(drafter._embed_ids(ids), plain.weight[ids] + 1.0)
+
+
+@torch.no_grad()
+def test_a_budget_of_one_node_per_depth_drafts_eagle1s_chain():
+    """``propose(state, d, n)`` on an EAGLE-2 drafter: with ``n <= d + 1`` the tree is EAGLE-1's chain of
+    ``n - 1`` tokens over the same draft (the chain steps of AdaptiveDrafter), token for token; a larger budget keeps
+    the best ``n - 1`` of the tree's candidates."""
+    tgt = target()
+    pre = prefill_features(tgt)
+    model = random_draft(1)
+    tree_d = EagleDrafter(model, depth=4, top_k=2, total_tokens=7, target=tgt)
+    chain_d = EagleDrafter(model, depth=4, top_k=1, total_tokens=4, target=tgt)
+    state = make_state(PROMPTS_P)
+    for d in (tree_d, chain_d):
+        d.begin(tgt, state, (pre,))
+    for depth, budget in [(4, 5), (3, 4), (4, 3), (2, 3), (1, 2)]:
+        got, want = tree_d.propose(state, depth, budget), chain_d.propose(state, depth, budget)
+        assert got.num_nodes == min(depth, budget - 1) + 1
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.parents, want.parents), (depth, budget)
+    full = tree_d.propose(state, 4, tree_d.max_nodes)
+    assert full.num_nodes == 8 and not torch.equal(full.parents[:, 1:], torch.arange(7).expand(3, 7))  # a tree
+    for budget in (6, 7):
+        cut = tree_d.propose(state, 4, budget)
+        assert cut.num_nodes == budget
+        # the best budget - 1 candidates of the same growth: a subset of the full tree's (token, parent token) pairs
+        for b in range(3):
+            pairs = lambda t: {(int(t.tokens[b, i]), int(t.tokens[b, t.parents[b, i]])) for i in range(1, t.num_nodes)}
+            assert pairs(cut) <= pairs(full)
+    assert tree_d.propose(state, 4, 1).num_nodes == 1

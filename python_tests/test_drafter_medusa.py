@@ -141,7 +141,7 @@ def test_propose_and_observe(own_lm_head):
     gen = torch.Generator().manual_seed(1)
     prefill = torch.randn(3, 4, H, generator=gen)  # [B, P_max - 1, H]
     drafter.begin(m, state, (prefill,))
-    tree = drafter.propose(state, 10)
+    tree = drafter.propose(state, 10, drafter.max_nodes)
     N = tree.num_nodes
     assert N == 62 and tree.draft_probs is None and tree.tokens.shape == tree.parents.shape == (3, N)
     info = ops.build_tree(tree.parents, state.prefix_lens, validate=True)
@@ -156,10 +156,10 @@ def test_propose_and_observe(own_lm_head):
         for i in range(1, N):
             assert tree.tokens[b, i] == order[t.depth[i] - 1, t.rank[i]]
     # the budget limits the depth
-    shallow = drafter.propose(state, 1)
+    shallow = drafter.propose(state, 1, drafter.max_nodes)
     assert shallow.num_nodes == 11 and shallow.parents[0].tolist() == [-1] + [0] * 10
     assert torch.equal(shallow.tokens, tree.tokens[:, :11])
-    assert drafter.propose(state, 0).num_nodes == 1
+    assert drafter.propose(state, 0, drafter.max_nodes).num_nodes == 1
     # observe: the new hidden state is the one at the last accepted node
     hs = torch.randn(3, N, H, generator=gen)
     accepted = torch.full((3, N), -1, dtype=torch.int64)
@@ -187,7 +187,7 @@ def test_per_step_tree_keeps_the_best_candidates(scale):
     drafter.begin(m, state, (prefill,))
     if scale != 1.0:
         drafter.calibration.log_scale = torch.tensor(math.log(scale))
-    tree = drafter.propose(state, 10)
+    tree = drafter.propose(state, 10, drafter.max_nodes)
     assert tree.num_nodes == 9 and tree.draft_probs is None
     ops.build_tree(tree.parents, state.prefix_lens, validate=True)
     logits = heads(torch.stack([prefill[0, 3], prefill[1, 1]]), m.lm_head).double()
@@ -211,8 +211,8 @@ def test_per_step_tree_keeps_the_best_candidates(scale):
         assert set(got) == set(want) and got[0] == (0,)  # node 1: head 0's best token
         torch.testing.assert_close(drafter.calibration.predicted[b].double(), lp[b, 0].exp().max(), rtol=1e-4,
                                    atol=1e-6)
-    assert drafter.propose(state, 1).num_nodes == 9  # depth 1 only: head 0's 8 best tokens
-    assert drafter.propose(state, 0).num_nodes == 1
+    assert drafter.propose(state, 1, drafter.max_nodes).num_nodes == 9  # depth 1 only: head 0's 8 best tokens
+    assert drafter.propose(state, 0, drafter.max_nodes).num_nodes == 1
     with pytest.raises(ValueError, match="max_nodes must be an integer >= 1"):
         MedusaDrafter(heads, dynamic=True, max_nodes=0)
 
@@ -221,7 +221,7 @@ def test_one_token_prompts_start_with_a_plain_step():
     drafter = MedusaDrafter(random_heads())
     state = make_state([[4], [7]])
     drafter.begin(target(), state, None)
-    tree = drafter.propose(state, 8)
+    tree = drafter.propose(state, 8, drafter.max_nodes)
     assert tree.num_nodes == 1 and tree.tokens[:, 0].tolist() == [4, 7]
 
 

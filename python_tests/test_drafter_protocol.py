@@ -8,6 +8,8 @@ import torch
 
 pytest.importorskip("transformers")
 
+import test_generate_batch as batch_t  # noqa: E402
+from hf_reference import hf_greedy  # noqa: E402
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext.drafters import DecodeState, DraftTree, NgramDrafter, StepResult  # noqa: E402
@@ -42,10 +44,10 @@ class Probe:
     def retire(self, keep):
         assert keep.numel() == 0, "one row: it only ever leaves at the end, and then no row stays"
 
-    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+    def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
         assert torch.equal(state.last_tokens.cpu(), torch.tensor([ctx[-1] for ctx in state.host_tokens]))
-        chain = self.ngram.propose(state, max_depth)
-        n = int(torch.randint(1, self.max_nodes + 1, (1,), generator=self.gen))
+        chain = self.ngram.propose(state, max_depth, max_nodes)
+        n = int(torch.randint(1, max_nodes + 1, (1,), generator=self.gen))
         n = max(n, chain.num_nodes)
         parents = [-1] + list(range(chain.num_nodes - 1))
         tokens = chain.tokens[0].tolist()
@@ -102,3 +104,57 @@ def test_keep_batch_rows_equals_index_select(rows):
     got = [keep_batch_rows(t, rows) for t in (a, b)]
     for x, w in zip(got, want):
         assert torch.equal(x, w) and x.is_contiguous()
+
+
+class Budgeted:
+    """Forwards to a drafter, asking each step for another node budget (1, 2, ..., its ``max_nodes``, again) and
+    checking that the tree keeps the budget and the depth."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.max_nodes, self.max_depth = inner.max_nodes, inner.max_depth
+        self.hidden_state_layers, self.defers_prefill = inner.hidden_state_layers, inner.defers_prefill
+        self.calls, self.sizes = 0, set()
+
+    @property
+    def forwards(self):
+        return self.inner.forwards
+
+    def begin(self, target, state, prefill_hidden_states=None, *, defer_prefill=False):
+        self.inner.begin(target, state, prefill_hidden_states)
+
+    def add_rows(self, target, rows, prefill_hidden_states=None, *, defer_prefill=False):
+        self.inner.add_rows(target, rows, prefill_hidden_states)
+
+    def propose(self, state, max_depth, max_nodes):
+        budget = 1 + self.calls % max_nodes
+        self.calls += 1
+        tree = self.inner.propose(state, max_depth, budget)
+        assert tree.num_nodes <= budget, (type(self.inner).__name__, tree.num_nodes, budget)
+        parents = tree.parents.tolist()
+        for row in parents:
+            depth = [0] * len(row)
+            for i in range(1, len(row)):
+                depth[i] = depth[row[i]] + 1
+            assert max(depth) <= max_depth
+        self.sizes.add(tree.num_nodes)
+        return tree
+
+    def observe(self, state, tree, result):
+        self.inner.observe(state, tree, result)
+
+    def retire(self, keep):
+        self.inner.retire(keep)
+
+
+@pytest.mark.parametrize("kind", [k for k in batch_t.KINDS if k != "plain"])
+def test_every_drafter_keeps_the_node_budget_and_stays_exact(kind):
+    """``propose(state, max_depth, max_nodes)``: every drafter's tree has at most ``max_nodes`` nodes (a caller's
+    verification budget; AdaptiveDrafter's chain steps use it), and greedy output under budgets changing every step
+    equals Hugging Face's greedy decoding of each prompt alone."""
+    m, drafter, prompts = batch_t.case(kind)
+    budgeted = Budgeted(drafter)
+    got, _ = generate(m, budgeted, prompts, max_new_tokens=12, eos_token_id=[])
+    for p, g in zip(prompts, got):
+        assert g.tolist() == p + hf_greedy(m, p, 12), kind
+    assert budgeted.calls >= 4 and len(budgeted.sizes) >= 2, budgeted.sizes  # budgets did shape the trees

@@ -118,7 +118,7 @@ def test_trees_equal_the_brute_force_reference(seed):
     ctxs = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (1, 5, 17, 40)]
     st = DecodeState.of_prompts(ctxs, 128, 1000)
     drafter.begin(None, st)
-    tree = drafter.propose(st, depth)
+    tree = drafter.propose(st, depth, drafter.max_nodes)
     assert tree.draft_probs is None and tree.tokens[:, 0].tolist() == [c[-1] for c in ctxs]
     for b, ctx in enumerate(ctxs):
         budget, probs = reference_tree(docs, ctx, depth=depth, **kw)
@@ -134,7 +134,7 @@ def test_trees_on_a_growing_context_equal_the_reference():
     drafter.begin(None, st)
     grown = 0
     for _ in range(30):
-        tree = drafter.propose(st, 6)
+        tree = drafter.propose(st, 6, drafter.max_nodes)
         budget, probs = reference_tree([], st.host_tokens[0], 16, 1, 2.0, 0.05, 9, 6)
         check_against_reference(tree, budget, probs)
         grown += len(paths_of(tree)) > 0
@@ -149,7 +149,7 @@ def test_occurrence_cap_keeps_the_latest():
     serve_rows(drafter, [([1, 2, 3], [10 + i, 20 + i]) for i in range(5)])
     st = DecodeState.of_prompts([[9, 1, 2, 3]], 64, 1000)
     drafter.begin(None, st)
-    got = set(paths_of(drafter.propose(st, 3)))
+    got = set(paths_of(drafter.propose(st, 3, drafter.max_nodes)))
     assert got == {(13,), (13, 23), (14,), (14, 24)}
 
 
@@ -158,9 +158,9 @@ def test_no_match_is_a_plain_step_and_depth_zero_drafts_nothing():
     serve_rows(drafter, [([1, 2, 3], [4, 5, 6])])
     st = DecodeState.of_prompts([[7, 8], [0, 1, 2, 3]], 64, 1000)  # no match; a 3-token match: 3 drafts
     drafter.begin(None, st)
-    tree = drafter.propose(st, 8)
+    tree = drafter.propose(st, 8, drafter.max_nodes)
     assert tree.row_nodes == [1, 4] and list(paths_of(tree, 1)) == [(4,), (4, 5), (4, 5, 6)]
-    assert drafter.propose(st, 0).num_nodes == 1
+    assert drafter.propose(st, 0, drafter.max_nodes).num_nodes == 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -191,7 +191,7 @@ def test_memory_bound_and_oldest_evicted_first():
     # an evicted document is gone for new rows: the first request's text proposes nothing any more
     st = DecodeState.of_prompts([[1000, 2000]], 64, 10_000)
     drafter.begin(None, st)
-    assert drafter.propose(st, 8).num_nodes == 1
+    assert drafter.propose(st, 8, drafter.max_nodes).num_nodes == 1
     with pytest.raises(ValueError, match="corpus_tokens"):
         SuffixDrafter(corpus_tokens=-1)
 
@@ -203,7 +203,7 @@ def test_a_row_reads_the_corpus_as_it_joined():
     serve_rows(drafter, [([1, 2, 3], [4, 5, 6, 7])])
     st = DecodeState.of_prompts([[9, 2, 3]], 64, 10_000)
     drafter.begin(None, st)  # this row's view: the document above
-    before = paths_of(drafter.propose(st, 8))
+    before = paths_of(drafter.propose(st, 8, drafter.max_nodes))
     assert (4, 5) in before
     for i in range(200):  # other rows come and go: the first document is evicted, then compacted for others
         rows = DecodeState.of_prompts([[500 + i, 2, 3]], 64, 10_000)
@@ -214,11 +214,11 @@ def test_a_row_reads_the_corpus_as_it_joined():
         drafter.retire(torch.tensor([0]))
         st.keep_rows(torch.tensor([0]))
     assert drafter.corpus.live_tokens <= 30 and [1, 2, 3] not in live_documents(drafter)
-    assert paths_of(drafter.propose(st, 8)) == before  # the same view: nothing new, nothing lost
+    assert paths_of(drafter.propose(st, 8, drafter.max_nodes)) == before  # the same view: nothing new, nothing lost
     drafter.retire(torch.zeros(0, dtype=torch.int64))
     fresh = DecodeState.of_prompts([[9, 2, 3]], 64, 10_000)
     drafter.begin(None, fresh)
-    assert (4,) not in paths_of(drafter.propose(fresh, 8))
+    assert (4,) not in paths_of(drafter.propose(fresh, 8, drafter.max_nodes))
     assert len(drafter.corpus.tokens) < 1024 + 2 * 60  # the pinned tokens were compacted away after it left
 
 
@@ -230,10 +230,10 @@ def test_separators_bound_matches_and_continuations():
     assert (2, 3) not in drafter.corpus.keys and not any(SEP in key for key in drafter.corpus.keys)
     st = DecodeState.of_prompts([[1, 2, 3]], 64, 1000)  # "2 3" spans the separator: only "3" matches
     drafter.begin(None, st)  # its 8 drafts stop at the document's end
-    assert set(paths_of(drafter.propose(st, 8))) == {(4,), (4, 6), (4, 6, 6), (4, 6, 6, 6)}
+    assert set(paths_of(drafter.propose(st, 8, drafter.max_nodes))) == {(4,), (4, 6), (4, 6, 6), (4, 6, 6, 6)}
     st = DecodeState.of_prompts([[5, 1, 2]], 64, 1000)  # matches "5 1 2" at the end of a document: no draft
     drafter.begin(None, st)
-    assert drafter.propose(st, 8).num_nodes == 1
+    assert drafter.propose(st, 8, drafter.max_nodes).num_nodes == 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -46,8 +46,8 @@ def _record(drafter: EagleDrafter, prompts: list[list[int]]) -> tuple[list, list
     trees, caches, outs = [], [], []
     orig = drafter.propose
 
-    def spy(state, max_depth):
-        tree = orig(state, max_depth)
+    def spy(state, max_depth, max_nodes):
+        tree = orig(state, max_depth, max_nodes)
         trees.append((tree.tokens.clone(), tree.parents.clone()))
         return tree
 
@@ -126,7 +126,7 @@ def test_module_path_where_the_modules_could_differ(version):
         calls = []
         handle = m.fc.register_forward_hook(lambda mod, args, out: calls.append(1))
         assert _build(drafter) is None  # a hook on one of the draft's modules
-        drafter.propose(make_state([PROMPTS[2] + [5, 6]]), 3)
+        drafter.propose(make_state([PROMPTS[2] + [5, 6]]), 3, drafter.max_nodes)
         assert calls  # ... which the module path ran
         handle.remove()
         decoder = m.layers[0] if version == 1 else m.midlayer
@@ -196,7 +196,7 @@ def test_step_ops_module_is_used_by_the_drafter():
     drafter = _ready_drafter()
     assert drafter._ops is None
     with torch.no_grad():
-        drafter.propose(make_state([PROMPTS[2] + [5, 6]]), 3)
+        drafter.propose(make_state([PROMPTS[2] + [5, 6]]), 3, drafter.max_nodes)
     assert isinstance(drafter._ops, ES.EagleStepOps)
     drafter.begin(target(), make_state([PROMPTS[2]]))
     assert drafter._ops is None

@@ -78,7 +78,7 @@ class _Partial:
     def retire(self, keep):
         pass
 
-    def propose(self, state, max_depth):
+    def propose(self, state, max_depth, max_nodes):
         raise AssertionError("never reached: the drafter is refused before the generation starts")
 
 

@@ -228,8 +228,8 @@ class NoRetireDrafter:
     def begin(self, target, state, prefill_hidden_states=None):
         raise AssertionError("never reached: the drafter is refused before the generation starts")
 
-    def propose(self, state, max_depth):
-        chains = [ngram_lookup(ctx, 3, min(4, max_depth)) for ctx in state.host_tokens]
+    def propose(self, state, max_depth, max_nodes):
+        chains = [ngram_lookup(ctx, 3, min(4, max_depth, max_nodes - 1)) for ctx in state.host_tokens]
         return pad_chains(chains, [ctx[-1] for ctx in state.host_tokens], state.device)
 
     def observe(self, state, tree, result):

@@ -176,8 +176,8 @@ def test_draft_model_confidence_threshold_stops_chains_early_and_stays_greedy_id
             assert unsure(logits, tok, probs) == stops[-1]
             return stops[-1]
 
-        def spy_propose(state, max_depth):
-            tree = propose(state, max_depth)
+        def spy_propose(state, max_depth, max_nodes):
+            tree = propose(state, max_depth, max_nodes)
             sizes.append(tree.num_nodes)
             return tree
 
@@ -282,9 +282,9 @@ def test_dynamic_tree_of_the_draft_model():
     trees, firsts = [], []
     propose, observe = drafter.propose, drafter.observe
 
-    def spy_propose(state, max_depth):
+    def spy_propose(state, max_depth, max_nodes):
         before = drafter.forwards
-        tree = propose(state, max_depth)
+        tree = propose(state, max_depth, max_nodes)
         depth = int(ops.build_tree(tree.parents, torch.zeros(1, dtype=torch.int64)).depth.max())
         trees.append((tree.num_nodes, depth, drafter.forwards - before, min(4, max_depth)))
         return tree

@@ -80,14 +80,14 @@ def test_medusa_hands_on_its_static_trees_tables():
     m = medusa_target()
     drafter = MedusaDrafter(random_heads())
     state = DecodeState.of_prompts([[5, 6, 7, 8, 9], [10, 11, 12], [13]], 64, V)
-    assert drafter.propose(state, 10).tables is not None  # before any hidden state: the 1-node tree
+    assert drafter.propose(state, 10, drafter.max_nodes).tables is not None  # before any hidden state: the 1-node tree
     drafter.begin(m, state, (torch.randn(3, 4, drafter.heads.hidden_size),))
     for depth in (10, 2, 1, 0):
-        tree = drafter.propose(state, depth)
+        tree = drafter.propose(state, depth, drafter.max_nodes)
         assert_tables_of(tree.tables, tree.parents)
     dynamic = MedusaDrafter(random_heads(), dynamic=True, max_nodes=12)
     dynamic.begin(m, state, (torch.randn(3, 4, dynamic.heads.hidden_size),))
-    assert dynamic.propose(state, 10).tables is None  # a per-step tree: tree_forward derives them
+    assert dynamic.propose(state, 10, dynamic.max_nodes).tables is None  # a per-step tree: tree_forward derives them
 
 
 @pytest.mark.parametrize("version", [1, 3])
@@ -101,7 +101,7 @@ def test_eagle_static_tree_hands_on_its_tables(version):
     pre = torch.randn(3, P - 1, width, generator=torch.Generator().manual_seed(2))
     drafter.begin(tgt, state, (pre,) if version == 1 else tuple(pre.split(width // 3, -1)))
     for depth in (10, 1, 0):
-        tree = drafter.propose(state, depth)
+        tree = drafter.propose(state, depth, drafter.max_nodes)
         assert_tables_of(tree.tables, tree.parents)
 
 

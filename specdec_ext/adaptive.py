@@ -72,6 +72,14 @@ catch-up keeps the plain steps, and the exploration is what measures it again: o
 keep plain steps for good). With a lag of k tokens, the argmax charges every speculative depth d
 ``catchup * B * k / n`` seconds per step: the catch-up spread over the n steps d would take to finish the generation
 (the loop's budget over ``E[tokens | d]``), at least ``explore_every``.
+
+Tree or chain. An inner drafter whose trees are wider than a chain (``max_nodes > max_depth + 1``: EAGLE-2, Medusa,
+suffix trees) offers a second shape at every depth: the chain, asked for as a node budget of one per depth
+(``propose(state, d, d + 1)``; EAGLE-2 then drafts EAGLE-1's chain with one frontier node per level). Each shape has
+its own acceptance counts, node counts and draft-cost curves (the target's cost curve and the catch-up are shared:
+they depend on tokens only), and the argmax runs over both; a chain depth never tried takes the tree's estimate at
+that depth as its prior. A wide tree buys acceptance with draft forwards and verified nodes, which pays at one or two
+rows and not at eight, where the chain of the same drafter is ahead; ``chain_hist`` counts the chain steps.
 """
 
 from __future__ import annotations
@@ -84,9 +92,47 @@ import torch
 from specdec_ext.drafters.base import check_drafter
 from specdec_ext.state import DecodeState, DraftTree, StepResult
 
-__all__ = ["AdaptiveDrafter", "CostCurve"]
+__all__ = ["AdaptiveDrafter", "CostCurve", "DepthAcceptance"]
 
 MODES = ("adapt", "off", "fixed")
+
+
+class DepthAcceptance:
+    """One tree shape's acceptance per depth i (the module doc's counts): ``n[i]`` decayed row-steps that drafted
+    depth i with depth i - 1 accepted, ``s[i]`` how many of them accepted depth i, ``tot[i]`` the row-steps not
+    decayed, ``at[i]`` the step of the last update."""
+
+    def __init__(self, max_depth: int):
+        self.n = [0.0] * (max_depth + 1)
+        self.s = [0.0] * (max_depth + 1)
+        self.tot = [0.0] * (max_depth + 1)
+        self.at = [0] * (max_depth + 1)
+
+    def add(self, i: int, drafted: int, accepted: int, now: int, decay: float) -> None:
+        """A step's outcome at depth i, decayed per step since the depth's last update (lazily: an untried depth
+        holds its estimate)."""
+        f = decay ** max(1, now - self.at[i])
+        self.n[i] = f * self.n[i] + drafted
+        self.s[i] = f * self.s[i] + accepted
+        self.at[i] = now
+        self.tot[i] += drafted
+
+    def conditional(self, prior_accept: float, weight: float, optimism: float = 0.0,
+                    priors: list[float] | None = None) -> list[float]:
+        """``[i]``: the estimated P(depth i accepted | depth i - 1 accepted) (index 0 unused). The prior of depth i
+        is ``priors[i]`` when given, else ``prior_accept``, or the estimate of depth i - 1 when that is higher (a
+        drafter that keeps its drafts at depth i - 1 is expected to keep them one deeper as well, until measured).
+        ``optimism``: measured depths get that many standard errors on top (``sqrt(c (1 - c) / n)``, n their
+        row-steps so far + the prior's)."""
+        out, prev = [1.0], prior_accept
+        for i in range(1, len(self.n)):
+            prior = priors[i] if priors is not None else max(prior_accept, prev) if i > 1 else prior_accept
+            prev = (self.s[i] + weight * prior) / (self.n[i] + weight)
+            if optimism and self.tot[i] > 0:
+                out.append(min(1.0, prev + optimism * (prev * (1.0 - prev) / (self.tot[i] + weight)) ** 0.5))
+            else:
+                out.append(prev)
+        return out
 
 
 class CostCurve:
@@ -181,8 +227,9 @@ class AdaptiveDrafter:
     row-steps. ``cost_alpha``: weight of the newest timing in the cost curves' moving averages. ``clock``: a
     function returning seconds (default ``time.perf_counter``).
 
-    After a generation: ``depth_hist`` ({depth: steps}, all generations), ``history`` (this generation's depths),
-    ``explorations`` (exploration steps, all generations), ``expected_tokens(d)``, ``predicted_step_time(B, d)``.
+    After a generation: ``depth_hist`` ({depth: steps}, all generations), ``chain_hist`` (the same, of the steps
+    that drafted a chain of a wider drafter), ``history`` (this generation's depths), ``explorations`` (exploration
+    steps, all generations), ``expected_tokens(d, chain)``, ``predicted_step_time(B, d, chain)``.
     """
 
     def __init__(self, inner, mode: str = "adapt", depth: int | None = None, *, decay: float = 0.85,
@@ -224,6 +271,8 @@ class AdaptiveDrafter:
         self.max_depth = inner_depth if depth is None else depth  # deepest depth considered
         if mode == "off":
             self.max_depth = 0
+        # the shapes the argmax chooses from: the inner drafter's trees, and chains where its trees are wider
+        self.shapes = (False, True) if mode == "adapt" and int(inner.max_nodes) > inner_depth + 1 else (False,)
         self.decay = float(decay)
         self.explore_every = explore_every
         self.explore_backoff = explore_backoff
@@ -251,25 +300,23 @@ class AdaptiveDrafter:
     def reset(self) -> None:
         """Forget everything learned (acceptance, costs, node counts, histograms)."""
         D = self.max_depth
-        self.acc_n = [0.0] * (D + 1)  # [i]: decayed row-steps that drafted depth i with depth i - 1 accepted
-        self.acc_s = [0.0] * (D + 1)  # [i]: ... of which depth i was accepted
-        self.acc_at = [0] * (D + 1)  # [i]: the step (steps_total) at which depth i's counts were last updated
-        self.acc_tot = [0.0] * (D + 1)  # [i]: row-steps that drafted depth i with depth i - 1 accepted, not decayed
+        self.acceptance = {chain: DepthAcceptance(D) for chain in (False, True)}  # per shape (chain?)
         self.target_cost = CostCurve(self.cost_alpha)  # x = tokens in flight -> seconds
-        self.draft_cost: dict[int, CostCurve] = {}  # batch rows -> (depth -> seconds)
-        self.nodes: dict[int, float] = {0: 1.0}  # depth -> mean tree nodes
+        self.draft_cost: dict[tuple[int, bool], CostCurve] = {}  # (batch rows, chain?) -> (depth -> seconds)
+        self.nodes: dict[tuple[int, bool], float] = {}  # (depth, chain?) -> mean tree nodes
         self.catchup: dict[int, float] = {}  # batch rows -> draft seconds per lagging token and row (caught up on)
         self._lag = 0
         self.join_cost = 0.0  # seconds per speculative step of the inner drafter's prefill of joining rows
         self._join_s = 0.0  # ... accumulated since the last step
         self.depth_hist: dict[int, int] = {}
+        self.chain_hist: dict[int, int] = {}
         self.history: list[int] = []
         self.steps_total = 0
         self._pending = None
         self._since_explore = 0  # steps since the last exploration step (across generations)
         self._explore_gap = self.explore_every  # steps between explorations now (grows while the choice holds)
-        self._explore_up = True
-        self._last_best: tuple[int, int] | None = None  # (batch rows, argmax) of the last step
+        self._explore_turn = 0  # which neighbour the next exploration tries (deeper, other shape, shallower, ...)
+        self._last_best: tuple[int, int, bool] | None = None  # (batch rows, argmax depth, chain?) of the last step
         self.explorations = 0
 
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None, *,
@@ -306,15 +353,17 @@ class AdaptiveDrafter:
         next steps see the new batch size through the state, and the cost model through the tokens in flight."""
         self.inner.retire(keep)
 
-    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+    def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
         t0 = self.clock()
         B = state.batch_size
-        d = self.choose(B, max_depth)
-        tree = self.inner.propose(state, d)
+        d, chain = self.choose(B, max_depth)
+        tree = self.inner.propose(state, d, min(max_nodes, d + 1) if chain else max_nodes)
         t1 = self.clock()
-        self._pending = (B, d, tree.num_nodes, t0, t1)
+        self._pending = (B, d, chain, tree.num_nodes, t0, t1)
         self.history.append(d)
         self.depth_hist[d] = self.depth_hist.get(d, 0) + 1
+        if chain:
+            self.chain_hist[d] = self.chain_hist.get(d, 0) + 1
         self.steps_total += 1
         return tree
 
@@ -324,12 +373,12 @@ class AdaptiveDrafter:
         t3 = self.clock()
         if self._pending is None:
             return
-        B, d, N, t0, t1 = self._pending
+        B, d, chain, N, t0, t1 = self._pending
         self._pending = None
-        # node counts at this depth
+        # node counts at this depth and shape
         if d > 0:
-            old = self.nodes.get(d)
-            self.nodes[d] = float(N) if old is None else old + 0.5 * (N - old)
+            old = self.nodes.get((d, chain))
+            self.nodes[d, chain] = float(N) if old is None else old + 0.5 * (N - old)
         # joins since the last step, while speculating: their draft prefill ran at once (a plain batch defers it)
         joined, self._join_s = self._join_s, 0.0
         if d > 0 and len(self.history) > 1 and self.history[-2] > 0:
@@ -338,12 +387,12 @@ class AdaptiveDrafter:
         lag, self._lag = self._lag, (self._lag + 1 if d == 0 else 0)
         dt = (t1 - t0) + (t3 - t2)
         if d > 0 and lag > 0:  # the drafter caught up on `lag` tokens: not this depth's steady cost
-            if any(c.covers(d) for c in self.draft_cost.values()):  # (the excess over it, when that is known)
-                excess = max(0.0, dt - self._draft_time(B, d)) / (lag * B)  # per lagging token and row
+            if any(c.covers(d) for (_, ch), c in self.draft_cost.items() if ch == chain):  # (the excess over it,
+                excess = max(0.0, dt - self._draft_time(B, d, chain)) / (lag * B)  # when known: per token and row)
                 old = self.catchup.get(B)
                 self.catchup[B] = excess if old is None else old + self.cost_alpha * (excess - old)
         elif self._gen_step > 0:
-            self.draft_cost.setdefault(B, CostCurve(self.cost_alpha)).add(d, dt)
+            self.draft_cost.setdefault((B, chain and d > 0), CostCurve(self.cost_alpha)).add(d, dt)
         if self._gen_step > 0:
             self.target_cost.add(B * N, t2 - t1)
         self._gen_step += 1
@@ -362,67 +411,62 @@ class AdaptiveDrafter:
                     elig[i] += 1
                     if L >= i:
                         succ[i] += 1
-            now = self.steps_total
+            acc = self.acceptance[chain]
             for i in range(1, d + 1):
-                if elig[i]:  # decayed per step since the depth's last update (lazily: an untried depth holds)
-                    f = self.decay ** max(1, now - self.acc_at[i])
-                    self.acc_n[i] = f * self.acc_n[i] + elig[i]
-                    self.acc_s[i] = f * self.acc_s[i] + succ[i]
-                    self.acc_at[i] = now
-                    self.acc_tot[i] += elig[i]
+                if elig[i]:
+                    acc.add(i, elig[i], succ[i], self.steps_total, self.decay)
 
     # ---- the model ------------------------------------------------------------------------------------------------
-    def conditional_acceptance(self, i: int) -> float:
-        """Estimated P(depth i accepted | depth i - 1 accepted)."""
-        return self._conditional()[i]
+    def conditional_acceptance(self, i: int, chain: bool = False) -> float:
+        """Estimated P(depth i accepted | depth i - 1 accepted) for the shape (``chain``: the chain of a wider
+        drafter)."""
+        return self._conditional(0.0, chain)[i]
 
-    def _conditional(self, optimism: float = 0.0) -> list[float]:
-        """``[i]``: estimated conditional acceptance of depth i (index 0 unused). The prior of depth i > 1 is the
-        estimate of depth i - 1 when that is higher than ``prior_accept``: a drafter that keeps its drafts at depth
-        i - 1 is expected to keep them one deeper as well, until measured. ``optimism``: measured depths get
-        ``optimism`` standard errors on top (``sqrt(c (1 - c) / n)``, n their row-steps so far + the prior's)."""
-        w, out, prev = self.prior_weight, [1.0], self.prior_accept
-        for i in range(1, self.max_depth + 1):
-            prior = max(self.prior_accept, prev) if i > 1 else self.prior_accept
-            prev = (self.acc_s[i] + w * prior) / (self.acc_n[i] + w)
-            if optimism and self.acc_tot[i] > 0:
-                out.append(min(1.0, prev + optimism * (prev * (1.0 - prev) / (self.acc_tot[i] + w)) ** 0.5))
-            else:
-                out.append(prev)
-        return out
+    def _conditional(self, optimism: float = 0.0, chain: bool = False) -> list[float]:
+        """``[i]``: the shape's estimated conditional acceptance of depth i (:meth:`DepthAcceptance.conditional`);
+        a chain's prior is the tree's estimate."""
+        tree = self.acceptance[False].conditional(self.prior_accept, self.prior_weight, 0.0 if chain else optimism)
+        if not chain:
+            return tree
+        return self.acceptance[True].conditional(self.prior_accept, self.prior_weight, optimism, priors=tree)
 
-    def expected_tokens(self, d: int, optimism: float = 0.0) -> float:
+    def expected_tokens(self, d: int, optimism: float = 0.0, chain: bool = False) -> float:
         """Estimated tokens per row-step at depth d: ``1 + sum_{i <= d} P(accept >= i)`` (``optimism``: see
         ``_conditional``)."""
-        c = self._conditional(optimism)
+        c = self._conditional(optimism, chain)
         e, p = 1.0, 1.0
         for i in range(1, d + 1):
             p *= c[i]
             e += p
         return e
 
-    def nodes_at(self, d: int) -> float:
-        """Tree nodes at depth d: measured, else ``d + 1`` kept between the measured neighbours' counts."""
-        n = self.nodes.get(d)
+    def nodes_at(self, d: int, chain: bool = False) -> float:
+        """Tree nodes at depth d: measured, else ``d + 1`` kept between the shape's measured neighbours' counts."""
+        if d == 0:
+            return 1.0
+        n = self.nodes.get((d, chain))
         if n is not None:
             return n
-        lo = max((v for k, v in self.nodes.items() if k < d), default=1.0)
-        hi = min((v for k, v in self.nodes.items() if k > d), default=float(self.max_nodes))
+        same = {k: v for (k, ch), v in self.nodes.items() if ch == chain}
+        lo = max((v for k, v in same.items() if k < d), default=1.0)
+        hi = min((v for k, v in same.items() if k > d), default=float(d + 1 if chain else self.max_nodes))
         return min(max(float(d + 1), lo), max(hi, lo), float(self.max_nodes))
 
-    def _draft_time(self, B: int, d: int) -> float:
+    def _draft_time(self, B: int, d: int, chain: bool = False) -> float:
         """Draft seconds at depth d with B rows. From B's own curve where it measured d or depths around it; else
         the shape of the nearest batch size (by ratio) that did, scaled by what B measured at the depths both
         measured (one measured depth says how expensive drafting is at B, not how it grows with depth: a flat
         extrapolation from it would price a plain step like a deep one)."""
-        curve = self.draft_cost.get(B)
+        chain = chain and d > 0  # (a plain step is the same step in both shapes: booked under the tree's)
+        curves = {b: c for (b, ch), c in self.draft_cost.items() if ch == chain}
+        curve = curves.get(B)
         if curve is not None and curve.covers(d):
             return curve.predict(d) or 0.0
-        others = [b for b, c in self.draft_cost.items() if b != B and c.covers(d)]
+        others = [b for b, c in curves.items() if b != B and c.covers(d)]
         if not others:
             t = curve.predict(d) if curve is not None else None
             return t or 0.0
-        ref = self.draft_cost[min(others, key=lambda b: (max(b / B, B / b), b))]
+        ref = curves[min(others, key=lambda b: (max(b / B, B / b), b))]
         t_ref = ref.predict(d) or 0.0
         if curve is None:
             return t_ref
@@ -433,72 +477,91 @@ class AdaptiveDrafter:
         den = sum(ref.predict(k) or 0.0 for k in common)
         return t_ref * (num / den) if den > 0 else (curve.predict(d) or 0.0)
 
-    def predicted_step_time(self, B: int, d: int) -> float | None:
-        """Predicted seconds of one step at depth d with B rows (None before any timing): the target's and the
-        drafter's, and for d > 0 the draft prefills of the rows that join a speculating batch, per step."""
-        t = self.target_cost.predict(B * self.nodes_at(d))
+    def predicted_step_time(self, B: int, d: int, chain: bool = False) -> float | None:
+        """Predicted seconds of one step at depth d (and shape) with B rows (None before any timing): the target's
+        and the drafter's, and for d > 0 the draft prefills of the rows that join a speculating batch, per step."""
+        t = self.target_cost.predict(B * self.nodes_at(d, chain))
         if t is None:
             return None
-        return t + self._draft_time(B, d) + (self.join_cost if d > 0 else 0.0)
+        return t + self._draft_time(B, d, chain) + (self.join_cost if d > 0 else 0.0)
 
-    def score(self, B: int, d: int, optimism: float = 0.0) -> float | None:
-        """Expected tokens per second per row at depth d (None before any timing)."""
-        t = self.predicted_step_time(B, d)
+    def score(self, B: int, d: int, optimism: float = 0.0, chain: bool = False) -> float | None:
+        """Expected tokens per second per row at depth d and shape (None before any timing)."""
+        t = self.predicted_step_time(B, d, chain)
         if t is None:
             return None
-        return self.expected_tokens(d, optimism) / max(t, 1e-12)
+        return self.expected_tokens(d, optimism, chain) / max(t, 1e-12)
 
-    def best_depth(self, B: int, limit: int, remaining: int | None = None) -> int:
-        """The depth with the best score among 0..limit, going at most one depth past the largest tokens in flight
-        measured so far (costs beyond it are extrapolated: climb one step at a time instead of jumping).
-        ``remaining``: tokens the generation may still emit (None: unknown)."""
-        best, best_s = 0, None
+    def best_step(self, B: int, limit: int, remaining: int | None = None) -> tuple[int, bool]:
+        """The (depth, chain?) with the best score among depths 0..limit and the shapes, each shape going at most
+        one depth past the largest tokens in flight measured so far (costs beyond it are extrapolated: climb one
+        step at a time instead of jumping). ``remaining``: tokens the generation may still emit (None: unknown)."""
+        best, best_s = (0, False), None
         max_x = max(self.target_cost.points, default=0.0)
         c = self._catchup_at(B) if self._lag > 0 else None
         catchup = c * self._lag if c else 0.0
+        climbing = set(self.shapes)
         for d in range(0, limit + 1):
-            s = self.score(B, d, self.optimism)
-            if s is None:
-                return min(1, limit)
-            if d > 0 and catchup:
-                # leaving plain decoding costs the drafter's catch-up on the lag once, spread over the steps that
-                # depth would take to finish the generation (at least ``explore_every``: it may not stay that long)
-                e = self.expected_tokens(d, self.optimism)
-                steps = max(self.explore_every, (remaining or 0) / e, 1)
-                s = e / (self.predicted_step_time(B, d) + catchup / steps)
-            if best_s is None or s > best_s * (1 + 1e-9):
-                best, best_s = d, s
-            if B * self.nodes_at(d) > max_x:
+            for chain in (self.shapes if d > 0 else (False,)):
+                if chain not in climbing:
+                    continue
+                s = self.score(B, d, self.optimism, chain)
+                if s is None:
+                    return min(1, limit), False
+                if d > 0 and catchup:
+                    # leaving plain decoding costs the drafter's catch-up on the lag once, spread over the steps that
+                    # depth would take to finish the generation (at least ``explore_every``: it may not stay that long)
+                    e = self.expected_tokens(d, self.optimism, chain)
+                    steps = max(self.explore_every, (remaining or 0) / e, 1)
+                    s = e / (self.predicted_step_time(B, d, chain) + catchup / steps)
+                if best_s is None or s > best_s * (1 + 1e-9):
+                    best, best_s = (d, chain), s
+                if B * self.nodes_at(d, chain) > max_x:
+                    climbing.discard(chain)
+            if not climbing:
                 break
         return best
 
-    def choose(self, B: int, max_depth: int) -> int:
-        """The depth of the next step for a batch of B rows when the loop allows ``max_depth``."""
+    def choose(self, B: int, max_depth: int) -> tuple[int, bool]:
+        """The (depth, chain?) of the next step for a batch of B rows when the loop allows ``max_depth``."""
         limit = max(0, min(self.max_depth, int(max_depth)))
         if self.mode == "off" or limit == 0:
-            return 0
+            return 0, False
         if self.mode == "fixed":
-            return limit
+            return limit, False
         step = getattr(self, "_gen_step", 0)
         if len(self.target_cost) < 2 and step < 3:  # probes: 1 (untimed), 0, 1
-            return (1, 0, 1)[step]
-        d = self.best_depth(B, limit, int(max_depth) + 1)
+            return (1, 0, 1)[step], False
+        d, chain = self.best_step(B, limit, int(max_depth) + 1)
         if limit == self.max_depth:  # (steps capped by the token budget say nothing about the choice)
-            if self._last_best != (B, d):  # the choice moved (or the batch size did): explore at the base rate
+            if self._last_best != (B, d, chain):  # the choice moved (or the batch size did): explore at the base rate
                 self._explore_gap, self._since_explore = self.explore_every, 0
-            self._last_best = (B, d)
+            self._last_best = (B, d, chain)
         self._since_explore += 1
         if self.explore_every and self._since_explore >= self._explore_gap:
             self._since_explore = 0
             self._explore_gap = min(2 * self._explore_gap, self.explore_every * self.explore_backoff)
-            up = self._explore_up
-            self._explore_up = not up
-            e = d + 1 if (up and d < limit) or d == 0 else d - 1
-            if e > 0 and self._lag > 0 and self._catchup_too_dear(B, d) and not self._speculation_may_pay(B, limit):
-                return d  # leaving plain steps would cost the drafter's catch-up on all of them: skipped
+            e, e_chain = self._neighbour(B, d, chain, limit)
+            if e > 0 and self._lag > 0 and self._catchup_too_dear(B, d, chain) and \
+                    not self._speculation_may_pay(B, limit):
+                return d, chain  # leaving plain steps would cost the drafter's catch-up on all of them: skipped
             self.explorations += 1
-            return e
-        return d
+            return e, e_chain
+        return d, chain
+
+    def _neighbour(self, B: int, d: int, chain: bool, limit: int) -> tuple[int, bool]:
+        """The step an exploration tries instead of (d, chain): in turn one deeper, the other shape at the same
+        depth (where there are two), one shallower. Out of a plain step: depth 1 in the shape that scores better."""
+        turns = ("deeper", "shape", "shallower", "shape") if len(self.shapes) > 1 else ("deeper", "shallower")
+        turn = turns[self._explore_turn % len(turns)]
+        self._explore_turn += 1
+        if d == 0:
+            return 1, max(self.shapes, key=lambda ch: self.score(B, 1, self.optimism, ch) or 0.0)
+        if turn == "shape":
+            return d, not chain
+        if (turn == "deeper" and d < limit) or d == 0:
+            return d + 1, chain
+        return d - 1, chain and d > 1
 
     def _speculation_may_pay(self, B: int, limit: int) -> bool:
         """Whether some depth in 1..limit scores above plain decoding before any catch-up is charged. Then plain
@@ -506,15 +569,16 @@ class AdaptiveDrafter:
         only when a speculative step follows plain steps), and an exploration is what measures it again; skipping
         those would let one inflated measurement, or one stretch where plain steps won, keep plain steps for good."""
         plain = self.score(B, 0) or 0.0
-        return any((self.score(B, k, self.optimism) or 0.0) > plain for k in range(1, limit + 1))
+        return any((self.score(B, k, self.optimism, chain) or 0.0) > plain
+                   for k in range(1, limit + 1) for chain in self.shapes)
 
-    def _catchup_too_dear(self, B: int, d: int) -> bool:
+    def _catchup_too_dear(self, B: int, d: int, chain: bool = False) -> bool:
         """Whether the inner drafter's catch-up per lagging token (measured when a speculative step followed plain
         steps or a deferred prefill) exceeds ``catchup_budget`` of a step at depth d: then an exploration out of plain
         decoding costs more than that share of the plain steps (a draft model re-reads every token it skipped), and is
         not worth it."""
         c = self._catchup_at(B)
-        t = self.predicted_step_time(B, d)
+        t = self.predicted_step_time(B, d, chain)
         return c is not None and t is not None and c > self.catchup_budget * t
 
     def _catchup_at(self, B: int) -> float | None:

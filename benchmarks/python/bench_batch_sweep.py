@@ -62,8 +62,8 @@ class OracleDrafter:
         good = seq[pos] if pos < len(seq) else 0
         return good if h / 2 ** 32 < self.accept else (good + 1 + h % (self.vocab - 1)) % self.vocab
 
-    def propose(self, state, max_depth):
-        k = min(self.depth, max_depth)
+    def propose(self, state, max_depth, max_nodes):
+        k = min(self.depth, max_depth, max_nodes - 1)
         chains = []
         for ctx, seq in zip(state.host_tokens, self.seqs):
             n = len(ctx)

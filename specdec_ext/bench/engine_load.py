@@ -72,7 +72,8 @@ def _run_one(models, drafter, jobs, source, cfg: EngineLoadConfig, max_batch: in
         return RequestSettings(max_new_tokens=jobs[i].max_new_tokens, temperature=cfg.temperature,
                                seed=cfg.seed + i if cfg.temperature > 0 else None)
 
-    depths = dict(drafter.depth_hist) if isinstance(drafter, AdaptiveDrafter) else None
+    adaptive = isinstance(drafter, AdaptiveDrafter)
+    depths, chains = (dict(drafter.depth_hist), dict(drafter.chain_hist)) if adaptive else (None, None)
     with Engine(models.target, drafter, max_batch=max_batch, max_len=max_len, eos_token_id=[]) as engine:
         traces = drive(engine, jobs, source, settings_of)
         st = engine.stats
@@ -80,9 +81,9 @@ def _run_one(models, drafter, jobs, source, cfg: EngineLoadConfig, max_batch: in
     row.update(engine_new_tokens=st.new_tokens, mean_accepted_length=st.mean_accepted_length, steps=st.steps,
                mean_batch=st.row_steps / st.steps if st.steps else 0.0, max_batch_seen=st.batch_size,
                finish_reasons=sorted({t.finish_reason for t in traces if t.finish_reason}))
-    if depths is not None:
-        row["depth_hist"] = {str(d): n - depths.get(d, 0) for d, n in sorted(drafter.depth_hist.items())
-                             if n - depths.get(d, 0)}
+    if adaptive:  # this run's steps per depth, and those of them that drafted a chain of a wider drafter
+        for key, before, now in (("depth_hist", depths, drafter.depth_hist), ("chain_hist", chains, drafter.chain_hist)):
+            row[key] = {str(d): n - before.get(d, 0) for d, n in sorted(now.items()) if n - before.get(d, 0)}
     return row, [t.tokens for t in traces]
 
 

@@ -3,7 +3,7 @@ through it) asks of a drafter. The state types it hands over live in :mod:`specd
 
 One speculative step, for every row b of the batch::
 
-    tree  = drafter.propose(state, max_depth)          # DraftTree: tokens[B, N], parents[B, N], draft_probs
+    tree  = drafter.propose(state, max_depth, max_nodes)  # DraftTree: tokens[B, N], parents[B, N], draft_probs
     logits = tree_forward(target, cache, tree.tokens, tree.parents, state.prefix_lens, tables=tree.tables)
     result = verify(logits, tree)                       # accepted path, accept_len, next_token
     drafter.observe(state, tree, result)                # after the state took the emitted tokens
@@ -102,10 +102,13 @@ class Drafter(Protocol):
         """The rows of ``rows`` (a state of the joining rows alone, with their prefill hidden states) join the
         running batch as its last rows: what :meth:`begin` does for its rows, appended to the per-row state."""
 
-    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
-        """A tree of at most ``max_nodes`` nodes (root included) per row, no deeper than ``max_depth`` (drafts past
-        the remaining budget could not be emitted; deeper trees are still correct, only wasted work). No host
-        synchronisation beyond reading ``state``."""
+    def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
+        """A tree per row no deeper than ``max_depth`` (drafts past the remaining budget could not be emitted;
+        deeper trees are still correct, only wasted work) and of at most ``max_nodes`` nodes, root included
+        (``1 <= max_nodes <= self.max_nodes``: the caller's verification budget; 1 is a plain step). A tree
+        drafter given fewer nodes than its trees hold builds the best tree of that size it can (for EAGLE-2, a
+        chain when the budget is one node per depth), so that a caller can trade acceptance for cost per step.
+        No host synchronisation beyond reading ``state``."""
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
         """After verification and the state update: roll internal caches back to the accepted prefix."""

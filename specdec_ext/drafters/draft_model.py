@@ -195,17 +195,26 @@ class DraftModelDrafter:
         return ops.sample_tokens(logits, state.uniforms(logits.shape[0]), s.temperature, s.top_k, s.top_p,
                                  validate=False)
 
-    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+    def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
         if not self._ops_built and self.cache is not None:
             self._ops = LlamaStepOps.build(self.model, self.cache) if self.packed_linears else None
             self._ops_built = True
         with packed_linears(self.packed_linears):
-            return self._propose(state, max_depth)
+            return self._propose(state, max_depth, max_nodes)
 
-    def _propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+    def _propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
         B, dev = state.batch_size, state.device
         root = state.last_tokens
-        k = min(self.k, max_depth)
+        k = min(self.k, max_depth, max_nodes - 1)
+        # a tree that the node budget cannot hold at depth 1 (or, dynamic, with more than one draft per level)
+        # drafts the chain of the budget instead
+        if self.dynamic:
+            total = min(self.total_tokens, max_nodes - 1)
+            shape = "dynamic" if total > k else "chain"
+        else:
+            shape = "tree" if self.width > 1 and max_nodes - 1 >= self.width else "chain"
+            if shape == "tree":
+                k = min(k, (max_nodes - 1) // self.width)
         self.fed = 0
         self.caught_up = k > 0
         if k <= 0:  # a plain step: no draft forward, so the cache does not catch up either (observe keeps valid)
@@ -220,9 +229,9 @@ class DraftModelDrafter:
         idx = (start[:, None] + torch.arange(T, device=dev)).clamp(max=state.max_len - 1)
         logits = self._forward(state.tokens.gather(1, idx), start, num)
         last = logits.gather(1, (num - 1)[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0]
-        if self.dynamic:
-            return self._propose_dynamic(state, root, last, k)
-        if self.width > 1:
+        if shape == "dynamic":
+            return self._propose_dynamic(state, root, last, k, total)
+        if shape == "tree":
             return self._propose_tree(state, root, last, k)
         drafts, probs = [], []
         pos = state.lengths
@@ -268,7 +277,8 @@ class DraftModelDrafter:
         par = to_device(parents, dev).expand(B, -1).contiguous()
         return DraftTree(torch.cat(tokens, 1), par, None)
 
-    def _propose_dynamic(self, state: DecodeState, root: torch.Tensor, last: torch.Tensor, k: int) -> DraftTree:
+    def _propose_dynamic(self, state: DecodeState, root: torch.Tensor, last: torch.Tensor, k: int,
+                         total: int) -> DraftTree:
         B, w = state.batch_size, self.width
         valid = state.lengths  # the catch-up left every context token in the cache; tree slots follow
         root_pos = valid - 1
@@ -280,7 +290,7 @@ class DraftModelDrafter:
                 return self._ops.forward(tok, pos, slots, mask)
             return masked_forward(self.model, self.cache, tok, pos, slots[:, 0], mask)
 
-        tree = grow_dynamic_tree(root, last, level, depth=k, top_k=w, total_tokens=self.total_tokens, valid=valid,
+        tree = grow_dynamic_tree(root, last, level, depth=k, top_k=w, total_tokens=total, valid=valid,
                                  kv_len=max(len(t) for t in state.host_tokens) + (k - 1) * w,
                                  calibration=self.calibration if self.calibrate else None)
         self.cache.rewind(valid)

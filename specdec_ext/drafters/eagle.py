@@ -118,7 +118,7 @@ class EagleDrafter:
             self.static = tree
             self.depth, self.top_k, self.total_tokens = tree.max_depth, tree.top_k, tree.num_nodes - 1
             self.max_nodes = tree.num_nodes
-            self._static_trees: dict[int, StaticTree] = {tree.max_depth: tree}
+            self._static_trees: dict[tuple[int, int | None], StaticTree] = {(tree.max_depth, None): tree}
         if self.draft_vocab is not None and self.top_k > self.draft_vocab.numel():
             raise ValueError(f"EagleDrafter: the tree uses {self.top_k} candidates per node but draft_vocab has "
                              f"{self.draft_vocab.numel()} ids")
@@ -320,19 +320,24 @@ class EagleDrafter:
         return out[:, -1], pos[:, -1], to_device(valid, dev)
 
     @torch.no_grad()
-    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+    def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
         B, dev = state.batch_size, state.device
         root = state.last_tokens
         depth = min(self.depth, int(max_depth))
-        if depth <= 0:
+        total = min(self.total_tokens, int(max_nodes) - 1)  # draft tokens this step
+        if depth <= 0 or total <= 0:
             return plain_tree(root)
-        m, k = self.model, self.top_k
+        m = self.model
         if not self._ops_built:
             lm = self._lm_sub if self._lm_sub is not None else self._lm_head if m.version == 1 else m.lm_head
             self._ops, self._ops_built = EagleStepOps.build(m, self.cache, self._embed_ids, lm), True
         root_h, root_pos, valid = self._catch_up(state)
         if self.static is not None:
-            return self._propose_static(state, self._static_for(depth), root, root_h, root_pos, valid)
+            return self._propose_static(state, self._static_for(depth, total + 1), root, root_h, root_pos, valid)
+        # a budget of one token per level (or less) is spent on a chain (EAGLE-1's): its frontier of one node costs
+        # 1 / top_k of the tree's draft forwards
+        k = self.top_k if total > depth else 1
+        depth = min(depth, total)
         calibration = self.calibration if self.calibrate and k > 1 else None  # a chain has nothing to rank
         kv_len = max(self.valid) + (depth - 1) * k
         H = root_h.shape[-1]
@@ -354,13 +359,14 @@ class EagleDrafter:
             return self._logits(last_h[0])
 
         return grow_dynamic_tree(root, self._logits(root_h), level, depth=depth, top_k=k,
-                                 total_tokens=self.total_tokens, valid=valid, kv_len=kv_len,
+                                 total_tokens=total, valid=valid, kv_len=kv_len,
                                  target_ids=self._target_ids, calibration=calibration)
 
-    def _static_for(self, depth: int) -> StaticTree:
-        tree = self._static_trees.get(depth)
+    def _static_for(self, depth: int, max_nodes: int) -> StaticTree:
+        n = None if max_nodes >= self.max_nodes else max_nodes
+        tree = self._static_trees.get((depth, n))
         if tree is None:
-            tree = self._static_trees[depth] = static_tree([c for c in self.static.choices if len(c) <= depth])
+            tree = self._static_trees[(depth, n)] = static_tree([c for c in self.static.choices if len(c) <= depth], n)
         return tree
 
     @torch.no_grad()

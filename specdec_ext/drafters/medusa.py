@@ -93,7 +93,7 @@ class MedusaDrafter:
         self.tree = tree
         self.max_nodes = nodes if self.dynamic else tree.num_nodes
         self._paths: dict = {}  # (tree, device) -> [S - 1, depth * top_k] ancestor-or-self rank indicator
-        self._trees: dict[int, StaticTree] = {tree.max_depth: tree}
+        self._trees: dict[tuple[int, int | None], StaticTree] = {(tree.max_depth, None): tree}  # (depth, node cap)
         self._lm_head = None
         self.hidden: torch.Tensor | None = None
         self._ready = False  # some row has a hidden state (host flag: no sync)
@@ -107,12 +107,14 @@ class MedusaDrafter:
         device are taken from it."""
         return cls(load_medusa(path, target=target, dtype=dtype, device=device), choices, max_nodes, dynamic=dynamic)
 
-    def _tree_for(self, max_depth: int) -> StaticTree:
-        """The tree without its nodes deeper than ``max_depth`` (built once per depth)."""
+    def _tree_for(self, max_depth: int, max_nodes: int) -> StaticTree:
+        """The tree without its nodes deeper than ``max_depth``, cut to its first ``max_nodes`` in priority order
+        for a static tree (the per-step tree selects its nodes from the whole superset); built once per shape."""
         d = max(0, min(int(max_depth), self.tree.max_depth))
-        tree = self._trees.get(d)
+        n = None if self.dynamic or max_nodes >= self.max_nodes else max(1, int(max_nodes))
+        tree = self._trees.get((d, n))
         if tree is None:
-            tree = self._trees[d] = static_tree([c for c in self.tree.choices if len(c) <= d])
+            tree = self._trees[(d, n)] = static_tree([c for c in self.tree.choices if len(c) <= d], n)
         return tree
 
     def begin(self, target: nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
@@ -166,15 +168,16 @@ class MedusaDrafter:
         return cand
 
     @torch.no_grad()
-    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
-        """The static tree (nodes deeper than ``max_depth`` left out), drafted from each row's hidden state."""
+    def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
+        """The static tree (nodes deeper than ``max_depth`` left out, at most ``max_nodes``), drafted from each row's
+        hidden state."""
         B, dev = state.batch_size, state.device
         root = state.last_tokens
-        tree = self._tree_for(max_depth)
-        if tree.num_nodes == 1 or not self._ready:
+        tree = self._tree_for(max_depth, max_nodes)
+        if tree.num_nodes == 1 or max_nodes <= 1 or not self._ready:
             return plain_tree(root)
         if self.dynamic:
-            return self._propose_dynamic(tree, root)
+            return self._propose_dynamic(tree, root, min(self.max_nodes, max_nodes))
         cand = self.candidates(tree.max_depth, tree.top_k).reshape(B, tree.max_depth * tree.top_k)
         drafts = cand.index_select(1, tree.gather_index_tensor(dev))
         tokens = torch.cat([root[:, None], drafts], 1)
@@ -196,7 +199,7 @@ class MedusaDrafter:
         return hit[1]
 
     @torch.no_grad()
-    def _propose_dynamic(self, tree: StaticTree, root: torch.Tensor) -> DraftTree:
+    def _propose_dynamic(self, tree: StaticTree, root: torch.Tensor, max_nodes: int) -> DraftTree:
         B, dev, D, K = root.shape[0], root.device, tree.max_depth, tree.top_k
         logits = self.heads(self.hidden, self._lm_head, D)  # [B, D, V]
         scaled = self.calibration.apply(logits) if self.calibrate else logits.float()
@@ -212,7 +215,7 @@ class MedusaDrafter:
         # the superset's non-root nodes as candidates, parents first (a node scores at most its parent's score)
         tokens = ids.reshape(B, D * K).index_select(1, tree.gather_index_tensor(dev))
         tokens, parents = ops.select_tree_nodes(tokens, score, tree.candidate_parents_tensor(B, dev), root,
-                                                self.max_nodes - 1, validate=False)
+                                                max_nodes - 1, validate=False)
         return DraftTree(tokens, parents, None)
 
     @property

@@ -79,10 +79,10 @@ class NgramDrafter:
                 return ctx[start + n:start + n + k]
         return []
 
-    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+    def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
         if getattr(self, "_index", None) is None or len(self._index) != state.batch_size:
             self.begin(None, state)
-        k = min(self.num_pred_tokens, max_depth)
+        k = min(self.num_pred_tokens, max_depth, max_nodes - 1)
         chains = [self._lookup(b, ctx, k) for b, ctx in enumerate(state.host_tokens)]
         return pad_chains(chains, [ctx[-1] for ctx in state.host_tokens], state.device)
 

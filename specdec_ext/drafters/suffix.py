@@ -128,22 +128,23 @@ class SuffixDrafter:
         self._rows = [self._rows[i] for i in kept]
 
     # ---- the step -------------------------------------------------------------------------------------------------
-    def propose(self, state: DecodeState, max_depth: int) -> DraftTree:
+    def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
         if len(self._rows) != state.batch_size:
             self.begin(None, state)
         depth = min(self.max_depth, max_depth)
+        nodes = min(self.max_nodes, max_nodes)
         trees = []
         for row, ctx in zip(self._rows, state.host_tokens):
             row.sync(ctx)
-            trees.append(self._tree(row, ctx, depth))
+            trees.append(self._tree(row, ctx, depth, nodes))
         return pad_trees(trees, state.device)
 
-    def _tree(self, row: _Row, ctx: list[int], depth: int) -> tuple[list[int], list[int]]:
-        if depth <= 0:
+    def _tree(self, row: _Row, ctx: list[int], depth: int, max_nodes: int) -> tuple[list[int], list[int]]:
+        if depth <= 0 or max_nodes <= 1:
             return [ctx[-1]], [-1]
         views = [(row.context, 0, len(ctx) - 1), (self.corpus, row.lo, row.hi)]
         m, occurrences = longest_match(ctx, views, self.max_pattern, self.min_match, self.max_occurrences)
-        budget = min(self.max_nodes - 1, math.floor(self.spec_factor * m))
+        budget = min(max_nodes - 1, math.floor(self.spec_factor * m))
         tokens, parents, _ = speculation_tree(occurrences, budget, depth, self.min_prob)
         return [ctx[-1], *tokens], [-1, *(p + 1 for p in parents)]
 

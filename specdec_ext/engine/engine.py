@@ -11,7 +11,7 @@
 One step (:meth:`Engine.step`)::
 
     leave(aborted rows); join(queued requests)            # prefill of the joining rows alone, then appended
-    tree   = drafter.propose(state, max_depth)            # a 1-node tree without a drafter: plain decoding
+    tree   = drafter.propose(state, max_depth, max_nodes)  # a 1-node tree without a drafter: plain decoding
     logits = tree_forward(target, cache, tree)            # ONE target forward for every row
     v      = verify(logits, tree, state)                  # per row: greedy, lossless sampling or typical
     cache.accept(v.accepted, v.accept_len)                # one compact_kv call for every layer
@@ -250,7 +250,8 @@ class Engine:
     def _step(self) -> list[Event]:
         st, stats, drafter, rows = self.state, self.stats, self.drafter, self.scheduler.running
         t0 = time.perf_counter()
-        tree = drafter.propose(st, self._draft_depth(rows)) if drafter is not None else plain_tree(st.last_tokens)
+        tree = drafter.propose(st, self._draft_depth(rows), drafter.max_nodes) if drafter is not None else \
+            plain_tree(st.last_tokens)
         t1 = time.perf_counter()
         prefix = st.prefix_lens
         out = tree_forward(self.target, self.cache, tree.tokens, tree.parents, prefix, validate=False,
