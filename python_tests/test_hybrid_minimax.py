@@ -13,7 +13,7 @@
   is token-identical to Hugging Face's ``generate(do_sample=False)``, batch > 1 with different prompt lengths; the
   same through the Engine with requests joining and leaving a smaller batch.
 * Rows joining past the allocated capacity and leaving: each row's states move with it, and decoding goes on exact.
-* Refusals: unsupported hybrid layer types (Qwen3-Next's Gated DeltaNet) name the layer type; a hybrid cache refuses
+* Refusals: unsupported hybrid layer types (Bamba's Mamba-2) name the layer type; a hybrid cache refuses
   what its recurrent states cannot do (going back, a tree off the committed lengths, committing a non-chain by
   rewind, ordinary forwards, level-by-level trees).
 """
@@ -82,13 +82,13 @@ def target():
 
 
 def mixerless_draft(model):
-    """``model`` with its Lightning mixers dropped: an attention-only MiniMax (every layer ``full_attention``) with
-    the target's weights, whose former Lightning layers' attention outputs are zero (o_proj = 0)."""
+    """``model`` with its linear mixers dropped: the same hybrid class with every layer ``full_attention`` and the
+    target's weights, whose former linear layers' attention outputs are zero (o_proj = 0)."""
     cfg = copy.deepcopy(model.config)
     cfg.layer_types = ["full_attention"] * len(cfg.layer_types)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        d = transformers.MiniMaxForCausalLM(cfg).eval()
+        d = type(model)(cfg).eval()
     own = {k: v for k, v in model.state_dict().items() if k in d.state_dict() and
            d.state_dict()[k].shape == v.shape}
     d.load_state_dict(own, strict=False)
@@ -308,17 +308,38 @@ def references() -> list[list[int]]:
     return _MODELS["ref"]
 
 
+def generate_equals_hf(model, drafter, prompts: list[list[int]], refs: list[list[int]]) -> None:
+    """One greedy generate() over every prompt (a batch of different lengths) gives HF's continuations; one target
+    forward a step; drafts were accepted (not vacuous)."""
+    outs, stats = generate(model, drafter, [torch.tensor(p) for p in prompts], max_new_tokens=NEW, eos_token_id=[])
+    assert [o[len(p):].tolist() for o, p in zip(outs, prompts)] == refs
+    assert stats.target_forwards == stats.steps
+    if drafter is None:
+        assert stats.mean_accepted_length == 1.0
+    else:
+        assert stats.mean_accepted_length > 1.2, stats.mean_accepted_length
+
+
 @pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "tree", "dynamic"])
 def test_greedy_generate_equals_hf(kind):
     model = target()
-    outs, stats = generate(model, make_drafter(kind, model), [torch.tensor(p) for p in PROMPTS], max_new_tokens=NEW,
-                           eos_token_id=[])
-    assert [o[len(p):].tolist() for o, p in zip(outs, PROMPTS)] == references()
-    assert stats.target_forwards == stats.steps
-    if kind == "plain":
-        assert stats.mean_accepted_length == 1.0
-    else:
-        assert stats.mean_accepted_length > 1.2, stats.mean_accepted_length  # drafts were accepted
+    generate_equals_hf(model, make_drafter(kind, model), PROMPTS, references())
+
+
+def engine_rows_equal_hf(model, drafter, prompts: list[list[int]], refs: list[list[int]]):
+    """Requests of different budgets join an engine of two rows (three at the start, one queued, then one a step)
+    and leave it: each one's tokens equal HF's greedy continuation of its prompt alone. Returns the engine's stats."""
+    budgets = [NEW - 3 * (b % 3) for b in range(len(prompts))]
+    arrivals = {}
+    for b, p in enumerate(prompts):
+        arrivals.setdefault(0 if b < 3 else b - 2, []).append((b, p, RequestSettings(max_new_tokens=budgets[b])))
+    with Engine(model, drafter, max_batch=2, max_len=64, eos_token_id=[]) as engine:
+        tokens, _, _ = run_engine(engine, arrivals)
+    assert isinstance(engine.cache, HybridCache)
+    for b in range(len(prompts)):
+        assert tokens[b] == refs[b][: budgets[b]], b
+    assert engine.stats.joins >= 3 and engine.stats.retirements >= 3
+    return engine.stats
 
 
 @pytest.mark.parametrize("kind", ["ngram", "tree"])
@@ -326,17 +347,8 @@ def test_engine_rows_joining_and_leaving_equal_hf(kind):
     model = target()
     prompts = PROMPTS + [prompt_of(n, 60 + n) for n in (3, 10)]
     refs = references() + [hf_greedy(model, p, NEW) for p in prompts[len(PROMPTS):]]
-    budgets = [NEW - 3 * (b % 3) for b in range(len(prompts))]
-    arrivals = {}
-    for b, p in enumerate(prompts):  # three at the start (one queued), then one a step
-        arrivals.setdefault(0 if b < 3 else b - 2, []).append((b, p, RequestSettings(max_new_tokens=budgets[b])))
-    with Engine(model, make_drafter(kind, model), max_batch=2, max_len=64, eos_token_id=[]) as engine:
-        tokens, reasons, _ = run_engine(engine, arrivals)
-        stats = engine.stats
-    assert isinstance(engine.cache, HybridCache)
-    for b in range(len(prompts)):
-        assert tokens[b] == refs[b][: budgets[b]], b
-    assert stats.joins >= 3 and stats.retirements >= 3 and stats.mean_accepted_length > 1.0
+    stats = engine_rows_equal_hf(model, make_drafter(kind, model), prompts, refs)
+    assert stats.mean_accepted_length > 1.0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -344,21 +356,21 @@ def test_engine_rows_joining_and_leaving_equal_hf(kind):
 
 
 def test_unsupported_hybrid_layers_are_refused_by_name():
-    cfg = transformers.Qwen3NextConfig(vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                                       layer_types=["linear_attention", "full_attention"])
-    with pytest.raises(NotImplementedError, match=r"'qwen3_next' layers of type \['linear_attention'\] are not "
-                                                  r"supported.*minimax 'linear_attention' \(Lightning"):
+    cfg = transformers.BambaConfig(vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, attn_layer_indices=[1],
+                                   mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_expand=1)
+    refusal = r"'bamba' layers of type \['linear_attention'\] are not supported"
+    with pytest.raises(NotImplementedError, match=refusal + r".*minimax 'linear_attention' \(Lightning"):
         make_cache(cfg, 1, 16)
     with pytest.raises(NotImplementedError, match=r"TreeKVCache holds full/sliding attention layers only, got "
                                                   r"\['linear_attention'\].*make_cache"):
         TreeKVCache(cfg, 1, 16)
     with pytest.raises(NotImplementedError, match="MiniMax with sliding_window = 8 is not supported"):
         make_cache(minimax_config(sliding_window=8), 1, 16)
-    with pytest.raises(NotImplementedError, match=r"'qwen3_next' layers of type \['linear_attention'\]"):
+    with pytest.raises(NotImplementedError, match=refusal):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            Engine(transformers.Qwen3NextForCausalLM(cfg).eval(), max_len=32)
+            Engine(transformers.BambaForCausalLM(cfg).eval(), max_len=32)
     llama = transformers.LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
                                      num_attention_heads=2)
     assert type(make_cache(llama, 1, 8)) is TreeKVCache

@@ -2,27 +2,29 @@
 model's cache.
 
 :func:`make_cache` returns a :class:`~specdec_ext.models.TreeKVCache` for an attention-only model, a
-:class:`HybridCache` for a supported hybrid (:data:`LINEAR_KINDS`: MiniMax's Lightning layers today), and refuses
-anything else with a NotImplementedError naming the layer type.
+:class:`HybridCache` for a supported hybrid (:data:`LINEAR_KINDS`: MiniMax's Lightning layers, Qwen3-Next's Gated
+DeltaNet), and refuses anything else with a NotImplementedError naming the layer type.
 
 :class:`HybridCache` is a ``TreeKVCache`` (its K/V storage, lengths, ``rewind`` / ``compact`` / ``accept`` /
-``keep_rows`` / ``add_rows``, for the attention layers only) plus one recurrent state per linear layer:
-``state[B, Llin, H, Dk, Dv]`` in float32 (a state sums the whole context: rounding it to bfloat16 every step would
-drift). A state is overwritten in place, so it holds the committed tokens only and never a draft:
+``keep_rows`` / ``add_rows``, for the attention layers only) plus the linear layers' states, named by their kind
+(:class:`LinearKind`; ``[B, Llin, ...]`` in float32: a state sums the whole context, and rounding it to bfloat16
+every step would drift). A state is overwritten in place, so it holds the committed tokens only and never a draft:
 
-* A verification forward (:func:`~specdec_ext.models.tree_forward`, inside :meth:`HybridCache.tree_step`) reads each
-  linear layer's state and records the tree nodes' keys and values (``[B, Llin, H, N, D]``, like the attention
-  layers' K/V at ``prefix + j``); no per-node state is kept (:func:`specdec_ext.ops.reference.tree_linear_attention`).
-* :meth:`compact` (so :meth:`accept`) moves the accepted path's K/V as before and advances every linear layer's state
-  along the same nodes in one :func:`~specdec_ext.ops.reference.commit_linear_state` call (all layers as more
-  heads); rows accept different lengths.
+* A verification forward (:func:`~specdec_ext.models.tree_forward`, inside :meth:`HybridCache.tree_step`) hands each
+  linear layer its states and the tree (:meth:`~HybridCache.tree_layer`), and the layer records what its kind's
+  commit needs per node (:meth:`~HybridCache.record`: Lightning's keys and values, like the attention layers' K/V
+  at ``prefix + j``; DeltaNet's rule and convolution inputs). No per-node state is kept.
+* :meth:`compact` (so :meth:`accept`) moves the accepted path's K/V as before and advances every linear layer's
+  states along the same nodes with the kind's commit, one op call per state over all layers (as more heads); rows
+  accept different lengths.
 * :meth:`rewind` to more tokens than committed commits the first nodes of the last forward when they are a chain
   (a prefill's or :func:`~specdec_ext.models.extend`'s tokens, rows of different lengths); a state cannot go back,
   so rewinding below the committed length is a ValueError, as is ``crop``.
 * Rows joining and leaving (``add_rows`` / ``keep_rows`` / ``reset``) carry the states with the K/V rows.
 
 An ordinary forward (``model(ids, cache=cache)``) is refused by the linear layers: their states advance by commits
-only. The linear layers' forward over a tree lives in :mod:`~specdec_ext.models.linear_layers`.
+only. The linear layers' forwards over a tree live in :mod:`~specdec_ext.models.linear_layers` and
+:mod:`~specdec_ext.models.deltanet_layers`.
 """
 
 from __future__ import annotations
@@ -42,16 +44,37 @@ ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class LinearKind(NamedTuple):
-    """A supported kind of linear layer: its name and, from the model's text config, the per-layer state shape
-    ``(heads, key dim, value dim)``; ``check`` refuses configs whose options the tree path does not reproduce."""
+    """A supported kind of linear layer. ``states(cfg)``: its persistent per-layer states by name, each shape
+    (the cache adds ``[B, Llin]`` in front; float32). ``nodes(cfg)``: what its tree forward records for the commit,
+    by name: a shape where ``"N"`` marks the node dimension and a leading ``"B"`` the rows (else one value per
+    layer). ``commit(states, nodes, path, lengths, validate)`` advances every layer's states along the accepted
+    ``path[B, L]`` in one call per state (layers as more heads). ``check`` refuses configs whose options the tree
+    path does not reproduce."""
     name: str
-    state_shape: Callable[[object], tuple[int, int, int]]
+    states: Callable[[object], dict[str, tuple[int, ...]]]
+    nodes: Callable[[object], dict[str, tuple]]
+    commit: Callable[..., None]
     check: Callable[[object], None]
 
 
-def _minimax_state(cfg) -> tuple[int, int, int]:
-    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return cfg.num_attention_heads, D, D
+def _minimax_head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def _lightning_states(cfg) -> dict:
+    D = _minimax_head_dim(cfg)
+    return {"state": (cfg.num_attention_heads, D, D)}
+
+
+def _lightning_nodes(cfg) -> dict:
+    H, D = cfg.num_attention_heads, _minimax_head_dim(cfg)
+    return {"keys": ("B", H, "N", D), "values": ("B", H, "N", D), "log_decay": (H,)}
+
+
+def _lightning_commit(states, nodes, path, lengths, validate) -> None:
+    ref.commit_linear_state(states["state"].flatten(1, 2), nodes["keys"].flatten(1, 2),
+                            nodes["values"].flatten(1, 2), nodes["log_decay"].flatten(), path, lengths,
+                            validate=validate)
 
 
 def _minimax_check(cfg) -> None:
@@ -62,10 +85,38 @@ def _minimax_check(cfg) -> None:
                                   "(tree verification does not apply sliding-window masks)")
 
 
+def _deltanet_states(cfg) -> dict:
+    Hv, Dk, Dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    conv = 2 * cfg.linear_num_key_heads * Dk + Hv * Dv
+    return {"state": (Hv, Dk, Dv), "conv": (conv, cfg.linear_conv_kernel_dim - 1)}
+
+
+def _deltanet_nodes(cfg) -> dict:
+    Hv, Dk, Dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    conv = 2 * cfg.linear_num_key_heads * Dk + Hv * Dv
+    return {"k": ("B", Hv, "N", Dk), "v": ("B", Hv, "N", Dv), "g": ("B", Hv, "N"), "beta": ("B", Hv, "N"),
+            "x": ("B", conv, "N")}
+
+
+def _deltanet_commit(states, nodes, path, lengths, validate) -> None:
+    ref.commit_gated_delta_state(states["state"].flatten(1, 2), nodes["k"].flatten(1, 2), nodes["v"].flatten(1, 2),
+                                 nodes["g"].flatten(1, 2), nodes["beta"].flatten(1, 2), path, lengths,
+                                 validate=validate)
+    ref.commit_conv_state(states["conv"].flatten(1, 2), nodes["x"].flatten(1, 2), path, lengths, validate=validate)
+
+
+def _deltanet_check(cfg) -> None:
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        raise NotImplementedError(f"make_cache: Gated DeltaNet with hidden_act {cfg.hidden_act!r} is not supported "
+                                  "(its convolution's activation must be silu)")
+
+
 # (model_type, layer type) -> kind: the hybrids whose linear layers tree verification runs exactly
 LINEAR_KINDS: dict[tuple[str, str], LinearKind] = {
-    ("minimax", "linear_attention"): LinearKind("Lightning attention (fixed per-head decay)", _minimax_state,
-                                                _minimax_check),
+    ("minimax", "linear_attention"): LinearKind("Lightning attention (fixed per-head decay)", _lightning_states,
+                                                _lightning_nodes, _lightning_commit, _minimax_check),
+    ("qwen3_next", "linear_attention"): LinearKind("Gated DeltaNet", _deltanet_states, _deltanet_nodes,
+                                                   _deltanet_commit, _deltanet_check),
 }
 
 
@@ -104,9 +155,8 @@ def make_cache(config, batch_size: int, max_len: int, dtype: torch.dtype = torch
 
 
 class LinearStateLayer:
-    """One linear layer's entry in the cache's layer list: a view of its recurrent state. Not a
-    ``CacheLayerMixin``, so transformers' ``Cache`` takes sequence lengths and mask sizes from the attention
-    layers."""
+    """One linear layer's entry in the cache's layer list: views of its states. Not a ``CacheLayerMixin``, so
+    transformers' ``Cache`` takes sequence lengths and mask sizes from the attention layers."""
 
     is_compileable = True  # (as TreeKVLayer: transformers then always materialises the attention layers' masks)
     is_croppable = False
@@ -118,9 +168,9 @@ class LinearStateLayer:
         self._cache, self.slot, self.layer_idx = cache, slot, layer_idx
 
     @property
-    def state(self) -> torch.Tensor:
-        """``[B, H, Dk, Dv]`` float32: the state after the row's committed tokens."""
-        return self._cache._state[:, self.slot]
+    def states(self) -> dict[str, torch.Tensor]:
+        """The layer's states after each row's committed tokens, by name (``[B, ...]`` float32 views)."""
+        return {name: t[:, self.slot] for name, t in self._cache._states.items()}
 
     @property
     def batch_size(self) -> int:
@@ -130,7 +180,8 @@ class LinearStateLayer:
         return -1
 
     def reset(self) -> None:
-        self.state.zero_()
+        for t in self.states.values():
+            t.zero_()
 
     def crop(self, tokens_to_remove: int) -> None:
         raise ValueError(f"HybridCache layer {self.layer_idx}: a recurrent state cannot be cropped")
@@ -151,13 +202,21 @@ class LinearStateLayer:
         raise NotImplementedError("HybridCache rows leave through keep_rows")
 
 
+class TreeStep(NamedTuple):
+    """What a linear layer's tree forward reads (:meth:`HybridCache.tree_layer`): its states ``[B, ...]`` by name,
+    the tree's dense ancestor mask ``[B, N, N]``, its ``parents[B, N]`` and whether it is a chain."""
+    states: dict
+    mask: torch.Tensor
+    parents: torch.Tensor
+    chain: bool
+
+
 class _Pending(NamedTuple):
-    """The last verification forward's tree, for the commit: its nodes' keys and values in every linear layer
-    (``[B, Llin, H, Ncap, D]``, nodes ``[0, N)`` meaningful), the layers' decays, dense ancestor mask, depths."""
-    keys: torch.Tensor
-    values: torch.Tensor
-    log_decay: torch.Tensor  # [Llin, H] float32
+    """The last verification forward's tree, for the commit: what every linear layer recorded (buffers by name,
+    nodes ``[0, N)`` meaningful), the dense ancestor mask, parents and depths."""
+    nodes: dict
     mask: torch.Tensor  # [B, N, N] bool
+    parents: torch.Tensor  # [B, N] int64
     depth: torch.Tensor  # [B, N] int64
     chain: bool
     num_nodes: int
@@ -165,32 +224,33 @@ class _Pending(NamedTuple):
 
 
 class HybridCache(TreeKVCache):
-    """K/V of the attention layers plus the linear layers' recurrent states (see the module doc). Arguments as
-    :class:`~specdec_ext.models.TreeKVCache`'s; the model must have linear layers of :data:`LINEAR_KINDS` (use
-    :func:`make_cache` to pick the cache for any model)."""
+    """K/V of the attention layers plus the linear layers' states (see the module doc). Arguments as
+    :class:`~specdec_ext.models.TreeKVCache`'s; the model must have linear layers of one kind of
+    :data:`LINEAR_KINDS` (use :func:`make_cache` to pick the cache for any model)."""
 
     def __init__(self, config, batch_size: int, max_len: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", capacity: int | None = None):
         kinds = linear_layer_kinds(config)
         if not kinds:
             raise ValueError("HybridCache: the model has no linear-attention layers (use TreeKVCache or make_cache)")
+        if len(set(kinds.values())) != 1:
+            raise NotImplementedError(f"HybridCache: linear layers of several kinds "
+                                      f"{sorted({k.name for k in kinds.values()})}")
+        self.kind = next(iter(kinds.values()))
         cfg = text_config(config)
-        shapes = {kind.state_shape(cfg) for kind in kinds.values()}
-        if len(shapes) != 1:
-            raise NotImplementedError(f"HybridCache: linear layers with different state shapes {sorted(shapes)}")
-        (H, Dk, Dv), = shapes
         self.linear_layers = sorted(kinds)  # model layer indices, in state-slot order
         layers = {l: LinearStateLayer(self, s, l) for s, l in enumerate(self.linear_layers)}
         super().__init__(config, batch_size, max_len, dtype=dtype, device=device, capacity=capacity,
                          other_layers=layers)
         self._linear_slot = {l: s for s, l in enumerate(self.linear_layers)}
-        self._all_state = torch.zeros(self.capacity, len(self.linear_layers), H, Dk, Dv, dtype=torch.float32,
-                                      device=device)
+        Llin = len(self.linear_layers)
+        self._all_states = {name: torch.zeros(self.capacity, Llin, *shape, dtype=torch.float32, device=device)
+                            for name, shape in self.kind.states(cfg).items()}
+        self._node_shapes = self.kind.nodes(cfg)
         self._all_state_lengths = torch.zeros(self.capacity, dtype=torch.int64, device=device)
-        self._state = self._all_state.narrow(0, 0, batch_size)
-        self._state_lengths = self._all_state_lengths.narrow(0, 0, batch_size)
+        self._view_states(batch_size)
         self._pending: _Pending | None = None
-        self._node_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._node_buffers: tuple[int, int, dict] | None = None  # (B, Ncap, buffers by name)
         self._open = False  # inside tree_step: the linear layers may run
 
     # -- state -------------------------------------------------------------------------------------------------
@@ -200,9 +260,10 @@ class HybridCache(TreeKVCache):
         """``[B]`` int64: committed tokens per row (a copy; the attention layers' lengths outside a forward)."""
         return self._state_lengths.clone()
 
-    def linear_state(self, layer_idx: int) -> torch.Tensor:
-        """``[B, H, Dk, Dv]`` float32: model layer ``layer_idx``'s state after each row's committed tokens."""
-        return self._state[:, self._slot(layer_idx)]
+    def linear_state(self, layer_idx: int, name: str = "state") -> torch.Tensor:
+        """Model layer ``layer_idx``'s state ``name`` after each row's committed tokens (``[B, ...]`` float32; the
+        recurrent state is ``"state"``, a convolution's saved window ``"conv"``)."""
+        return self._states[name][:, self._slot(layer_idx)]
 
     def _slot(self, layer_idx: int) -> int:
         slot = self._linear_slot.get(layer_idx)
@@ -210,13 +271,31 @@ class HybridCache(TreeKVCache):
             raise ValueError(f"HybridCache: layer {layer_idx} is not one of the linear layers {self.linear_layers}")
         return slot
 
+    def _view_states(self, n: int) -> None:
+        self._states = {name: t.narrow(0, 0, n) for name, t in self._all_states.items()}
+        self._state_lengths = self._all_state_lengths.narrow(0, 0, n)
+
     def _view_rows(self, n: int) -> None:
         super()._view_rows(n)
-        self._state = self._all_state.narrow(0, 0, n)
-        self._state_lengths = self._all_state_lengths.narrow(0, 0, n)
+        self._view_states(n)
         self._pending = None
 
     # -- the verification forward ----------------------------------------------------------------------------
+
+    def _buffers(self, B: int, N: int) -> dict:
+        """The node buffers by name (``[B, Llin, ...]`` with the node dimension ``>= N``; reused while the batch and
+        the tree size allow: one allocation, not one a step)."""
+        held = self._node_buffers
+        if held is None or held[0] != B or held[1] < N:
+            Llin = len(self.linear_layers)
+            bufs = {}
+            for name, shape in self._node_shapes.items():
+                dims = [N if d == "N" else d for d in shape if d != "B"]
+                lead = (B, Llin) if shape[0] == "B" else (Llin,)
+                # (float32, as the states: Gated DeltaNet's rule runs in float32 whatever the model's dtype)
+                bufs[name] = torch.zeros(*lead, *dims, dtype=torch.float32, device=self.device)
+            held = self._node_buffers = (B, N, bufs)
+        return held[2]
 
     @contextlib.contextmanager
     def tree_step(self, prefix_lens: torch.Tensor, tree_mask: torch.Tensor, num_nodes: int, chain: bool,
@@ -224,7 +303,7 @@ class HybridCache(TreeKVCache):
         """Within this block the linear layers run over a tree of ``num_nodes`` nodes per row rooted right after
         ``prefix_lens`` (``[B]``, which must be the committed lengths: the states hold exactly those tokens),
         ``tree_mask`` its ancestor-or-self mask (dense or packed; ``chain``: a chain, which long prefills run in
-        chunks). The nodes' keys and values stay recorded for :meth:`compact` / :meth:`rewind`."""
+        chunks). What the layers record stays for :meth:`compact` / :meth:`rewind`."""
         B, N = self.batch_size, num_nodes
         at_state = (prefix_lens.to(self.device) == self._state_lengths).all()
         if validate or self.device.type == "cpu":
@@ -234,59 +313,64 @@ class HybridCache(TreeKVCache):
                                  f"got prefix_lens {prefix_lens.tolist()}")
         else:
             torch._assert_async(at_state)
-        H, Dk, Dv = self._state.shape[2:]
-        Llin = len(self.linear_layers)
-        bufs = self._node_buffers  # (reused while the batch and the tree size allow: one allocation, not one a step)
-        if bufs is None or bufs[0].shape[0] != B or bufs[0].shape[3] < N:
-            bufs = self._node_buffers = (torch.empty(B, Llin, H, N, Dk, dtype=self.dtype, device=self.device),
-                                         torch.empty(B, Llin, H, N, Dv, dtype=self.dtype, device=self.device),
-                                         torch.zeros(Llin, H, dtype=torch.float32, device=self.device))
-        keys, values, log_decay = bufs
         mask = ref.unpack_tree_mask(tree_mask, N)
-        depth = mask.sum(-1) - 1
-        self._pending = _Pending(keys, values, log_decay, mask, depth, chain, N, [False] * Llin)
+        nodes = torch.arange(N, device=self.device)
+        # a node's parent: the latest earlier node of its ancestor row (-1 for the root)
+        parents = torch.where(mask & (nodes[None, :] < nodes[:, None]), nodes, -1).amax(-1)
+        self._pending = _Pending(self._buffers(B, N), mask, parents, mask.sum(-1) - 1, chain, N,
+                                 [False] * len(self.linear_layers))
         self._open = True
         try:
             yield
         finally:
             self._open = False
 
-    def tree_layer(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor,
-                   log_decay: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """For linear layer ``layer_idx`` inside :meth:`tree_step`: records the nodes' ``keys [B, H, N, Dk]``,
-        ``values [B, H, N, Dv]`` and the layer's ``log_decay[H]`` for the commit; returns the layer's saved state
-        ``[B, H, Dk, Dv]``, the tree's dense ancestor mask ``[B, N, N]`` and whether the tree is a chain."""
+    def _open_pending(self, layer_idx: int) -> _Pending:
         p = self._pending
         if not self._open or p is None:
             raise ValueError(f"HybridCache: linear layer {layer_idx} ran outside a verification forward; a model "
                              "with linear-attention layers runs through specdec_ext.models.tree_forward / extend "
                              "(its recurrent states advance by commits only)")
+        return p
+
+    def tree_layer(self, layer_idx: int) -> TreeStep:
+        """For linear layer ``layer_idx`` inside :meth:`tree_step`: what its tree forward reads."""
+        p = self._open_pending(layer_idx)
         slot = self._slot(layer_idx)
+        return TreeStep({name: t[:, slot] for name, t in self._states.items()}, p.mask, p.parents, p.chain)
+
+    def record(self, layer_idx: int, **recorded: torch.Tensor) -> None:
+        """For linear layer ``layer_idx`` inside :meth:`tree_step`: keeps what its kind's commit needs, by the names
+        of the kind's ``nodes`` (per-node tensors ``[B, ..., N, ...]``, per-layer ones without B or N)."""
+        p = self._open_pending(layer_idx)
+        slot = self._slot(layer_idx)
+        if set(recorded) != set(self._node_shapes):
+            raise ValueError(f"HybridCache layer {layer_idx}: records {sorted(self._node_shapes)}, got "
+                             f"{sorted(recorded)}")
         N = p.num_nodes
-        if keys.shape[0] != self.batch_size or keys.shape[2] != N:
-            raise ValueError(f"HybridCache layer {layer_idx}: keys {tuple(keys.shape)} are not for [B = "
-                             f"{self.batch_size}, H, N = {N}, D] tree nodes")
-        p.keys[:, slot, :, :N].copy_(keys)
-        p.values[:, slot, :, :N].copy_(values)
-        p.log_decay[slot].copy_(log_decay)
+        for name, t in recorded.items():
+            shape, buf = self._node_shapes[name], p.nodes[name]
+            dst = buf[:, slot] if shape[0] == "B" else buf[slot]
+            if "N" in shape:
+                axis = [d for d in shape if d != "B"].index("N")
+                dst = dst.narrow(axis + (1 if shape[0] == "B" else 0), 0, N)
+            if tuple(t.shape) != tuple(dst.shape):
+                raise ValueError(f"HybridCache layer {layer_idx}: {name} must have shape {tuple(dst.shape)}, got "
+                                 f"{tuple(t.shape)}")
+            dst.copy_(t)
         p.recorded[slot] = True
-        return self._state[:, slot], p.mask, p.chain
 
     # -- commits -------------------------------------------------------------------------------------------------
 
     def _commit(self, path: torch.Tensor, lengths: torch.Tensor, validate: bool) -> None:
-        """Advances every linear layer's state along ``path[B, L]`` (nodes of the last forward, root first) for
-        ``lengths[B]`` nodes: one commit_linear_state call over all layers (as ``Llin * H`` heads)."""
+        """Advances every linear layer's states along ``path[B, L]`` (nodes of the last forward, root first) for
+        ``lengths[B]`` nodes: the kind's commit, one op call per state over all layers."""
         p = self._pending
         if not all(p.recorded):
             missing = [l for l, done in zip(self.linear_layers, p.recorded) if not done]
             raise ValueError(f"HybridCache: the last forward did not run linear layers {missing} through the tree "
                              "path (a model not prepared by specdec_ext.models.linear_layers?): nothing to commit")
-        B, Llin, H, Dk, Dv = self._state.shape
-        Ncap = p.keys.shape[3]
-        ref.commit_linear_state(self._state.view(B, Llin * H, Dk, Dv), p.keys.view(B, Llin * H, Ncap, Dk),
-                                p.values.view(B, Llin * H, Ncap, Dv), p.log_decay.view(Llin * H), path, lengths,
-                                validate=validate)
+        self.kind.commit(self._states, p.nodes, path, lengths, validate)
         self._pending = None  # (its nodes are committed or stale now)
 
     def compact(self, src_positions: torch.Tensor, dst_start: torch.Tensor | int, lengths: torch.Tensor | int,
@@ -345,21 +429,24 @@ class HybridCache(TreeKVCache):
 
     def add_rows(self, src: "HybridCache") -> None:
         """As :meth:`TreeKVCache.add_rows`, with ``src``'s committed states (a cache of the same model)."""
-        if not isinstance(src, HybridCache) or src.linear_layers != self.linear_layers \
-                or src._state.shape[2:] != self._state.shape[2:]:
+        if not isinstance(src, HybridCache) or src.linear_layers != self.linear_layers or src.kind != self.kind \
+                or any(src._states[k].shape[1:] != t.shape[1:] for k, t in self._states.items()):
             raise ValueError(f"HybridCache.add_rows: src must be a HybridCache of the same model (linear layers "
-                             f"{self.linear_layers}, states {list(self._state.shape[2:])}), got "
-                             f"{type(src).__name__}")
+                             f"{self.linear_layers} of {self.kind.name}), got {type(src).__name__}")
         B, n = self.batch_size, src.batch_size
-        if B + n > self._all_state.shape[0]:
-            cap = max(B + n, 2 * self._all_state.shape[0])
-            grown = torch.zeros(cap, *self._all_state.shape[1:], dtype=torch.float32, device=self.device)
-            grown.narrow(0, 0, B).copy_(self._state)
+        cap = self._all_state_lengths.shape[0]
+        if B + n > cap:
+            cap = max(B + n, 2 * cap)
+            grown = {}
+            for name, t in self._all_states.items():
+                grown[name] = torch.zeros(cap, *t.shape[1:], dtype=t.dtype, device=self.device)
+                grown[name].narrow(0, 0, B).copy_(self._states[name])
             lengths = torch.zeros(cap, dtype=torch.int64, device=self.device)
             lengths.narrow(0, 0, B).copy_(self._state_lengths)
-            self._all_state, self._all_state_lengths = grown, lengths
+            self._all_states, self._all_state_lengths = grown, lengths
         super().add_rows(src)  # (checks the K/V layout first, then views B + n rows: states included)
-        self._all_state.narrow(0, B, n).copy_(src._state)
+        for name, t in self._all_states.items():
+            t.narrow(0, B, n).copy_(src._states[name])
         self._all_state_lengths.narrow(0, B, n).copy_(src._state_lengths)
 
     def keep_rows(self, index: torch.Tensor) -> None:
@@ -367,7 +454,8 @@ class HybridCache(TreeKVCache):
         B = self.batch_size
         super().keep_rows(index)  # (checks the index, moves K/V rows, views the first B' rows)
         rows = index.tolist()
-        keep_batch_rows(self._all_state.narrow(0, 0, B), rows)
+        for t in self._all_states.values():
+            keep_batch_rows(t.narrow(0, 0, B), rows)
         keep_batch_rows(self._all_state_lengths.narrow(0, 0, B), rows)
 
     def reset(self) -> None:

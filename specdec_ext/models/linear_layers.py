@@ -9,6 +9,8 @@ replace a forward, a per-call swap would hand another thread's plain forward of 
 path, and the switched class survives ``deepcopy`` and pickling (an instance attribute holding a bound method would
 not rebind cleanly). The weights, buffers and ``state_dict`` stay the module's own.
 
+Qwen3-Next's Gated DeltaNet follows the same pattern in :mod:`~specdec_ext.models.deltanet_layers`.
+
 MiniMax (``MiniMaxLightningAttention``): ``qkv = silu(qkv_proj(x))`` split per head into q, k, v; per head
 ``S_t = exp(-slope_h) S_{t-1} + k_t^T v_t`` and ``o_t = q_t S_t`` (no softmax, no scale, no RoPE); then RMSNorm over
 all heads, ``sigmoid(output_gate(x))`` times it, ``out_proj``. Over a tree, node i's ``o_i`` comes from the saved
@@ -23,7 +25,9 @@ import weakref
 
 import torch
 from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention
+from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
+from specdec_ext.models.deltanet_layers import TreeGatedDeltaNet
 from specdec_ext.models.hybrid_cache import HybridCache
 from specdec_ext.ops import reference as ref
 
@@ -68,8 +72,9 @@ def lightning_tree_forward(module: MiniMaxLightningAttention, cache: HybridCache
     qkv = module.act_fn(module.qkv_proj(hidden_states)).reshape(B, N, H, 3 * D)
     q, k, v = (t.transpose(1, 2) for t in torch.split(qkv, D, dim=3))
     log_decay = lightning_log_decay(module)
-    state, mask, chain = cache.tree_layer(module.layer_idx, k, v, log_decay)
-    o = _attend(q, k, v, state, log_decay, mask, chain)
+    step = cache.tree_layer(module.layer_idx)
+    o = _attend(q, k, v, step.states["state"], log_decay, step.mask, step.chain)
+    cache.record(module.layer_idx, keys=k, values=v, log_decay=log_decay)
     o = module.norm(o.transpose(1, 2).reshape(B, N, H * D))
     o = torch.sigmoid(module.output_gate(hidden_states)) * o
     return module.out_proj(o), None
@@ -87,7 +92,8 @@ class TreeLightningAttention(MiniMaxLightningAttention):
 
 
 # Hugging Face class -> its tree subclass
-TREE_CLASSES: dict[type, type] = {MiniMaxLightningAttention: TreeLightningAttention}
+TREE_CLASSES: dict[type, type] = {MiniMaxLightningAttention: TreeLightningAttention,
+                                  Qwen3NextGatedDeltaNet: TreeGatedDeltaNet}
 
 _PREPARED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, ...]]" = weakref.WeakKeyDictionary()
 

@@ -1,0 +1,142 @@
+"""Hybrid targets, Qwen3-Next (Gated DeltaNet + gated softmax attention): trees verified exactly in one forward.
+
+A tiny random Qwen3-Next (3 Gated DeltaNet layers to 1 attention layer, GQA in the DeltaNet heads, float32): after
+prompts of different lengths, every tree node's logits equal Hugging Face's own forward of its path alone; after
+``accept`` the committed recurrent states and convolution windows equal those Hugging Face's cache holds after the
+accepted sequence; a second tree on top is exact again. A convolution window taken from the wrong ancestors (the
+parent's window instead of the node's) breaks the equality. Greedy ``generate()`` with plain decoding, the n-gram
+drafter and the draft-model drafter (the target without its DeltaNet mixers) equals Hugging Face's
+``generate(do_sample=False)``, batch > 1 with different prompt lengths, and through the Engine with rows joining and
+leaving. (The model's head size is not the tree kernel's: its attention verifies through the 4-D mask.)
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from helpers import random_parents, root_path  # noqa: E402
+from hf_reference import hf_greedy  # noqa: E402
+from test_generate_greedy import prompt_of  # noqa: E402
+from test_hybrid_minimax import (NEW, V, engine_rows_equal_hf, generate_equals_hf, mixerless_draft,  # noqa: E402
+                                 prefilled)
+
+from specdec_ext.drafters import DraftModelDrafter, NgramDrafter  # noqa: E402
+from specdec_ext.models import HybridCache, tree_forward  # noqa: E402
+from specdec_ext.ops import reference as ref  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+              pytest.mark.filterwarnings("ignore::UserWarning")]
+
+LAYERS = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
+TOL = 2e-6  # (float32: measured ~2e-7)
+
+_MODELS: dict = {}
+
+
+def target():
+    if "t" not in _MODELS:
+        cfg = transformers.Qwen3NextConfig(
+            vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=32, layer_types=LAYERS, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+            max_position_embeddings=128)
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _MODELS["t"] = transformers.Qwen3NextForCausalLM(cfg).eval()
+    return _MODELS["t"]
+
+
+@torch.no_grad()
+def hf_run(model, seq: list[int]):
+    out = model(torch.tensor([seq]), use_cache=True)
+    return out.logits[0], out.cache
+
+
+def tree_errors(model, seed: int) -> tuple[float, float]:
+    """(largest |tree logits - HF logits| over two rounds of trees, largest committed state / window error)."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [prompt_of(n, 20 + n) for n in (5, 9, 2)]
+    B, N = len(prompts), 9
+    cache = prefilled(model, prompts)
+    assert isinstance(cache, HybridCache)
+    seqs = [list(p) for p in prompts]
+    logit_err, state_err = 0.0, 0.0
+    for round_ in range(2):
+        parents = random_parents(B, N, gen, "random")
+        tokens = torch.randint(3, V, (B, N), generator=gen)
+        logits = tree_forward(model, cache, tokens, parents, cache.lengths)
+        accepted = torch.full((B, N), -1, dtype=torch.int64)
+        accept_len = torch.zeros(B, dtype=torch.int64)
+        for b in range(B):
+            prow = parents[b].tolist()
+            for i in range(N):
+                want = hf_run(model, seqs[b] + tokens[b, root_path(prow, i)].tolist())[0][-1]
+                logit_err = max(logit_err, float((logits[b, i] - want).abs().max()))
+            keep = root_path(prow, int(torch.randint(0, N, (1,), generator=gen)))[: 1 + round_ + b]
+            accepted[b, : len(keep)] = torch.tensor(keep)
+            accept_len[b] = len(keep) - 1
+            seqs[b] += tokens[b, keep].tolist()
+        cache.accept(accepted, accept_len, cache.lengths)
+        for b in range(B):  # HF's cache after the accepted sequence: its states and the window's last K - 1 inputs
+            hf_cache = hf_run(model, seqs[b])[1]
+            for l in cache.linear_layers:
+                hf_layer = hf_cache.layers[l]
+                W = cache.linear_state(l, "conv").shape[-1]
+                state_err = max(state_err,
+                                float((cache.linear_state(l)[b] - hf_layer.recurrent_states[0][0]).abs().max()),
+                                float((cache.linear_state(l, "conv")[b]
+                                       - hf_layer.conv_states[0][0][:, -W:]).abs().max()))
+    return logit_err, state_err
+
+
+def test_tree_logits_and_commits_equal_hf(monkeypatch):
+    model = target()
+    logit_err, state_err = tree_errors(model, seed=1)
+    assert logit_err < TOL and state_err < TOL, (logit_err, state_err)
+    # mutation: every node's convolution window taken from its parent's (one ancestor too high) must be caught
+    real = ref.tree_causal_conv1d
+
+    def parent_windows(x, conv_state, weight, bias, parents, activation=None, validate=True):
+        shifted = x.gather(2, parents.clamp(min=0)[:, None, :].expand_as(x))
+        return real(shifted, conv_state, weight, bias, parents, activation, validate)
+
+    monkeypatch.setattr(ref, "tree_causal_conv1d", parent_windows)
+    bad_logits, _ = tree_errors(model, seed=1)
+    assert bad_logits > 10 * TOL, bad_logits
+
+
+def make_drafter(kind: str, model):
+    if kind == "plain":
+        return None
+    if kind == "ngram":
+        return NgramDrafter(num_pred_tokens=4, max_ngram_size=3)
+    return DraftModelDrafter(mixerless_draft(model), num_draft_tokens=4, tree_width=2 if kind == "tree" else 1)
+
+
+PROMPTS = [prompt_of(n, 40 + n) for n in (7, 1, 12, 4)]
+
+
+def references() -> list[list[int]]:
+    if "ref" not in _MODELS:
+        _MODELS["ref"] = [hf_greedy(target(), p, NEW) for p in PROMPTS]
+    return _MODELS["ref"]
+
+
+@pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "tree"])
+def test_greedy_generate_equals_hf(kind):
+    model = target()
+    generate_equals_hf(model, make_drafter(kind, model), PROMPTS, references())
+
+
+def test_engine_rows_joining_and_leaving_equal_hf():
+    model = target()
+    prompts = PROMPTS + [prompt_of(n, 60 + n) for n in (3, 10)]
+    refs = references() + [hf_greedy(model, p, NEW) for p in prompts[len(PROMPTS):]]
+    engine_rows_equal_hf(model, make_drafter("ngram", model), prompts, refs)
