@@ -1,6 +1,7 @@
-"""Hybrid targets, Qwen3-Next (Gated DeltaNet + gated softmax attention): trees verified exactly in one forward.
+"""Hybrid targets, Qwen3-Next and Qwen3.5 (Gated DeltaNet + gated softmax attention): trees verified exactly.
 
-A tiny random Qwen3-Next (3 Gated DeltaNet layers to 1 attention layer, GQA in the DeltaNet heads, float32): after
+For each family, a tiny random model (3 Gated DeltaNet layers to 1 attention layer, GQA in the DeltaNet heads,
+float32; Qwen3-Next with its MoE, Qwen3.5's text model dense): after
 prompts of different lengths, every tree node's logits equal Hugging Face's own forward of its path alone; after
 ``accept`` the committed recurrent states and convolution windows equal those Hugging Face's cache holds after the
 accepted sequence; a second tree on top is exact again. A convolution window taken from the wrong ancestors (the
@@ -36,21 +37,27 @@ LAYERS = ["linear_attention", "linear_attention", "full_attention", "linear_atte
 TOL = 2e-6  # (float32: measured ~2e-7)
 
 _MODELS: dict = {}
+_SMALL = dict(vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=32, layer_types=LAYERS, linear_num_key_heads=2, linear_num_value_heads=4,
+              linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, max_position_embeddings=128)
+FAMILIES = {  # name -> (config class, model class, extra config, seed: one whose greedy output repeats itself,
+    # so that the n-gram drafter's drafts are accepted)
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                   dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=32), 0),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {}, 3),
+}
 
 
-def target():
-    if "t" not in _MODELS:
-        cfg = transformers.Qwen3NextConfig(
-            vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=32, layer_types=LAYERS, linear_num_key_heads=2, linear_num_value_heads=4,
-            linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4,
-            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-            max_position_embeddings=128)
-        torch.manual_seed(0)
+def target(family: str):
+    if family not in _MODELS:
+        config_cls, model_cls, extra, seed = FAMILIES[family]
+        torch.manual_seed(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _MODELS["t"] = transformers.Qwen3NextForCausalLM(cfg).eval()
-    return _MODELS["t"]
+            cfg = getattr(transformers, config_cls)(**_SMALL, **extra)
+            _MODELS[family] = getattr(transformers, model_cls)(cfg).eval()
+    return _MODELS[family]
 
 
 @torch.no_grad()
@@ -96,8 +103,9 @@ def tree_errors(model, seed: int) -> tuple[float, float]:
     return logit_err, state_err
 
 
-def test_tree_logits_and_commits_equal_hf(monkeypatch):
-    model = target()
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tree_logits_and_commits_equal_hf(family, monkeypatch):
+    model = target(family)
     logit_err, state_err = tree_errors(model, seed=1)
     assert logit_err < TOL and state_err < TOL, (logit_err, state_err)
     # mutation: every node's convolution window taken from its parent's (one ancestor too high) must be caught
@@ -123,20 +131,22 @@ def make_drafter(kind: str, model):
 PROMPTS = [prompt_of(n, 40 + n) for n in (7, 1, 12, 4)]
 
 
-def references() -> list[list[int]]:
-    if "ref" not in _MODELS:
-        _MODELS["ref"] = [hf_greedy(target(), p, NEW) for p in PROMPTS]
-    return _MODELS["ref"]
+def references(family: str) -> list[list[int]]:
+    if ("ref", family) not in _MODELS:
+        _MODELS["ref", family] = [hf_greedy(target(family), p, NEW) for p in PROMPTS]
+    return _MODELS["ref", family]
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("kind", ["plain", "ngram", "draft", "tree"])
-def test_greedy_generate_equals_hf(kind):
-    model = target()
-    generate_equals_hf(model, make_drafter(kind, model), PROMPTS, references())
+def test_greedy_generate_equals_hf(family, kind):
+    model = target(family)
+    generate_equals_hf(model, make_drafter(kind, model), PROMPTS, references(family))
 
 
-def test_engine_rows_joining_and_leaving_equal_hf():
-    model = target()
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_engine_rows_joining_and_leaving_equal_hf(family):
+    model = target(family)
     prompts = PROMPTS + [prompt_of(n, 60 + n) for n in (3, 10)]
-    refs = references() + [hf_greedy(model, p, NEW) for p in prompts[len(PROMPTS):]]
+    refs = references(family) + [hf_greedy(model, p, NEW) for p in prompts[len(PROMPTS):]]
     engine_rows_equal_hf(model, make_drafter("ngram", model), prompts, refs)

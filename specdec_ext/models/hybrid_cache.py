@@ -2,8 +2,8 @@
 model's cache.
 
 :func:`make_cache` returns a :class:`~specdec_ext.models.TreeKVCache` for an attention-only model, a
-:class:`HybridCache` for a supported hybrid (:data:`LINEAR_KINDS`: MiniMax's Lightning layers, Qwen3-Next's Gated
-DeltaNet), and refuses anything else with a NotImplementedError naming the layer type.
+:class:`HybridCache` for a supported hybrid (:data:`LINEAR_KINDS`: MiniMax's Lightning layers, the Gated DeltaNet
+of Qwen3-Next and Qwen3.5), and refuses anything else with a NotImplementedError naming the layer type.
 
 :class:`HybridCache` is a ``TreeKVCache`` (its K/V storage, lengths, ``rewind`` / ``compact`` / ``accept`` /
 ``keep_rows`` / ``add_rows``, for the attention layers only) plus the linear layers' states, named by their kind
@@ -118,6 +118,7 @@ LINEAR_KINDS: dict[tuple[str, str], LinearKind] = {
     ("qwen3_next", "linear_attention"): LinearKind("Gated DeltaNet", _deltanet_states, _deltanet_nodes,
                                                    _deltanet_commit, _deltanet_check),
 }
+LINEAR_KINDS[("qwen3_5_text", "linear_attention")] = LINEAR_KINDS[("qwen3_next", "linear_attention")]  # (same layer)
 
 
 def linear_layer_kinds(config) -> dict[int, LinearKind]:

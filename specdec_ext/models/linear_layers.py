@@ -9,7 +9,7 @@ replace a forward, a per-call swap would hand another thread's plain forward of 
 path, and the switched class survives ``deepcopy`` and pickling (an instance attribute holding a bound method would
 not rebind cleanly). The weights, buffers and ``state_dict`` stay the module's own.
 
-Qwen3-Next's Gated DeltaNet follows the same pattern in :mod:`~specdec_ext.models.deltanet_layers`.
+Gated DeltaNet (Qwen3-Next, Qwen3.5) follows the same pattern in :mod:`~specdec_ext.models.deltanet_layers`.
 
 MiniMax (``MiniMaxLightningAttention``): ``qkv = silu(qkv_proj(x))`` split per head into q, k, v; per head
 ``S_t = exp(-slope_h) S_{t-1} + k_t^T v_t`` and ``o_t = q_t S_t`` (no softmax, no scale, no RoPE); then RMSNorm over
@@ -25,9 +25,10 @@ import weakref
 
 import torch
 from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
-from specdec_ext.models.deltanet_layers import TreeGatedDeltaNet
+from specdec_ext.models.deltanet_layers import TreeGatedDeltaNet, TreeQwen35GatedDeltaNet
 from specdec_ext.models.hybrid_cache import HybridCache
 from specdec_ext.ops import reference as ref
 
@@ -93,7 +94,8 @@ class TreeLightningAttention(MiniMaxLightningAttention):
 
 # Hugging Face class -> its tree subclass
 TREE_CLASSES: dict[type, type] = {MiniMaxLightningAttention: TreeLightningAttention,
-                                  Qwen3NextGatedDeltaNet: TreeGatedDeltaNet}
+                                  Qwen3NextGatedDeltaNet: TreeGatedDeltaNet,
+                                  Qwen3_5GatedDeltaNet: TreeQwen35GatedDeltaNet}
 
 _PREPARED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, ...]]" = weakref.WeakKeyDictionary()
 
