@@ -399,7 +399,8 @@ def test_a_drained_batch_leaves_plain_steps_despite_the_lag():
 
 def test_exploration_backs_off_while_the_choice_holds():
     """Explorations come every ``explore_every`` steps, then twice, four times as far apart while they do not move
-    the choice (up to ``explore_backoff`` times); across generations too; a new batch size restarts the base rate."""
+    the choice (up to ``explore_backoff`` times); across generations too; a batch size 2x away restarts the base
+    rate, a row more or less (continuous batching's drift) does not."""
     clock = FakeClock()
     ad = AdaptiveDrafter(FakeChain(clock, D=4), explore_every=8, explore_backoff=4, clock=clock)
     steep = lambda x: 1e-3 * x  # noqa: E731 - every token costs: plain decoding wins, exploring never pays
@@ -412,7 +413,9 @@ def test_exploration_backs_off_while_the_choice_holds():
     assert [b - a for a, b in zip(at, at[1:])] == [16, 32, 32, 32, 32, 32], at  # not every 8th step (25 of them)
     explored = ad.explorations
     assert explored == len(at) and ad._explore_gap == 32
-    fake_run(ad, clock, 10, B=2, target_time=steep, accept=geometric(0.7))  # the batch size changed
+    fake_run(ad, clock, 10, B=7, target_time=steep, accept=geometric(0.7))  # a row fewer: the rate holds
+    assert ad._explore_gap == 32 and ad.explorations == explored, (ad._explore_gap, ad.explorations)
+    fake_run(ad, clock, 10, B=2, target_time=steep, accept=geometric(0.7))  # a quarter of the rows: restarted
     assert ad._explore_gap == 16 and ad.explorations == explored + 1, (ad._explore_gap, ad.explorations)
     plain = AdaptiveDrafter(FakeChain(clock, D=4), explore_every=8, explore_backoff=1, clock=clock)
     fake_run(plain, clock, 200, B=8, target_time=steep, accept=geometric(0.7))
@@ -569,9 +572,10 @@ def test_a_deferred_prefill_is_a_lag_of_the_prompt_and_its_catch_up_is_measured_
 
 
 def test_rows_joining_a_speculating_batch_are_prefilled_at_once():
-    """Rows that join while the batch decodes plainly are deferred (the prefill may never be needed); rows that join
-    while it speculates are prefilled at once: deferred, they would be caught up on at the next step in one forward
-    padded to their lag over every row."""
+    """Rows that join while the batch has settled on plain steps are deferred (the prefill may never be needed); rows
+    that join while it speculates, or between plain steps that follow speculative ones, are prefilled at once:
+    deferred, they would be caught up on at the next speculative step in one forward padded to their lag over every
+    row."""
     asked = []
 
     class Recording(FakeDeferred):
@@ -591,9 +595,12 @@ def test_rows_joining_a_speculating_batch_are_prefilled_at_once():
     ad.add_rows(None, joining)
     assert asked == [True, False] and ad._lag == 0
     ad.mode = "off"
-    fake_run(ad, clock, 2, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: d, start=12)
-    ad.add_rows(None, joining)
-    assert asked == [True, False, True] and ad._lag >= 8
+    state = fake_run(ad, clock, 3, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: d, start=12)
+    ad.add_rows(None, joining)  # three plain steps: not settled yet
+    assert asked == [True, False, False] and ad._lag == 3
+    fake_run(ad, clock, 1, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: d, state=state, start=15)
+    ad.add_rows(None, joining)  # the fourth: settled
+    assert asked == [True, False, False, True] and ad._lag >= 8
 
 
 def test_draft_prefills_of_rows_joining_a_speculating_batch_count_against_speculating():

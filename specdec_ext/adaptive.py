@@ -42,11 +42,12 @@ its draft time counts as catch-up when the drafter caught up on a deferred prefi
 Schedule (``mode="adapt"``): depth 1, 0, 1 for the first three steps (so that two target costs are measured), then
 the argmax every step, among the depths up to the first one whose tokens in flight exceed every measured point (a
 cost beyond the measurements is an extrapolation: the choice climbs one depth at a time into it). Exploration: the
-argmax's neighbour (alternately one deeper, one shallower) is tried instead, so that acceptance of the next depth and
+argmax's neighbour (in turn one deeper, the other shape where there are two, one shallower) is tried instead, so that acceptance of the next depth and
 costs off the current point stay fresh (acceptance drops and cost changes at the chosen depth are seen every step);
 ``explore_every`` steps after the choice last moved, then twice, four times as far apart while it holds (up to
 ``explore_backoff`` times; the count runs across generations, as a server's drafter would see them), back to
-``explore_every`` when the argmax or the batch size changes.
+``explore_every`` when the argmax changes or the batch size moves 2x away (a row or two joining and leaving, as in
+continuous batching every few steps, would otherwise keep the base rate for good).
 
 Choice under uncertainty: the argmax scores measured depths with ``optimism`` standard errors added to their
 conditional acceptance (``sqrt(c (1 - c) / n)``, n the row-steps that measured them, not decayed: the bonus fades as
@@ -57,8 +58,8 @@ Depth 0 is a plain decoding step: the inner drafter is still asked (``propose(st
 and observes the result, so its caches stay in sync. A drafter with its own model skips its forwards on plain steps
 and catches up on them at the next speculative step. The wrapper also asks it to defer its prefill
 (``begin`` / ``add_rows`` with ``defer_prefill=True``, where the inner drafter's ``defers_prefill`` says it
-can; not in ``"fixed"`` mode) while the batch decodes plainly: the
-prompt is then caught up on at the first speculative step, so a generation that stays plain (large batches) never
+can; not in ``"fixed"`` mode) while the batch has settled on plain steps (a new batch, or four plain steps in a
+row): the prompt is then caught up on at the first speculative step, so a generation that stays plain (large batches) never
 pays for the draft's pass over the prompts. Rows that join a speculating batch are prefilled at once: the next
 step would catch them up in one draft forward padded to their lag over every row (at 8 rows a join made that
 step's draft ~5x its steady cost, and booked as catch-up it escaped the cost model, which then chose speculation
@@ -95,6 +96,7 @@ from specdec_ext.state import DecodeState, DraftTree, StepResult
 __all__ = ["AdaptiveDrafter", "CostCurve", "DepthAcceptance"]
 
 MODES = ("adapt", "off", "fixed")
+_SETTLED = 4  # plain steps in a row after which joining rows' draft prefill is deferred (see _defer)
 
 
 class DepthAcceptance:
@@ -316,7 +318,8 @@ class AdaptiveDrafter:
         self._since_explore = 0  # steps since the last exploration step (across generations)
         self._explore_gap = self.explore_every  # steps between explorations now (grows while the choice holds)
         self._explore_turn = 0  # which neighbour the next exploration tries (deeper, other shape, shallower, ...)
-        self._last_best: tuple[int, int, bool] | None = None  # (batch rows, argmax depth, chain?) of the last step
+        self._last_best: tuple[int, bool] | None = None  # the argmax (depth, chain?) of the last step
+        self._base_rows = 0  # the batch rows when the exploration rate last restarted
         self.explorations = 0
 
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None, *,
@@ -340,10 +343,13 @@ class AdaptiveDrafter:
     def _defer(self, rows: DecodeState) -> dict:
         """The inner drafter's ``defer_prefill`` keyword for ``rows``, and the lag it leaves: context tokens per row
         the inner drafter has not read (it catches up on them when it next drafts). The wrapper defers where it can
-        (``defers_prefill``), whatever its caller asks, unless the batch is speculating: then the rows would be
-        caught up on at the next step, in one forward padded to their lag over every row of the batch (a join of
-        one row at 8 rows cost that step ~4x the joining row's own prefill), so they are prefilled at once."""
-        if not self.defers_prefill or (self.history and self.history[-1] > 0):
+        (``defers_prefill``), whatever its caller asks, where the batch has settled on plain steps (a new batch, or
+        the last ``_SETTLED`` steps all plain). Elsewhere the batch speculates or soon will, and deferred rows would
+        be caught up on at its next speculative step, in one forward padded to their lag over every row of the
+        batch (a join of one row at 8 rows cost that step ~4x the joining row's own prefill; a plain step between
+        speculative ones, ~8x): they are prefilled at once."""
+        recent = self.history[-_SETTLED:]
+        if not self.defers_prefill or (recent and (len(recent) < _SETTLED or any(recent))):
             return {}
         self._lag = max(self._lag, max(rows.prompt_lens) - 1)
         return {"defer_prefill": True}
@@ -534,9 +540,11 @@ class AdaptiveDrafter:
             return (1, 0, 1)[step], False
         d, chain = self.best_step(B, limit, int(max_depth) + 1)
         if limit == self.max_depth:  # (steps capped by the token budget say nothing about the choice)
-            if self._last_best != (B, d, chain):  # the choice moved (or the batch size did): explore at the base rate
-                self._explore_gap, self._since_explore = self.explore_every, 0
-            self._last_best = (B, d, chain)
+            # the choice moved, or the batch size did by 2x (not the drift of a row or two that joins and leaves
+            # make every few steps): explore at the base rate
+            if self._last_best != (d, chain) or not 0.5 < B / max(self._base_rows, 1) < 2.0:
+                self._explore_gap, self._since_explore, self._base_rows = self.explore_every, 0, B
+            self._last_best = (d, chain)
         self._since_explore += 1
         if self.explore_every and self._since_explore >= self._explore_gap:
             self._since_explore = 0
