@@ -14,7 +14,7 @@
   ``generate(do_sample=False)``, batch > 1 with different prompt lengths; the same through the Engine with requests
   joining and leaving a smaller batch.
 * Rows joining past the allocated capacity and leaving: each row's states move with it, and decoding goes on exact.
-* Refusals: unsupported hybrid layer types (Bamba's Mamba-2) name the layer type; a hybrid cache refuses
+* Refusals: unsupported hybrid layer types (Jamba's Mamba) name the layer type; a hybrid cache refuses
   what its recurrent states cannot do (going back, a tree off the committed lengths, committing a non-chain by
   rewind, ordinary forwards, level-by-level trees).
 """
@@ -87,7 +87,10 @@ def mixerless_draft(model):
     """``model`` with its linear mixers dropped: the same hybrid class with every layer ``full_attention`` and the
     target's weights, whose former linear layers' attention outputs are zero (o_proj = 0)."""
     cfg = copy.deepcopy(model.config)
-    cfg.layer_types = ["full_attention"] * len(cfg.layer_types)
+    if hasattr(cfg, "attn_layer_indices"):  # (Bamba derives its layer types from the attention layers' indices)
+        cfg.attn_layer_indices = list(range(cfg.num_hidden_layers))
+    else:
+        cfg.layer_types = ["full_attention"] * len(cfg.layer_types)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         d = type(model)(cfg).eval()
@@ -368,10 +371,11 @@ def test_engine_rows_joining_and_leaving_equal_hf(kind):
 
 
 def test_unsupported_hybrid_layers_are_refused_by_name():
-    cfg = transformers.BambaConfig(vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=1, attn_layer_indices=[1],
-                                   mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_expand=1)
-    refusal = r"'bamba' layers of type \['linear_attention'\] are not supported"
+    cfg = transformers.JambaConfig(vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, attn_layer_period=2,
+                                   attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=2,
+                                   mamba_d_state=8, mamba_expand=1)
+    refusal = r"'jamba' layers of type \['linear_attention'\] are not supported"
     with pytest.raises(NotImplementedError, match=refusal + r".*minimax 'linear_attention' \(Lightning"):
         make_cache(cfg, 1, 16)
     with pytest.raises(NotImplementedError, match=r"TreeKVCache holds full/sliding attention layers only, got "
@@ -382,7 +386,7 @@ def test_unsupported_hybrid_layers_are_refused_by_name():
     with pytest.raises(NotImplementedError, match=refusal):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            Engine(transformers.BambaForCausalLM(cfg).eval(), max_len=32)
+            Engine(transformers.JambaForCausalLM(cfg).eval(), max_len=32)
     llama = transformers.LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
                                      num_attention_heads=2)
     assert type(make_cache(llama, 1, 8)) is TreeKVCache

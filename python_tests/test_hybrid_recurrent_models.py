@@ -1,12 +1,13 @@
-"""Hybrid targets, Qwen3-Next and Qwen3.5 (Gated DeltaNet + gated softmax attention): trees verified exactly.
+"""Hybrid targets with input-dependent gates, verified exactly on trees: Qwen3-Next and Qwen3.5 (Gated DeltaNet +
+gated softmax attention) and Bamba (Mamba-2 + attention).
 
-For each family, a tiny random model (3 Gated DeltaNet layers to 1 attention layer, GQA in the DeltaNet heads,
-float32; Qwen3-Next with its MoE, Qwen3.5's text model dense): after
+For each family, a tiny random model (3 linear layers to 1 attention layer, float32; GQA in the DeltaNet heads,
+Qwen3-Next with its MoE, Qwen3.5's text model dense; Bamba with 2 groups of B / C for 4 heads): after
 prompts of different lengths, every tree node's logits equal Hugging Face's own forward of its path alone; after
 ``accept`` the committed recurrent states and convolution windows equal those Hugging Face's cache holds after the
 accepted sequence; a second tree on top is exact again. A convolution window taken from the wrong ancestors (the
 parent's window instead of the node's) breaks the equality. Greedy ``generate()`` with plain decoding, the n-gram
-drafter and the draft-model drafter (the target without its DeltaNet mixers) equals Hugging Face's
+drafter and the draft-model drafter (the target without its linear mixers) equals Hugging Face's
 ``generate(do_sample=False)``, batch > 1 with different prompt lengths, and through the Engine with rows joining and
 leaving. (The model's head size is not the tree kernel's: its attention verifies through the 4-D mask.)
 """
@@ -40,23 +41,34 @@ _MODELS: dict = {}
 _SMALL = dict(vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
               num_key_value_heads=1, head_dim=32, layer_types=LAYERS, linear_num_key_heads=2, linear_num_value_heads=4,
               linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, max_position_embeddings=128)
-FAMILIES = {  # name -> (config class, model class, extra config, seed: one whose greedy output repeats itself,
-    # so that the n-gram drafter's drafts are accepted)
+FAMILIES = {  # name -> (config class, model class, config, seed: one whose greedy output repeats itself, so that
+    # the n-gram drafter's drafts are accepted)  (Bamba's mixers are scaled down, below, for the same reason)
     "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
-                   dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                   dict(_SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                         shared_expert_intermediate_size=32), 0),
-    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {}, 3),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", _SMALL, 3),
+    "bamba": ("BambaConfig", "BambaForCausalLM",
+              dict(vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+                   num_key_value_heads=1, attn_layer_indices=[LAYERS.index("full_attention")], mamba_n_heads=4,
+                   mamba_d_head=16, mamba_d_state=8, mamba_expand=1, mamba_n_groups=2, mamba_d_conv=4,
+                   max_position_embeddings=128), 0),
 }
 
 
 def target(family: str):
     if family not in _MODELS:
-        config_cls, model_cls, extra, seed = FAMILIES[family]
+        config_cls, model_cls, kwargs, seed = FAMILIES[family]
         torch.manual_seed(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            cfg = getattr(transformers, config_cls)(**_SMALL, **extra)
-            _MODELS[family] = getattr(transformers, model_cls)(cfg).eval()
+            cfg = getattr(transformers, config_cls)(**kwargs)
+            assert cfg.layer_types == LAYERS
+            model = getattr(transformers, model_cls)(cfg).eval()
+        with torch.no_grad():  # (random Mamba-2 mixers swamp the residual stream: greedy output never repeats)
+            for layer in model.model.layers:
+                if hasattr(layer, "mamba"):
+                    layer.mamba.out_proj.weight.mul_(0.1)
+        _MODELS[family] = model
     return _MODELS[family]
 
 

@@ -6,8 +6,9 @@
   ``compact`` / ``accept`` (one ``ops.compact_kv`` call for all layers).
 * :mod:`~specdec_ext.models.hybrid_cache`: :func:`make_cache` (the cache for a model's config) and
   :class:`HybridCache` (a ``TreeKVCache`` plus the recurrent states of a hybrid's linear-attention layers, committed
-  along the accepted path); :mod:`~specdec_ext.models.linear_layers` (Lightning) and
-  :mod:`~specdec_ext.models.deltanet_layers` (Gated DeltaNet) run those layers over a tree.
+  along the accepted path); :mod:`~specdec_ext.models.linear_layers` (Lightning),
+  :mod:`~specdec_ext.models.deltanet_layers` (Gated DeltaNet) and :mod:`~specdec_ext.models.mamba2_layers`
+  (Mamba-2) run those layers over a tree.
 * :mod:`~specdec_ext.models.tree_forward`: :func:`tree_forward` (the verification forward, logits ``[B, N, V]``),
   :func:`extend` (append tokens per row: prefill, decoding), :func:`tree_attention_mask` (the 4-D fallback mask).
 * :mod:`~specdec_ext.models.fast_linear`: :func:`pack_linears` (a model's ``nn.Linear`` layers multiply with

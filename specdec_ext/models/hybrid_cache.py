@@ -3,7 +3,7 @@ model's cache.
 
 :func:`make_cache` returns a :class:`~specdec_ext.models.TreeKVCache` for an attention-only model, a
 :class:`HybridCache` for a supported hybrid (:data:`LINEAR_KINDS`: MiniMax's Lightning layers, the Gated DeltaNet
-of Qwen3-Next and Qwen3.5), and refuses anything else with a NotImplementedError naming the layer type.
+of Qwen3-Next and Qwen3.5, Bamba's Mamba-2), and refuses anything else with a NotImplementedError naming the layer type.
 
 :class:`HybridCache` is a ``TreeKVCache`` (its K/V storage, lengths, ``rewind`` / ``compact`` / ``accept`` /
 ``keep_rows`` / ``add_rows``, for the attention layers only) plus the linear layers' states, named by their kind
@@ -13,7 +13,7 @@ every step would drift). A state is overwritten in place, so it holds the commit
 * A verification forward (:func:`~specdec_ext.models.tree_forward`, inside :meth:`HybridCache.tree_step`) hands each
   linear layer its states and the tree (:meth:`~HybridCache.tree_layer`), and the layer records what its kind's
   commit needs per node (:meth:`~HybridCache.record`: Lightning's keys and values, like the attention layers' K/V
-  at ``prefix + j``; DeltaNet's rule and convolution inputs). No per-node state is kept.
+  at ``prefix + j``; DeltaNet's and Mamba-2's update and convolution inputs). No per-node state is kept.
 * :meth:`compact` (so :meth:`accept`) moves the accepted path's K/V as before and advances every linear layer's
   states along the same nodes with the kind's commit, one op call per state over all layers (as more heads); rows
   accept different lengths.
@@ -23,8 +23,8 @@ every step would drift). A state is overwritten in place, so it holds the commit
 * Rows joining and leaving (``add_rows`` / ``keep_rows`` / ``reset``) carry the states with the K/V rows.
 
 An ordinary forward (``model(ids, cache=cache)``) is refused by the linear layers: their states advance by commits
-only. The linear layers' forwards over a tree live in :mod:`~specdec_ext.models.linear_layers` and
-:mod:`~specdec_ext.models.deltanet_layers`.
+only. The linear layers' forwards over a tree live in :mod:`~specdec_ext.models.linear_layers`,
+:mod:`~specdec_ext.models.deltanet_layers` and :mod:`~specdec_ext.models.mamba2_layers`.
 """
 
 from __future__ import annotations
@@ -111,6 +111,37 @@ def _deltanet_check(cfg) -> None:
                                   "(its convolution's activation must be silu)")
 
 
+def _mamba2_sizes(cfg) -> tuple[int, int, int, int]:
+    """(heads, head dim, state size, convolution channels) of a Bamba Mamba-2 mixer."""
+    inner = int(cfg.mamba_expand * cfg.hidden_size)
+    return cfg.mamba_n_heads, cfg.mamba_d_head, cfg.mamba_d_state, inner + 2 * cfg.mamba_n_groups * cfg.mamba_d_state
+
+
+def _mamba2_states(cfg) -> dict:
+    H, P, Ds, conv = _mamba2_sizes(cfg)
+    return {"state": (H, P, Ds), "conv": (conv, cfg.mamba_d_conv - 1)}
+
+
+def _mamba2_nodes(cfg) -> dict:
+    H, P, Ds, conv = _mamba2_sizes(cfg)
+    return {"x": ("B", H, "N", P), "dt": ("B", H, "N"), "Bm": ("B", H, "N", Ds), "xbc": ("B", conv, "N"),
+            "A": (H,)}
+
+
+def _mamba2_commit(states, nodes, path, lengths, validate) -> None:
+    ref.commit_selective_state(states["state"].flatten(1, 2), nodes["x"].flatten(1, 2), nodes["dt"].flatten(1, 2),
+                               nodes["A"].flatten(), nodes["Bm"].flatten(1, 2), path, lengths, validate=validate)
+    ref.commit_conv_state(states["conv"].flatten(1, 2), nodes["xbc"].flatten(1, 2), path, lengths, validate=validate)
+
+
+def _mamba2_check(cfg) -> None:
+    limit = tuple(getattr(cfg, "time_step_limit", (0.0, float("inf"))))
+    if limit != (0.0, float("inf")) or getattr(cfg, "hidden_act", "silu") != "silu":
+        raise NotImplementedError(f"make_cache: Mamba-2 with time_step_limit {limit} / hidden_act "
+                                  f"{cfg.hidden_act!r} is not supported (Hugging Face's own decoding ignores the "
+                                  "limit; the convolution's activation must be silu)")
+
+
 # (model_type, layer type) -> kind: the hybrids whose linear layers tree verification runs exactly
 LINEAR_KINDS: dict[tuple[str, str], LinearKind] = {
     ("minimax", "linear_attention"): LinearKind("Lightning attention (fixed per-head decay)", _lightning_states,
@@ -119,6 +150,8 @@ LINEAR_KINDS: dict[tuple[str, str], LinearKind] = {
                                                    _deltanet_commit, _deltanet_check),
 }
 LINEAR_KINDS[("qwen3_5_text", "linear_attention")] = LINEAR_KINDS[("qwen3_next", "linear_attention")]  # (same layer)
+LINEAR_KINDS[("bamba", "linear_attention")] = LinearKind("Mamba-2", _mamba2_states, _mamba2_nodes, _mamba2_commit,
+                                                         _mamba2_check)
 
 
 def linear_layer_kinds(config) -> dict[int, LinearKind]:

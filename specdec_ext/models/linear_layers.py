@@ -9,7 +9,8 @@ replace a forward, a per-call swap would hand another thread's plain forward of 
 path, and the switched class survives ``deepcopy`` and pickling (an instance attribute holding a bound method would
 not rebind cleanly). The weights, buffers and ``state_dict`` stay the module's own.
 
-Gated DeltaNet (Qwen3-Next, Qwen3.5) follows the same pattern in :mod:`~specdec_ext.models.deltanet_layers`.
+Gated DeltaNet (Qwen3-Next, Qwen3.5) follows the same pattern in :mod:`~specdec_ext.models.deltanet_layers`, Bamba's
+Mamba-2 in :mod:`~specdec_ext.models.mamba2_layers`.
 
 MiniMax (``MiniMaxLightningAttention``): ``qkv = silu(qkv_proj(x))`` split per head into q, k, v; per head
 ``S_t = exp(-slope_h) S_{t-1} + k_t^T v_t`` and ``o_t = q_t S_t`` (no softmax, no scale, no RoPE); then RMSNorm over
@@ -24,12 +25,14 @@ from __future__ import annotations
 import weakref
 
 import torch
+from transformers.models.bamba.modeling_bamba import BambaMixer
 from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
 from specdec_ext.models.deltanet_layers import TreeGatedDeltaNet, TreeQwen35GatedDeltaNet
 from specdec_ext.models.hybrid_cache import HybridCache
+from specdec_ext.models.mamba2_layers import TreeBambaMixer
 from specdec_ext.ops import reference as ref
 
 __all__ = ["CHAIN_CHUNK", "TreeLightningAttention", "lightning_log_decay", "lightning_tree_forward", "prepare"]
@@ -95,7 +98,8 @@ class TreeLightningAttention(MiniMaxLightningAttention):
 # Hugging Face class -> its tree subclass
 TREE_CLASSES: dict[type, type] = {MiniMaxLightningAttention: TreeLightningAttention,
                                   Qwen3NextGatedDeltaNet: TreeGatedDeltaNet,
-                                  Qwen3_5GatedDeltaNet: TreeQwen35GatedDeltaNet}
+                                  Qwen3_5GatedDeltaNet: TreeQwen35GatedDeltaNet,
+                                  BambaMixer: TreeBambaMixer}
 
 _PREPARED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, ...]]" = weakref.WeakKeyDictionary()
 

@@ -979,6 +979,46 @@ def _tree_depths(parents: torch.Tensor) -> torch.Tensor:
     return depth
 
 
+def _check_trees(op: str, parents: torch.Tensor) -> None:
+    for b in range(parents.shape[0]):
+        try:
+            _check_tree_row(parents[b].tolist())
+        except _RowError as err:
+            _raise(op, b, err)
+
+
+def _tree_states(step, state: torch.Tensor, parents: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """``[B, H, N, *state dims]`` float32: node i's state, one ``step(prev, *inputs at i)`` from its parent's (the
+    root's from ``state[B, H, ...]``), all nodes of one depth at once; ``inputs`` are per node ``[B, H, N, ...]``."""
+    B, H, N = inputs[0].shape[:3]
+    parents = parents.to(state.device)
+    depth = _tree_depths(parents)
+    states = torch.zeros(B, H, N, *state.shape[2:], dtype=torch.float32, device=state.device)
+    for d in range(int(depth.max()) + 1 if N else 0):
+        b_idx, i_idx = (depth == d).nonzero(as_tuple=True)
+        prev = state.float()[b_idx] if d == 0 else states[b_idx, :, parents[b_idx, i_idx]]
+        states[b_idx, :, i_idx] = step(prev, *(t.float()[b_idx, :, i_idx] for t in inputs))
+    return states
+
+
+def _replay(op: str, step, state: torch.Tensor, path: torch.Tensor, lengths: torch.Tensor, validate: bool,
+            *inputs: torch.Tensor) -> None:
+    """In place: ``state[b]`` advances by ``step`` through the nodes ``path[b, :lengths[b]]`` (root first); per-node
+    ``inputs[B, H, N, ...]``. Invalid rows are left untouched; with ``validate`` the lowest raises ValueError after
+    the valid rows are committed."""
+    errors = []
+    for b in range(state.shape[0]):
+        nodes = _path_nodes(op, b, path, lengths, inputs[0].shape[2], errors)
+        if nodes is None:
+            continue
+        S = state[b].float()
+        for j in nodes:
+            S = step(S, *(t[b, :, j].float() for t in inputs))
+        state[b].copy_(S.to(state.dtype))
+    if validate and errors:
+        raise ValueError(errors[0])
+
+
 def tree_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                           state: torch.Tensor, parents: torch.Tensor, validate: bool = True) -> torch.Tensor:
     """Outputs of the N tree nodes of each row of a gated delta-rule layer.
@@ -988,23 +1028,10 @@ def tree_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     saved state after the prefix, ``parents[B, N]`` the tree (node 0 the root). Node i's state is one step
     (:func:`_delta_step`) from its parent's (the root's from ``state``) and ``o_i = S_i^T q_i``; nodes are computed
     level by level (all nodes of one depth at once). Float32; returns ``[B, H, N, Dv]`` in v's dtype."""
-    B, H, N, Dk = q.shape
     if validate:
-        for b in range(B):
-            try:
-                _check_tree_row(parents[b].tolist())
-            except _RowError as err:
-                _raise("tree_gated_delta_rule", b, err)
-    parents = parents.to(q.device)
-    depth = _tree_depths(parents)
-    qf, kf, vf, gf, bf = q.float(), k.float(), v.float(), g.float(), beta.float()
-    states = torch.zeros(B, H, N, Dk, v.shape[-1], dtype=torch.float32, device=q.device)
-    for d in range(int(depth.max()) + 1 if N else 0):
-        b_idx, i_idx = (depth == d).nonzero(as_tuple=True)
-        prev = (state.float()[b_idx] if d == 0 else states[b_idx, :, parents[b_idx, i_idx]])
-        states[b_idx, :, i_idx] = _delta_step(prev, kf[b_idx, :, i_idx], vf[b_idx, :, i_idx], gf[b_idx, :, i_idx],
-                                              bf[b_idx, :, i_idx])
-    return (states * qf[..., :, None]).sum(-2).to(v.dtype)
+        _check_trees("tree_gated_delta_rule", parents)
+    states = _tree_states(_delta_step, state, parents, k, v, g, beta)
+    return (states * q.float()[..., :, None]).sum(-2).to(v.dtype)
 
 
 def _path_nodes(op: str, b: int, path: torch.Tensor, lengths: torch.Tensor, N: int, errors: list) -> list | None:
@@ -1029,17 +1056,7 @@ def commit_gated_delta_state(state: torch.Tensor, k: torch.Tensor, v: torch.Tens
     accepted path, root first) from the saved state; tensors as :func:`tree_gated_delta_rule`'s, ``path[B, L]``
     int64 (-1 padded). An invalid row (lengths[b] not in [0, L], a path node not in [0, N)) is left untouched; with
     ``validate`` the lowest one raises ValueError after the valid rows are committed."""
-    errors = []
-    for b in range(k.shape[0]):
-        nodes = _path_nodes("commit_gated_delta_state", b, path, lengths, k.shape[2], errors)
-        if nodes is None:
-            continue
-        S = state[b].float()
-        for j in nodes:
-            S = _delta_step(S, k[b, :, j].float(), v[b, :, j].float(), g[b, :, j].float(), beta[b, :, j].float())
-        state[b].copy_(S.to(state.dtype))
-    if validate and errors:
-        raise ValueError(errors[0])
+    _replay("commit_gated_delta_state", _delta_step, state, path, lengths, validate, k, v, g, beta)
 
 
 def _conv_windows(x: torch.Tensor, conv_state: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
@@ -1069,11 +1086,7 @@ def tree_causal_conv1d(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.
     ancestors, then itself; the saved inputs above the root), then ``activation`` ("silu" or None). Float32;
     returns ``[B, C, N]`` in x's dtype."""
     if validate:
-        for b in range(x.shape[0]):
-            try:
-                _check_tree_row(parents[b].tolist())
-            except _RowError as err:
-                _raise("tree_causal_conv1d", b, err)
+        _check_trees("tree_causal_conv1d", parents)
         if activation not in (None, "silu"):
             raise ValueError(f"tree_causal_conv1d: activation must be 'silu' or None, got {activation!r}")
     out = (_conv_windows(x.float(), conv_state.float(), parents) * weight.float()[None, :, None, :]).sum(-1)
@@ -1099,3 +1112,41 @@ def commit_conv_state(conv_state: torch.Tensor, x: torch.Tensor, path: torch.Ten
         conv_state[b].copy_(seq[:, seq.shape[-1] - W:])
     if validate and errors:
         raise ValueError(errors[0])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Mamba-2 (Bamba) over a draft tree: its selective state update, level by level from each node's parent (the
+# convolution in front is tree_causal_conv1d).
+
+
+def _ssd_step(S: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor):
+    """One Mamba-2 step per head: ``S <- exp(dt A) S + dt x B^T``; ``S[..., P, Ds]``, ``x[..., P]``, ``dt`` / ``A``
+    ``[...]``, ``Bm[..., Ds]``; float32."""
+    return S * torch.exp(dt * A)[..., None, None] + (dt[..., None] * x)[..., :, None] * Bm[..., None, :]
+
+
+def tree_selective_state(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
+                         D: torch.Tensor, state: torch.Tensor, parents: torch.Tensor,
+                         validate: bool = True) -> torch.Tensor:
+    """Outputs of the N tree nodes of each row of a Mamba-2 layer: ``x[B, H, N, P]``, ``dt[B, H, N]`` (after the
+    softplus), ``A[H]`` (negative), ``Bm`` / ``Cm`` ``[B, H, N, Ds]`` (the groups' B and C per head), ``D[H]``,
+    ``state[B, H, P, Ds]`` the saved state, ``parents[B, N]``. Node i's state is one :func:`_ssd_step` from its
+    parent's (the root's from ``state``); ``y_i = S_i C_i + D x_i``. Float32; returns ``[B, H, N, P]`` in x's
+    dtype."""
+    if validate:
+        _check_trees("tree_selective_state", parents)
+    B, H, N = dt.shape
+    per_node_A = A.float()[None, :, None].expand(B, H, N)
+    states = _tree_states(_ssd_step, state, parents, x, dt, per_node_A, Bm)
+    y = (states * Cm.float()[..., None, :]).sum(-1) + D.float()[None, :, None, None] * x.float()
+    return y.to(x.dtype)
+
+
+def commit_selective_state(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                           Bm: torch.Tensor, path: torch.Tensor, lengths: torch.Tensor, validate: bool = True) -> None:
+    """In place: ``state[b]`` advances by :func:`_ssd_step` through the accepted nodes ``path[b, :lengths[b]]``;
+    tensors as :func:`tree_selective_state`'s, ``A`` per head ``[H]``. Invalid rows as in
+    :func:`commit_gated_delta_state`."""
+    B, H, N = dt.shape
+    _replay("commit_selective_state", _ssd_step, state, path, lengths, validate, x, dt,
+            A.float()[None, :, None].expand(B, H, N), Bm)
