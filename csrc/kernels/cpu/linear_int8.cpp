@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "kernels.h"
@@ -130,6 +131,57 @@ inline int32_t quad(const int8_t* x, int64_t kq) {
   int32_t v;
   std::memcpy(&v, x + kq * kQuad, sizeof(v));
   return v;
+}
+
+// 8 inputs of a row as float32 (bfloat16: a 16-bit shift), lanes >= `valid` zero.
+template <typename T>
+SPECDEC_INT8_AVX2 inline __m256 load8(const T* v, int64_t valid) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (valid >= 8) return _mm256_loadu_ps(v);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_ps(v, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(valid)), lane));
+  } else {
+    alignas(16) uint16_t raw[8] = {};
+    std::memcpy(raw, v, sizeof(uint16_t) * static_cast<size_t>(std::min<int64_t>(valid, 8)));
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(raw)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+}
+
+// quantize_row for float32 and bfloat16 rows: the same operations as the scalar loop, 8 values at a time (max and
+// the finiteness test are exact; q = rint(v * inverse) rounds to nearest even like rintf).
+template <typename T>
+SPECDEC_INT8_AVX2 float quantize_row_avx2(const T* v, int64_t K, int8_t* q) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 largest = _mm256_set1_ps(3.40282347e38f);
+  __m256 amax = _mm256_setzero_ps(), finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  for (int64_t k = 0; k < K; k += 8) {
+    const __m256 a = _mm256_and_ps(load8(v + k, K - k), magnitude);
+    finite = _mm256_and_ps(finite, _mm256_cmp_ps(a, largest, _CMP_LE_OQ));  // (false for inf and NaN)
+    amax = _mm256_max_ps(amax, a);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, amax);
+  float m = 0.0f;
+  for (float f : lanes) m = f > m ? f : m;
+  const Int8RowScale s = int8_row_scale(m, _mm256_movemask_ps(finite) == 0xff);
+  const int64_t Kp = linear_int8_padded_k(K);
+  if (s.inverse == 0.0f) {
+    std::memset(q, 0, static_cast<size_t>(Kp));
+    return s.scale;
+  }
+  const __m256 inverse = _mm256_set1_ps(s.inverse), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(load8(v + k, 8), inverse), _MM_FROUND_TO_NEAREST_INT |
+                                     _MM_FROUND_NO_EXC);
+    const __m256i i32 = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, r)));
+    const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + k), _mm_packs_epi16(i16, i16));
+  }
+  for (; k < K; ++k) q[k] = int8_quantize(to_float(v[k]), s.inverse);
+  for (; k < Kp; ++k) q[k] = 0;
+  return s.scale;
 }
 
 // AVX2 tile: MR rows x NP panels, 4 vectors of 8 int32 sums per panel and row. vpmaddubsw multiplies unsigned by
@@ -259,6 +311,14 @@ void run(Int8Path path, const PackedLinearInt8Params<T>& p, int64_t panel_begin,
 template <typename T>
 void QuantizeRowsInt8(const QuantizeRowsInt8Params<T>& p, int64_t row_begin, int64_t row_end) {
   const int64_t K = p.in_features, Kp = linear_int8_padded_k(K);
+#ifdef SPECDEC_INT8_X86
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
+    if (cpu_has_avx2()) {
+      for (int64_t m = row_begin; m < row_end; ++m) p.scales[m] = quantize_row_avx2(p.x + m * K, K, p.q + m * Kp);
+      return;
+    }
+  }
+#endif
   for (int64_t m = row_begin; m < row_end; ++m) {
     const T* x = p.x + m * K;
     const Int8RowScale s = row_scale(x, K);
