@@ -13,6 +13,7 @@ ours against the reference bit for bit. Goal (reported, not asserted): int8 at l
 from __future__ import annotations
 
 import math
+import os
 
 import common  # noqa: F401  (sets sys.path)
 import torch
@@ -48,7 +49,7 @@ def main(argv=None):
     dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
     table.note(f"packed_linear_int8 path {ops.packed_linear_int8_path()}; packed_linear path float32 "
                f"{ops.packed_linear_path(torch.float32)}, bfloat16 {ops.packed_linear_path(torch.bfloat16)}; "
-               f"torch threads {torch.get_num_threads()}")
+               f"torch threads {torch.get_num_threads()}; load average at the start {os.getloadavg()[0]:.2f}")
     for dev in common.devices(args):
         for dtype in dtypes:
             es = torch.empty((), dtype=dtype).element_size()

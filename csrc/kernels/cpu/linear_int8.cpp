@@ -1,10 +1,10 @@
 // Weight-only int8 linear layers for the few-row products of drafting (layout and semantics: common/params.h).
 //
 // Why int8 inputs too: a drafter's products are bound by reading its weights, and int8 weights are a quarter of the
-// float32 bytes; converting each int8 weight to float32 before a multiply-add (3 instructions per 8 weights and
-// row) would make the product compute-bound instead. Quantising the few input rows once per call lets the CPU's
-// integer dot products multiply 4 K-values per lane in one or two instructions, and integer sums are exact, so every
-// path here, the CUDA kernel and the reference give the same bits, whatever the row blocking.
+// float32 bytes; converting each int8 weight to float32 before a multiply-add costs 3 instructions per 8 weights
+// and row (slower than these dot products at 1-4 rows: docs/ARCHITECTURE.md). Quantising the few input rows once
+// per call lets the integer dot products multiply 4 K-values per lane, and integer sums are exact, so every path
+// here, the CUDA kernel and the reference give the same bits, whatever the row blocking.
 // Paths: AVX-512 VNNI (vpdpbusd), AVX2 (vpmaddubsw + vpmaddwd) and a portable loop; PackedLinearInt8Path() says
 // which one runs.
 #include <algorithm>
