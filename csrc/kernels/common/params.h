@@ -411,7 +411,7 @@ SPECDEC_HD int8_t int8_quantize(float v, float inverse) {
   return static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
 }
 
-// y = T(float(acc) * (sx * sw) + bias), in that order (no fused multiply-add: csrc/kernels/cpu is built with
+// y = T(float(acc) * (sx * sw) + bias), in that order (no fused multiply-add: cpu/linear_int8.cpp is built with
 // -ffp-contract=off for this, and CUDA uses the _rn intrinsics).
 SPECDEC_HD float int8_dequantize(int32_t acc, float sx, float sw, float bias) {
 #if defined(__CUDA_ARCH__)
