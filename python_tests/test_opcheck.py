@@ -57,6 +57,9 @@ def _cases(device, dtype):
               ("packed_linear", (xs[None], packed, None, 37))]
     cases += [("draft_decoder_layer", _draft_layer_args(device, dtype, eagle3)) for eagle3 in (False, True)]
     cases += [("advance_tree_frontier", _frontier_args(device)), ("select_tree_nodes", _selection_args(device))]
+    packed8, scales8 = OPS.pack_linear_weight_int8(w)
+    cases += [("pack_linear_weight_int8", (w,)), ("packed_linear_int8", (xs, packed8, scales8, bias)),
+              ("packed_linear_int8", (xs[None], packed8, scales8, None))]
     return cases
 
 
@@ -110,7 +113,7 @@ def _attention_inputs(device, dtype):
     return {k: v.to(device) for k, v in d.items()}
 
 
-@pytest.mark.parametrize("index", range(31))
+@pytest.mark.parametrize("index", range(34))
 def test_opcheck(device, dtype, index):
     name, args = _cases(device, dtype)[index]
     if dtype != torch.float32 and name in ("build_tree", "tree_ancestor_mask", "advance_tree_frontier",
@@ -143,7 +146,7 @@ def test_meta_shapes():
     assert [tuple(t.shape) for t in tree] == [(2, 5), (2, 5)] and tree[0].dtype == torch.int64
 
 
-@pytest.mark.parametrize("index", range(31))
+@pytest.mark.parametrize("index", range(34))
 def test_a_meta_tensor_among_cpu_ones_is_refused(index):
     """One argument on the meta device, the rest on CPU: the dispatcher picks the fake (Meta outranks CPU), which
     used to return uninitialised tensors as results; it must raise naming the argument and both devices (the
@@ -185,7 +188,7 @@ def _spoiled(args, position: int):
     return out
 
 
-@pytest.mark.parametrize("index", range(31))
+@pytest.mark.parametrize("index", range(34))
 def test_all_meta_calls_are_refused_as_cpu_calls_are(index):
     """Every tensor argument in turn given a wrong dtype: when the CPU op refuses it, the same call on meta tensors
     (which only the fake sees) raises the same ValueError, word for word; when the CPU op takes it, so does meta."""
@@ -222,7 +225,7 @@ def test_meta_calls_meet_the_scalar_checks():
 
 
 def test_every_case_is_checked():
-    assert len(_cases("cpu", torch.float32)) == 31  # (the parametrisation of test_opcheck)
+    assert len(_cases("cpu", torch.float32)) == 34  # (the parametrisation of test_opcheck)
 
 
 def test_built_with_cuda_is_bool():

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../kernels/common/dtype.h"
@@ -536,6 +537,29 @@ Tensor pack_linear_weight_impl(const Tensor& weight_in) {
   return packed;
 }
 
+// A linear product's optional bias: [out_features] of x's dtype and device, returned contiguous (undefined if absent).
+inline Tensor checked_linear_bias(const char* op, const std::optional<Tensor>& bias_in, const Tensor& x, int64_t N) {
+  if (!bias_in.has_value()) return Tensor();
+  const Tensor& bias = *bias_in;
+  check_dtype(op, "bias", bias, x.scalar_type());
+  check_same_device(op, "bias", bias, x, "x");
+  check_shape(op, "bias", bias, {N}, "[out_features]");
+  return bias.contiguous();
+}
+
+// x[..., K] as a linear product's M contiguous rows [M, K], and the output's sizes [..., N].
+struct LinearRows {
+  Tensor x;
+  int64_t rows;
+  std::vector<int64_t> out_sizes;
+};
+inline LinearRows linear_rows(const Tensor& x_in, int64_t K, int64_t N) {
+  const int64_t M = x_in.numel() / K;
+  std::vector<int64_t> out_sizes(x_in.sizes().begin(), x_in.sizes().end());
+  out_sizes.back() = N;
+  return {x_in.reshape({M, K}).contiguous(), M, std::move(out_sizes)};
+}
+
 template <class Backend>
 Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const std::optional<Tensor>& bias_in,
                           int64_t out_features) {
@@ -555,19 +579,11 @@ Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const
                 " (pack_linear_weight's output), got ", shape_str(packed_weight));
   SPECDEC_CHECK(packed_weight.is_contiguous(), op, ": packed_weight must be contiguous (pack_linear_weight's output)");
   check_packed_rows(op, "packed_weight", packed_weight, N, "out_features");
-  Tensor bias;
-  if (bias_in.has_value()) {
-    bias = *bias_in;
-    check_dtype(op, "bias", bias, x_in.scalar_type());
-    check_same_device(op, "bias", bias, x_in, "x");
-    check_shape(op, "bias", bias, {N}, "[out_features]");
-    bias = bias.contiguous();
-  }
-  const int64_t M = x_in.numel() / K;
-  const Tensor x = x_in.reshape({M, K}).contiguous();
+  const Tensor bias = checked_linear_bias(op, bias_in, x_in, N);
+  const LinearRows rows = linear_rows(x_in, K, N);
+  const Tensor& x = rows.x;
+  const int64_t M = rows.rows;
   c10::OptionalDeviceGuard guard(x.device());
-  std::vector<int64_t> out_sizes(x_in.sizes().begin(), x_in.sizes().end());
-  out_sizes.back() = N;
   Tensor y = at::empty({M, N}, x.options());
   if (M > 0) {
     SPECDEC_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
@@ -581,7 +597,7 @@ Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const
       Backend::packed_linear(p);
     });
   }
-  return y.view(out_sizes);
+  return y.view(rows.out_sizes);
 }
 
 // Registers every op's implementation for one dispatch key of one library (registry.cpp):
@@ -601,11 +617,14 @@ Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const
     m.impl("compact_kv", &::specdec::glue::compact_kv_impl<BACKEND>);                                 \
     m.impl("pack_linear_weight", &::specdec::glue::pack_linear_weight_impl<BACKEND>);                 \
     m.impl("packed_linear", &::specdec::glue::packed_linear_impl<BACKEND>);                           \
+    m.impl("pack_linear_weight_int8", &::specdec::glue::pack_linear_weight_int8_impl<BACKEND>);       \
+    m.impl("packed_linear_int8", &::specdec::glue::packed_linear_int8_impl<BACKEND>);                 \
     m.impl("draft_decoder_layer", &::specdec::glue::draft_decoder_layer_impl<BACKEND>);               \
   }
 
 }  // namespace specdec::glue
 
-// tree_attention and compact_kv, and draft_decoder_layer (use the helpers above).
+// tree_attention and compact_kv, draft_decoder_layer, and the int8 linear ops (use the helpers above).
 #include "op_glue_attention.h"    // NOLINT(build/include_order)
 #include "op_glue_draft_layer.h"  // NOLINT(build/include_order)
+#include "op_glue_linear_int8.h"  // NOLINT(build/include_order)

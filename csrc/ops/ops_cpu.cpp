@@ -99,6 +99,21 @@ struct CpuBackend {
     for_rows(p, (p.out_features + kLinearPanel - 1) / kLinearPanel, kLinearPanel * p.in_features * p.rows,
              cpu::PackedLinear<T>, /*min_work_per_thread=*/int64_t{1} << 18);
   }
+  template <typename T>
+  static void quantize_rows_int8(const QuantizeRowsInt8Params<T>& p) {
+    for_rows(p, p.rows, 4 * p.in_features, cpu::QuantizeRowsInt8<T>);
+  }
+  template <typename T>
+  static void pack_linear_weight_int8(const PackLinearInt8Params<T>& p) {
+    for_rows(p, (p.out_features + kLinearPanel - 1) / kLinearPanel, 4 * kLinearPanel * p.in_features,
+             cpu::PackLinearWeightInt8<T>);
+  }
+  // (int8 multiply-adds cost a fraction of float32 ones: threads only for products 4x larger than packed_linear's)
+  template <typename T>
+  static void packed_linear_int8(const PackedLinearInt8Params<T>& p) {
+    for_rows(p, (p.out_features + kLinearPanel - 1) / kLinearPanel, kLinearPanel * p.in_features * p.rows,
+             cpu::PackedLinearInt8<T>, /*min_work_per_thread=*/int64_t{1} << 20);
+  }
   // The stages of DraftLayerParams in order; the products and the attention as packed_linear and tree_attention.
   template <typename T>
   static void draft_decoder_layer(const DraftLayerParams<T>& p, const TreeAttentionParams<T>& attention) {

@@ -75,6 +75,18 @@ struct CudaBackend {
   static void packed_linear(const PackedLinearParams<T>& p) {
     launch([&] { cuda::LaunchPackedLinear<T>(p, current_stream()); });
   }
+  template <typename T>
+  static void quantize_rows_int8(const QuantizeRowsInt8Params<T>& p) {
+    launch([&] { cuda::LaunchQuantizeRowsInt8<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void pack_linear_weight_int8(const PackLinearInt8Params<T>& p) {
+    launch([&] { cuda::LaunchPackLinearWeightInt8<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void packed_linear_int8(const PackedLinearInt8Params<T>& p) {
+    launch([&] { cuda::LaunchPackedLinearInt8<T>(p, current_stream()); });
+  }
   // The stages of DraftLayerParams in order on the current stream (the products through packed_linear's kernel, the
   // attention through tree_attention's).
   template <typename T>

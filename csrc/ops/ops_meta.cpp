@@ -38,6 +38,12 @@ struct MetaBackend {
   template <typename T>
   static void packed_linear(const PackedLinearParams<T>&) {}
   template <typename T>
+  static void quantize_rows_int8(const QuantizeRowsInt8Params<T>&) {}
+  template <typename T>
+  static void pack_linear_weight_int8(const PackLinearInt8Params<T>&) {}
+  template <typename T>
+  static void packed_linear_int8(const PackedLinearInt8Params<T>&) {}
+  template <typename T>
   static void draft_decoder_layer(const DraftLayerParams<T>&, const TreeAttentionParams<T>&) {}
 };
 

@@ -66,6 +66,9 @@ void define_ops(torch::Library& m) {
   // Linear layers over a weight packed once (the few-row products of decoding and verification): y = x @ W^T + b.
   m.def("pack_linear_weight(Tensor weight) -> Tensor");
   m.def("packed_linear(Tensor x, Tensor packed_weight, Tensor? bias, int out_features) -> Tensor");
+  // The same with int8 weights (per-output-channel scales) and input rows quantised per call: drafters' products.
+  m.def("pack_linear_weight_int8(Tensor weight) -> (Tensor packed, Tensor scales)");
+  m.def("packed_linear_int8(Tensor x, Tensor packed_weight, Tensor scales, Tensor? bias) -> Tensor");
 
   // A drafter's decoder layer (EAGLE) over a few new positions per row, weights packed, its K/V written into its
   // cache at explicit slots (in place).
@@ -110,10 +113,17 @@ PyObject* packed_linear_path(PyObject*, PyObject* arg) {
   return PyUnicode_FromString(path);
 }
 
+// packed_linear_int8_path(): the CPU code path of packed_linear_int8 on this machine.
+PyObject* packed_linear_int8_path(PyObject*, PyObject*) {
+  return PyUnicode_FromString(specdec::cpu::PackedLinearInt8Path());
+}
+
 PyMethodDef module_methods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when this build contains the CUDA kernels."},
     {"packed_linear_path", packed_linear_path, METH_O,
-     "The CPU code path of packed_linear for a dtype name: 'avx512', 'avx512_bf16' or 'generic'."},
+     "The CPU code path of packed_linear for a dtype name: 'avx512', 'avx512_bf16', 'avx2' or 'generic'."},
+    {"packed_linear_int8_path", packed_linear_int8_path, METH_NOARGS,
+     "The CPU code path of packed_linear_int8: 'avx512_vnni', 'avx2' or 'generic'."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -40,6 +40,10 @@ __all__ = [
     "pack_linear_weight",
     "packed_linear",
     "packed_linear_path",
+    "Int8Weight",
+    "pack_linear_weight_int8",
+    "packed_linear_int8",
+    "packed_linear_int8_path",
     "draft_decoder_layer",
 ]
 
@@ -53,6 +57,11 @@ class TreeInfo(NamedTuple):
     next_sibling: torch.Tensor  # [B, N] int64, -1 for the last child
     retrieve_paths: torch.Tensor  # [B, N, N] int64, root-to-leaf paths padded with -1
     num_leaves: torch.Tensor  # [B] int64
+
+
+class Int8Weight(NamedTuple):
+    packed: torch.Tensor  # [ceil(N / 32), ceil(K / 4), 32, 4] int8: packed[n // 32, k // 4, n % 32, k % 4] = q[n, k]
+    scales: torch.Tensor  # [N] float32: weight[n, k] ~ scales[n] * q[n, k]
 
 
 class Verification(NamedTuple):
@@ -354,3 +363,36 @@ def packed_linear_path(dtype: torch.dtype) -> str:
     if dtype not in names:
         raise ValueError(f"packed_linear_path: dtype must be float32, bfloat16 or float16, got {dtype}")
     return _C.packed_linear_path(names[dtype])
+
+
+def pack_linear_weight_int8(weight: torch.Tensor) -> Int8Weight:
+    """``weight[N, K]`` (an ``nn.Linear`` weight; float32, float16 or bfloat16, finite, K <= 131072) quantised to
+    int8 per output channel, symmetric, and laid out once for :func:`packed_linear_int8`: ``scales[n] =
+    max_k |weight[n, k]| / 127`` (float32) and ``q[n, k] = round(weight[n, k] / scales[n])`` in [-127, 127],
+    ``packed[n // 32, k // 4, n % 32, k % 4] = q[n, k]`` (zero padding), shape ``[ceil(N / 32), ceil(K / 4), 32,
+    4]`` int8, on the weight's device: a quarter of the float32 weight's bytes. Exact definition:
+    :func:`specdec_ext.ops.reference.quantize_rows_int8`. A weight holding inf or NaN is a ValueError."""
+    packed, scales = _ops.pack_linear_weight_int8.default(weight)
+    return Int8Weight(packed, scales)
+
+
+def packed_linear_int8(x: torch.Tensor, packed_weight: torch.Tensor, scales: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` approximated with ``(packed_weight, scales) = pack_linear_weight_int8(weight)``:
+    ``x[..., K]`` -> ``[..., N]`` (N = ``len(scales)``), in x's dtype (float32, float16 or bfloat16; the bias's
+    too).
+
+    Each row of x is quantised to int8 the same way (per row, symmetric) and the product is exact integer
+    arithmetic, ``y = (sum_k qx[m, k] q[n, k]) * (sx[m] * scales[n]) + bias[n]`` in float32 rounded once to the
+    dtype, so every path (CPU vector paths, CUDA, :func:`specdec_ext.ops.reference.packed_linear_int8`) gives the
+    same bits and a row's result does not depend on the other rows of the call. Its error against the float product
+    is the two quantisations' (about 1% of the output's scale for Gaussian data): for drafters, whose outputs only
+    steer acceptance. A row of x holding inf or NaN gives NaN outputs. Made for 1-16 rows (see
+    :func:`packed_linear_int8_path`); no autograd."""
+    return _ops.packed_linear_int8.default(x, packed_weight, scales, bias)
+
+
+def packed_linear_int8_path() -> str:
+    """The CPU code path :func:`packed_linear_int8` takes on this machine: ``"avx512_vnni"`` (AVX-512 VNNI dot
+    products), ``"avx2"`` or ``"generic"`` (a portable loop). All give the same bits."""
+    return _C.packed_linear_int8_path()

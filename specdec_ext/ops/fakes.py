@@ -115,6 +115,20 @@ def _packed_linear(x, packed_weight, bias, out_features):
     return x.new_empty((*x.shape[:-1], out_features))
 
 
+@torch.library.register_fake("specdec_ext::pack_linear_weight_int8")
+def _pack_linear_weight_int8(weight):
+    _checks("pack_linear_weight_int8", weight)
+    N, K = weight.shape
+    return (weight.new_empty(((N + 31) // 32, (K + 3) // 4, 32, 4), dtype=torch.int8),
+            weight.new_empty((N,), dtype=torch.float32))
+
+
+@torch.library.register_fake("specdec_ext::packed_linear_int8")
+def _packed_linear_int8(x, packed_weight, scales, bias):
+    _checks("packed_linear_int8", x, packed_weight, scales, bias)
+    return x.new_empty((*x.shape[:-1], scales.shape[0]))
+
+
 @torch.library.register_fake("specdec_ext::draft_decoder_layer")
 def _draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv_weight, qkv_bias, o_weight,
                          norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,

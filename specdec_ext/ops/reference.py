@@ -1150,3 +1150,78 @@ def commit_selective_state(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     B, H, N = dt.shape
     _replay("commit_selective_state", _ssd_step, state, path, lengths, validate, x, dt,
             A.float()[None, :, None].expand(B, H, N), Bm)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Weight-only int8 linear layers (csrc/kernels/common/params.h). Every float32 operation is written as a float64 one
+# rounded to float32: exact for these (a product or quotient of two float32 values, a sum of two), and free of
+# torch's own shortcuts (a division by a scalar may run as a multiplication by its reciprocal).
+
+INT8_TINY_AMAX = 2.0 ** -120  # (127 / amax is finite above it)
+LINEAR_INT8_MAX_K = 131072  # 127^2 * K fits the kernels' int32 sums
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float32)
+
+
+def quantize_rows_int8(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of ``v[R, K]`` (read as float32) -> ``(q[R, K] int8, scale[R] float32)``: amax = max |v|, scale =
+    amax / 127, ``q = clamp(round_half_even(v * (127 / amax)), -127, 127)``; amax < 2^-120 gives scale 0 and q = 0;
+    a row holding inf or NaN gives scale NaN and q = 0."""
+    v = v.float()
+    finite = torch.isfinite(v).all(-1)
+    amax = torch.where(finite, v.abs().amax(-1), 0.0).double()
+    tiny = amax < INT8_TINY_AMAX
+    scale = _f32(torch.where(tiny, 0.0, amax / 127))
+    inverse = _f32(torch.where(tiny, 0.0, 127 / torch.where(tiny, 1.0, amax)))
+    scale = torch.where(finite, scale, math.nan)
+    inverse = torch.where(finite, inverse, 0.0)
+    q = _f32(torch.where(torch.isfinite(v), v, 0.0).double() * inverse.double()[:, None]).round().clamp(-127, 127)
+    return q.to(torch.int8), scale
+
+
+def _check_int8_in_features(op: str, what: str, K: int) -> None:
+    if not 1 <= K <= LINEAR_INT8_MAX_K:
+        raise ValueError(f"{op}: {what} must be in [1, {LINEAR_INT8_MAX_K}] (the int32 sums of 127^2 K), got {K}")
+
+
+def pack_linear_weight_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(packed, scales)``: each output channel of ``weight[N, K]`` quantised by :func:`quantize_rows_int8`,
+    ``packed[n // 32, k // 4, n % 32, k % 4] = q[n, k]``, shape ``[ceil(N / 32), ceil(K / 4), 32, 4]``, zero
+    padding. A weight holding inf or NaN is a ValueError."""
+    N, K = weight.shape
+    _check_int8_in_features("pack_linear_weight_int8", "weight's in_features", K)
+    if not bool(torch.isfinite(weight).all()):
+        raise ValueError("pack_linear_weight_int8: weight must be finite (an output channel holding inf or NaN has "
+                         "no int8 scale)")
+    q, scales = quantize_rows_int8(weight.cpu())
+    NP, KQ = -(-N // 32), -(-K // 4)
+    padded = torch.zeros(NP * 32, KQ * 4, dtype=torch.int8)
+    padded[:N, :K] = q
+    packed = padded.view(NP, 32, KQ, 4).permute(0, 2, 1, 3).contiguous()
+    return packed.to(weight.device), scales.to(weight.device)
+
+
+def unpack_linear_weight_int8(packed_weight: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """The ``[out_features, in_features]`` int8 weight that :func:`pack_linear_weight_int8` packed."""
+    NP, KQ = packed_weight.shape[:2]
+    return packed_weight.permute(0, 2, 1, 3).reshape(NP * 32, KQ * 4)[:out_features, :in_features]
+
+
+def packed_linear_int8(x: torch.Tensor, packed_weight: torch.Tensor, scales: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``y[..., n] = T(float(acc) * (sx * scales[n]) + bias[n])`` with ``acc = sum_k qx[k] q[n, k]`` (exact
+    integers), ``(qx, sx)`` each row of x quantised by :func:`quantize_rows_int8`, each float32 operation rounded
+    (no fused multiply-add), T = x's dtype; an absent bias adds +0.0."""
+    K, N = x.shape[-1], scales.shape[0]
+    _check_int8_in_features("packed_linear_int8", "x's last dimension (in_features)", K)
+    rows = x.reshape(-1, K).cpu()
+    qx, sx = quantize_rows_int8(rows)
+    qw = unpack_linear_weight_int8(packed_weight.cpu(), N, K)
+    acc = qx.long() @ qw.long().T  # [M, N]
+    t = _f32(sx.double()[:, None] * scales.cpu().double()[None, :])
+    y = _f32(_f32(acc.double()).double() * t.double())
+    b = bias.cpu().float() if bias is not None else torch.zeros(N)
+    y = _f32(y.double() + b.double()[None, :])
+    return y.to(x.dtype).reshape(*x.shape[:-1], N).to(x.device)

@@ -376,6 +376,84 @@ struct PackedLinearParams {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
+// Weight-only int8 linear layers (packed_linear_int8), for drafters: a quarter of the float32 weight's bytes.
+//
+// Quantisation of a row v[K] (a weight's output channel at packing, an input row at each product), symmetric:
+//   amax = max_k |v[k]|, scale = amax / 127, q[k] = clamp(rint(v[k] * (127 / amax)), -127, 127)  (float32, RNE);
+// amax < 2^-120 (127 / amax would overflow) gives scale 0 and q = 0; a row holding inf or NaN gives scale NaN and
+// q = 0 (an input row's outputs are then NaN; a weight must be finite, the glue refuses it).
+// The product is exact integer arithmetic, so every path (and the reference) gives the same bits:
+//   acc[m, n] = sum_k qx[m, k] qw[n, k] (int32; |acc| <= 127^2 K, hence K <= kLinearInt8MaxK)
+//   y[m, n]   = T(float(acc) * (sx[m] * sw[n]) + bias[n])  (float32: two products, then the sum, each rounded)
+// Layout: packed[ceil(N / 32), ceil(K / 4), 32, 4] int8, packed[n / 32][k / 4][n % 32][k % 4] = qw[n][k], zero
+// where k >= K or n >= N (a panel is one stream; a 32-bit lane is the 4 K-values of a dot-product instruction);
+// scales[N] float32. The quantised input rows qx[M, ceil(K / 4) * 4] are zero-padded the same way.
+constexpr int64_t kLinearInt8Quad = 4;
+constexpr int64_t kLinearInt8MaxK = 131072;  // 127^2 * 131072 < 2^31
+constexpr float kInt8TinyAmax = 0x1p-120f;  // (127 / amax is finite above it)
+
+SPECDEC_HD int64_t linear_int8_padded_k(int64_t K) { return (K + kLinearInt8Quad - 1) / kLinearInt8Quad * 4; }
+
+// (scale, 127 / amax) of a row whose largest magnitude is `amax` and which is finite iff `finite`.
+struct Int8RowScale {
+  float scale, inverse;
+};
+SPECDEC_HD Int8RowScale int8_row_scale(float amax, bool finite) {
+  if (!finite) return {bits_to_float(0x7fc00000u), 0.0f};
+  if (amax < kInt8TinyAmax) return {0.0f, 0.0f};
+  return {amax / 127.0f, 127.0f / amax};
+}
+
+// q of one value, given its row's 127 / amax (0 for a zero, tiny or non-finite row: q = 0 then, inf or NaN included).
+SPECDEC_HD int8_t int8_quantize(float v, float inverse) {
+  if (inverse == 0.0f) return 0;
+  const float r = rintf(v * inverse);  // (current rounding mode: to nearest even)
+  return static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
+}
+
+// y = T(float(acc) * (sx * sw) + bias), in that order (no fused multiply-add: cpu/linear_int8.cpp is built with
+// -ffp-contract=off for this, and CUDA uses the _rn intrinsics).
+SPECDEC_HD float int8_dequantize(int32_t acc, float sx, float sw, float bias) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fmul_rn(__int2float_rn(acc), __fmul_rn(sx, sw)), bias);
+#else
+  return static_cast<float>(acc) * (sx * sw) + bias;
+#endif
+}
+
+// Quantises rows: each of x's M rows -> q (zero-padded to ceil(K / 4) * 4 columns) and its scale.
+template <typename T>
+struct QuantizeRowsInt8Params {
+  const T* x;            // [M, K] contiguous
+  int64_t rows;          // M
+  int64_t in_features;   // K
+  int8_t* q;             // [M, ceil(K / 4) * 4]
+  float* scales;         // [M]
+};
+
+template <typename T>
+struct PackLinearInt8Params {
+  const T* weight;       // [N, K] contiguous, finite
+  int64_t out_features;  // N
+  int64_t in_features;   // K
+  int8_t* packed;        // [ceil(N / 32), ceil(K / 4), 32, 4]
+  float* scales;         // [N]
+};
+
+template <typename T>
+struct PackedLinearInt8Params {
+  const int8_t* qx;        // [M, ceil(K / 4) * 4] (QuantizeRowsInt8Params.q)
+  const float* x_scales;   // [M]
+  int64_t rows;            // M
+  int64_t in_features;     // K
+  int64_t out_features;    // N
+  const int8_t* packed;    // PackLinearInt8Params layout
+  const float* w_scales;   // [N]
+  const T* bias;           // [N] or nullptr
+  T* y;                    // [M, N] contiguous
+};
+
+// ---------------------------------------------------------------------------------------------------------------
 // A drafter's decoder layer (draft_decoder_layer): one Llama decoder layer over T new positions of each of B rows,
 // with its own KV cache written at explicit slots (an EAGLE draft's chains and tree levels). Rows r = b * T + t.
 // Widths: Din (attention input), H (hidden), I (intermediate); nH query and nKV key/value heads of D dims, Q = (nH

@@ -46,9 +46,24 @@ template <typename T>
 void PackLinearWeight(const PackLinearWeightParams<T>& p, int64_t panel_begin, int64_t panel_end);
 template <typename T>
 void PackedLinear(const PackedLinearParams<T>& p, int64_t panel_begin, int64_t panel_end);
-// The code path PackedLinear<T> takes on this CPU: "avx512" (float), "avx512_bf16" (bf16) or "generic".
+// The code path PackedLinear<T> takes on this CPU: "avx512" (float), "avx512_bf16" (bf16), "avx2" or "generic".
 template <typename T>
 const char* PackedLinearPath();
+
+// Weight-only int8 linear layers (PackedLinearInt8Params): rows [row_begin, row_end) quantised, then output panels
+// [panel_begin, panel_end) of 32 features of the product of the quantised rows. T is float, f16 or bf16.
+template <typename T>
+void QuantizeRowsInt8(const QuantizeRowsInt8Params<T>& p, int64_t row_begin, int64_t row_end);
+template <typename T>
+void PackLinearWeightInt8(const PackLinearInt8Params<T>& p, int64_t panel_begin, int64_t panel_end);
+template <typename T>
+void PackedLinearInt8(const PackedLinearInt8Params<T>& p, int64_t panel_begin, int64_t panel_end);
+// The code path PackedLinearInt8 takes on this CPU: "avx512_vnni", "avx2" or "generic".
+const char* PackedLinearInt8Path();
+// Runs the named path (for tests comparing paths); false, running nothing, where this CPU lacks it.
+template <typename T>
+bool PackedLinearInt8Using(const char* path, const PackedLinearInt8Params<T>& p, int64_t panel_begin,
+                           int64_t panel_end);
 
 // The elementwise stages of draft_decoder_layer (DraftLayerParams), in the order the backend runs them between
 // the products and the attention: rows r = b * T + t in [row_begin, row_end), except DraftLayerRopeCache (batch

@@ -45,6 +45,13 @@ template <typename T>
 void LaunchPackLinearWeight(const PackLinearWeightParams<T>& p, cudaStream_t stream);
 template <typename T>
 void LaunchPackedLinear(const PackedLinearParams<T>& p, cudaStream_t stream);
+// Weight-only int8 linear layers (PackedLinearInt8Params): quantise the input rows, then the product.
+template <typename T>
+void LaunchQuantizeRowsInt8(const QuantizeRowsInt8Params<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchPackLinearWeightInt8(const PackLinearInt8Params<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchPackedLinearInt8(const PackedLinearInt8Params<T>& p, cudaStream_t stream);
 
 // The elementwise stages of draft_decoder_layer (DraftLayerParams), launched in the order of the CPU stages
 // (csrc/kernels/cpu/kernels.h); RopeCache writes p.status.

@@ -6,7 +6,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
+#include <stdexcept>
 
+#include "block_utils.cuh"
 #include "kernels.cuh"
 #include "launch_check.cuh"
 
@@ -50,6 +53,76 @@ __global__ void __launch_bounds__(kLinearPanel* kRowsPerBlock) packed_linear_ker
   }
 }
 
+// Weight-only int8 (params.h): a block per row finds the row's largest magnitude, then quantises it.
+constexpr int kInt8RowThreads = 256;
+
+template <typename T>
+__device__ Int8RowScale block_row_scale(const T* v, int64_t K) {
+  float amax = 0.0f;
+  int finite = 1;
+  for (int64_t k = threadIdx.x; k < K; k += kInt8RowThreads) {
+    const float a = fabsf(to_float(v[k]));
+    finite &= a <= 3.40282347e38f;  // (false for inf and NaN)
+    amax = a > amax ? a : amax;
+  }
+  amax = detail::block_allreduce<kInt8RowThreads>(amax, detail::MaxOp{});
+  finite = detail::block_allreduce<kInt8RowThreads>(finite, detail::MinOp{});
+  return int8_row_scale(amax, finite != 0);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kInt8RowThreads) quantize_rows_int8_kernel(QuantizeRowsInt8Params<T> p) {
+  const int64_t m = blockIdx.x, K = p.in_features, Kp = linear_int8_padded_k(K);
+  const T* x = p.x + m * K;
+  const Int8RowScale s = block_row_scale(x, K);
+  if (threadIdx.x == 0) p.scales[m] = s.scale;
+  for (int64_t k = threadIdx.x; k < Kp; k += kInt8RowThreads)
+    p.q[m * Kp + k] = k < K ? int8_quantize(to_float(x[k]), s.inverse) : int8_t{0};
+}
+
+// One block per packed row n < ceil(N / 32) * 32 (rows n >= N are zero padding).
+template <typename T>
+__global__ void __launch_bounds__(kInt8RowThreads) pack_linear_weight_int8_kernel(PackLinearInt8Params<T> p) {
+  const int64_t n = blockIdx.x, K = p.in_features, KQ = linear_int8_padded_k(K) / kLinearInt8Quad;
+  int8_t* dst = p.packed + (n / kLinearPanel) * KQ * kLinearPanel * kLinearInt8Quad + (n % kLinearPanel) * 4;
+  if (n >= p.out_features) {
+    for (int64_t k = threadIdx.x; k < KQ * kLinearInt8Quad; k += kInt8RowThreads)
+      dst[(k / 4) * kLinearPanel * 4 + k % 4] = 0;
+    return;
+  }
+  const T* src = p.weight + n * K;
+  const Int8RowScale s = block_row_scale(src, K);
+  if (threadIdx.x == 0) p.scales[n] = s.scale;
+  for (int64_t k = threadIdx.x; k < KQ * kLinearInt8Quad; k += kInt8RowThreads)
+    dst[(k / 4) * kLinearPanel * 4 + k % 4] = k < K ? int8_quantize(to_float(src[k]), s.inverse) : int8_t{0};
+}
+
+// One thread per output element, as packed_linear_kernel: a warp reads one panel's K-quad (128 contiguous bytes);
+// dp4a adds the 4 products of a K-quad (exact integers, so the sum matches the CPU's bit for bit).
+template <typename T>
+__global__ void __launch_bounds__(kLinearPanel* kRowsPerBlock) packed_linear_int8_kernel(PackedLinearInt8Params<T> p) {
+  const int64_t Kp = linear_int8_padded_k(p.in_features), KQ = Kp / kLinearInt8Quad, N = p.out_features;
+  const int64_t n = blockIdx.x * kLinearPanel + threadIdx.x;
+  if (n >= N) return;
+  const int32_t* w = reinterpret_cast<const int32_t*>(p.packed) + blockIdx.x * KQ * kLinearPanel + threadIdx.x;
+  const float sw = p.w_scales[n], bias = p.bias != nullptr ? to_float(p.bias[n]) : 0.0f;
+  for (int64_t m = blockIdx.y * static_cast<int64_t>(kRowsPerBlock) + threadIdx.y; m < p.rows;
+       m += static_cast<int64_t>(gridDim.y) * kRowsPerBlock) {
+    const int32_t* x = reinterpret_cast<const int32_t*>(p.qx + m * Kp);
+    int32_t acc = 0;
+    for (int64_t kq = 0; kq < KQ; ++kq) acc = __dp4a(x[kq], w[kq * kLinearPanel], acc);
+    p.y[m * N + n] = from_float_rn<T>(int8_dequantize(acc, p.x_scales[m], sw, bias));
+  }
+}
+
+// The products' launch shape: a block per output panel and block of kRowsPerBlock rows (grid-stride beyond).
+dim3 product_grid(int64_t rows, int64_t out_features) {
+  const int64_t panels = (out_features + kLinearPanel - 1) / kLinearPanel;
+  const int64_t row_blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxGridY);
+  return dim3(static_cast<unsigned>(panels), static_cast<unsigned>(row_blocks));
+}
+dim3 product_block() { return dim3(kLinearPanel, kRowsPerBlock); }
+
 }  // namespace
 
 template <typename T>
@@ -67,17 +140,40 @@ void LaunchPackLinearWeight(const PackLinearWeightParams<T>& p, cudaStream_t str
 template <typename T>
 void LaunchPackedLinear(const PackedLinearParams<T>& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.out_features <= 0) return;
-  const int64_t panels = (p.out_features + kLinearPanel - 1) / kLinearPanel;
-  const int64_t row_blocks = std::min<int64_t>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxGridY);
-  const dim3 grid(static_cast<unsigned>(panels), static_cast<unsigned>(row_blocks));
-  const dim3 block(kLinearPanel, kRowsPerBlock);
-  packed_linear_kernel<T><<<grid, block, 0, stream>>>(p);
+  packed_linear_kernel<T><<<product_grid(p.rows, p.out_features), product_block(), 0, stream>>>(p);
   check_launch("packed_linear");
 }
 
-#define SPECDEC_INSTANTIATE_LINEAR(T)                                                          \
+template <typename T>
+void LaunchQuantizeRowsInt8(const QuantizeRowsInt8Params<T>& p, cudaStream_t stream) {
+  if (p.rows <= 0) return;
+  if (p.rows > INT32_MAX) throw std::invalid_argument("quantize_rows_int8: more than 2^31 - 1 rows");
+  quantize_rows_int8_kernel<T><<<static_cast<unsigned>(p.rows), kInt8RowThreads, 0, stream>>>(p);
+  check_launch("packed_linear_int8 (quantize rows)");
+}
+
+template <typename T>
+void LaunchPackLinearWeightInt8(const PackLinearInt8Params<T>& p, cudaStream_t stream) {
+  const int64_t padded_rows = (p.out_features + kLinearPanel - 1) / kLinearPanel * kLinearPanel;
+  if (padded_rows <= 0) return;
+  if (padded_rows > INT32_MAX) throw std::invalid_argument("pack_linear_weight_int8: more than 2^31 - 32 rows");
+  pack_linear_weight_int8_kernel<T><<<static_cast<unsigned>(padded_rows), kInt8RowThreads, 0, stream>>>(p);
+  check_launch("pack_linear_weight_int8");
+}
+
+template <typename T>
+void LaunchPackedLinearInt8(const PackedLinearInt8Params<T>& p, cudaStream_t stream) {
+  if (p.rows <= 0 || p.out_features <= 0) return;
+  packed_linear_int8_kernel<T><<<product_grid(p.rows, p.out_features), product_block(), 0, stream>>>(p);
+  check_launch("packed_linear_int8");
+}
+
+#define SPECDEC_INSTANTIATE_LINEAR(T)                                                        \
   template void LaunchPackLinearWeight<T>(const PackLinearWeightParams<T>&, cudaStream_t);   \
-  template void LaunchPackedLinear<T>(const PackedLinearParams<T>&, cudaStream_t);
+  template void LaunchPackedLinear<T>(const PackedLinearParams<T>&, cudaStream_t);           \
+  template void LaunchQuantizeRowsInt8<T>(const QuantizeRowsInt8Params<T>&, cudaStream_t);   \
+  template void LaunchPackLinearWeightInt8<T>(const PackLinearInt8Params<T>&, cudaStream_t); \
+  template void LaunchPackedLinearInt8<T>(const PackedLinearInt8Params<T>&, cudaStream_t);
 SPECDEC_INSTANTIATE_LINEAR(float)
 SPECDEC_INSTANTIATE_LINEAR(f16)
 SPECDEC_INSTANTIATE_LINEAR(bf16)
