@@ -8,7 +8,8 @@ import os
 
 __all__ = ["write_card", "render_card"]
 
-_ROLE = {"ngram": "prompt lookup (no model)", "draft-model": "draft LM, chain", "medusa": "Medusa-1 heads",
+_ROLE = {"ngram": "prompt lookup (no model)", "suffix": "suffix decoding (no model)", "draft-model": "draft LM, chain",
+         "medusa": "Medusa-1 heads",
          "eagle1": "EAGLE-1 draft, chain", "eagle2": "EAGLE-1 draft, EAGLE-2 dynamic tree",
          "eagle3": "EAGLE-3 draft, dynamic tree"}
 

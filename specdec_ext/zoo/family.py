@@ -60,11 +60,13 @@ class Family:
 
 def make_drafter(family: Family, name: str, **overrides):
     """A fresh drafter ``name`` (one of ``DRAFTER_NAMES``) with the family's shapes, ``overrides`` applied."""
-    from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter
+    from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter, SuffixDrafter
 
     kw = {**family.drafter_kwargs(name), **overrides}
     if name == "ngram":
         return NgramDrafter(**kw)
+    if name == "suffix":
+        return SuffixDrafter(**kw)
     if name == "draft-model":
         return DraftModelDrafter(family.draft_lm, **kw)
     if name == "medusa":

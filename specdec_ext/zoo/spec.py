@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 __all__ = ["ZooSpec", "FULL", "QUICK", "DRAFTER_NAMES", "DEFAULT_DRAFTERS"]
 
-DRAFTER_NAMES = ("ngram", "draft-model", "medusa", "eagle1", "eagle2", "eagle3")
+DRAFTER_NAMES = ("ngram", "suffix", "draft-model", "medusa", "eagle1", "eagle2", "eagle3")
 
 # Drafter shapes for a CPU, from sweeps on the shipped family (1 thread, held-out prompts): on a CPU every
 # draft-network forward costs ~1-2 ms of fixed overhead and every verified node real compute (in float32 a 13-node
@@ -29,6 +29,8 @@ DRAFTER_NAMES = ("ngram", "draft-model", "medusa", "eagle1", "eagle2", "eagle3")
 # ahead of 7/2/8 (2.48-2.52x), 6/2/10 (2.45-2.52x), 7/2/10 (2.42-2.47x), 8/2/10 and 6/3/10 (2.38-2.50x).
 DEFAULT_DRAFTERS = {
     "ngram": {"num_pred_tokens": 6, "max_ngram_size": 3},
+    # suffix decoding: SuffixDecoding's shapes (the paper's), as benchmarks/python/bench_suffix.py measured them
+    "suffix": {"max_depth": 16, "max_nodes": 17, "spec_factor": 3.0, "min_prob": 0.1},
     "draft-model": {"num_draft_tokens": 4},
     # Medusa's per-step tree (calibrated head probabilities pick 9 of mc_sim_7b_63's choices each step): with aten's
     # products 12 nodes (mean accepted length 2.29, where the best static tree, 8 nodes, reached 1.82) beat 6, 8,
