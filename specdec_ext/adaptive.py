@@ -567,7 +567,7 @@ class AdaptiveDrafter:
             return 1, max(self.shapes, key=lambda ch: self.score(B, 1, self.optimism, ch) or 0.0)
         if turn == "shape":
             return d, not chain
-        if (turn == "deeper" and d < limit) or d == 0:
+        if turn == "deeper" and d < limit:
             return d + 1, chain
         return d - 1, chain and d > 1
 
