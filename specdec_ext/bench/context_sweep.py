@@ -63,12 +63,14 @@ def run_context_sweep(models: BenchModels, lengths=DEFAULT_LENGTHS, methods: lis
                       "max_new_tokens": max_new_tokens, "temperature": 0.0, "seed": seed},
            "methods": methods_all, "note": note, "rows": [], "prompt_sources": {}}
     for n in kept:
-        prompts, how = models.prompts(num_prompts, n, seed)
+        prompts, how = models.prompts(num_prompts + 1, n, seed)
+        warm, prompts = prompts[-1], prompts[:-1]  # (warm-up: not a measured prompt; see e2e.measure)
+        how += " (the last one for the warm-up only)"
         out["prompt_sources"][str(n)] = how
         log(f"context sweep: prompt length {n} ({len(prompts)} prompts: {how})")
         t0 = time.perf_counter()
         accs, _ = measure(models, methods_all, prompts, 0.0, max_new_tokens, warmup_tokens=warmup_tokens, seed=seed,
-                          log=log, memory=False)
+                          log=log, memory=False, warmup_prompt=warm)
         for r in summarise(accs, 0.0):
             r["context_len"] = n
             out["rows"].append(r)

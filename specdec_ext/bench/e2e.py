@@ -286,10 +286,14 @@ def _run_hf(models: BenchModels, method, prompt, temperature, max_new_tokens, se
 
 def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], temperature: float,
             max_new_tokens: int, *, warmup_tokens: int = 16, seed: int = 0, log=print,
-            hf_cfg: E2EConfig | None = None, memory: bool = True) -> tuple[dict[str, _Acc], dict]:
+            hf_cfg: E2EConfig | None = None, memory: bool = True,
+            warmup_prompt: list[int] | None = None) -> tuple[dict[str, _Acc], dict]:
     """Runs every method on every prompt (round-robin after one warm-up each) and returns per-method totals and
     the Hugging Face settings used. ``methods``: "plain", our drafter names and :data:`HF_METHODS`. ``memory``:
-    measure peak memory (one extra untimed run per method)."""
+    measure peak memory (one extra untimed run per method). ``warmup_prompt``: the prompt of the warm-up and memory
+    runs (default the first prompt); pass one outside ``prompts`` where a drafter drafts from earlier requests'
+    outputs (suffix decoding), which would otherwise replay its own output of that prompt in the timed run."""
+    warm = prompts[0] if warmup_prompt is None else warmup_prompt
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # "generation_config together with generation arguments" warnings
@@ -314,16 +318,16 @@ def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], t
     for m in methods:  # warm-up
         if accs[m].error is None:
             try:
-                one(m, prompts[0], min(warmup_tokens, max_new_tokens), seed)
+                one(m, warm, min(warmup_tokens, max_new_tokens), seed)
             except Exception as err:  # noqa: BLE001
                 accs[m].error = f"{type(err).__name__}: {err}"
                 log(f"  {m}: failed in warm-up: {accs[m].error}")
-    for m in methods:  # memory: one untimed run per method on the first prompt (no sampler during timed runs)
+    for m in methods:  # memory: one untimed run per method on the warm-up prompt (no sampler during timed runs)
         if memory and accs[m].error is None:
             mem: dict = {}
             try:
                 with meter.measure(mem):
-                    one(m, prompts[0], max_new_tokens, seed)
+                    one(m, warm, max_new_tokens, seed)
             except Exception as err:  # noqa: BLE001
                 accs[m].error = f"{type(err).__name__}: {err}"
                 log(f"  {m}: failed: {accs[m].error}")
@@ -458,7 +462,9 @@ def run_e2e(models: BenchModels, cfg: E2EConfig | None = None, log=print) -> dic
     if limit is not None and cfg.prompt_len + cfg.max_new_tokens > limit:
         raise ValueError(f"prompt_len {cfg.prompt_len} + max_new_tokens {cfg.max_new_tokens} exceeds the target's "
                          f"max_position_embeddings {limit}")
-    prompts, how = models.prompts(cfg.num_prompts, cfg.prompt_len, cfg.seed)
+    prompts, how = models.prompts(cfg.num_prompts + 1, cfg.prompt_len, cfg.seed)
+    warm, prompts = prompts[-1], prompts[:-1]  # (warm-up and memory runs: not a measured prompt)
+    how += " (the last one for the warm-up and memory runs only)"
     log(f"e2e: {len(prompts)} prompts of {cfg.prompt_len} tokens ({how}), {cfg.max_new_tokens} new tokens, "
         f"methods {', '.join(methods)}")
     out = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
@@ -474,7 +480,7 @@ def run_e2e(models: BenchModels, cfg: E2EConfig | None = None, log=print) -> dic
         log(f"e2e: temperature {T}")
         t0 = time.perf_counter()
         accs, settings = measure(models, methods, prompts, T, cfg.max_new_tokens, warmup_tokens=cfg.warmup_tokens,
-                                 seed=cfg.seed, log=log, hf_cfg=cfg)
+                                 seed=cfg.seed, log=log, hf_cfg=cfg, warmup_prompt=warm)
         out["hf_settings"] = settings
         rows = summarise(accs, T)
         out["runs"].extend(rows)
