@@ -87,11 +87,11 @@ def test_rows_catch_up_on_their_own_lag_in_an_exactly_sized_engine(kind):
         add(0)
         while len(tokens.get(0, [])) < 19:
             step("fixed")
-        step("off")  # (rows joining a speculating batch are prefilled at once: these join a plain one)
+        step("off", 4)  # (rows are deferred only into a batch settled on plain steps: four in a row)
         add(1, 2)
         step("off")
         step("fixed", 3)
-        step("off")
+        step("off", 4)
         add(3)
         step("off", 2)
         while engine.has_unfinished():
