@@ -439,12 +439,16 @@ class AdaptiveDrafter:
     def expected_tokens(self, d: int, optimism: float = 0.0, chain: bool = False) -> float:
         """Estimated tokens per row-step at depth d: ``1 + sum_{i <= d} P(accept >= i)`` (``optimism``: see
         ``_conditional``)."""
-        c = self._conditional(optimism, chain)
-        e, p = 1.0, 1.0
-        for i in range(1, d + 1):
-            p *= c[i]
+        return self._expected(optimism, chain)[d]
+
+    def _expected(self, optimism: float, chain: bool) -> list[float]:
+        """``[d]``: :meth:`expected_tokens` at every depth 0..max_depth, from one pass over the conditionals."""
+        out, e, p = [1.0], 1.0, 1.0
+        for c in self._conditional(optimism, chain)[1:]:
+            p *= c
             e += p
-        return e
+            out.append(e)
+        return out
 
     def nodes_at(self, d: int, chain: bool = False) -> float:
         """Tree nodes at depth d: measured, else ``d + 1`` kept between the shape's measured neighbours' counts."""
@@ -507,19 +511,22 @@ class AdaptiveDrafter:
         c = self._catchup_at(B) if self._lag > 0 else None
         catchup = c * self._lag if c else 0.0
         climbing = set(self.shapes)
+        expected = {chain: self._expected(self.optimism, chain) for chain in self.shapes}  # (once per step)
         for d in range(0, limit + 1):
             for chain in (self.shapes if d > 0 else (False,)):
                 if chain not in climbing:
                     continue
-                s = self.score(B, d, self.optimism, chain)
-                if s is None:
+                t = self.predicted_step_time(B, d, chain)
+                if t is None:
                     return min(1, limit), False
+                e = expected[chain][d]
                 if d > 0 and catchup:
                     # leaving plain decoding costs the drafter's catch-up on the lag once, spread over the steps that
                     # depth would take to finish the generation (at least ``explore_every``: it may not stay that long)
-                    e = self.expected_tokens(d, self.optimism, chain)
                     steps = max(self.explore_every, (remaining or 0) / e, 1)
-                    s = e / (self.predicted_step_time(B, d, chain) + catchup / steps)
+                    s = e / (t + catchup / steps)
+                else:
+                    s = e / max(t, 1e-12)  # (= score(B, d, optimism, chain))
                 if best_s is None or s > best_s * (1 + 1e-9):
                     best, best_s = (d, chain), s
                 if B * self.nodes_at(d, chain) > max_x:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from specdec_ext.bench.e2e import measure, summarise
+from specdec_ext.bench.e2e import measure, prompts_and_warmup, summarise
 from specdec_ext.bench.models import BenchModels
 
 __all__ = ["DEFAULT_LENGTHS", "QUICK_LENGTHS", "fit_lengths", "run_context_sweep"]
@@ -63,9 +63,7 @@ def run_context_sweep(models: BenchModels, lengths=DEFAULT_LENGTHS, methods: lis
                       "max_new_tokens": max_new_tokens, "temperature": 0.0, "seed": seed},
            "methods": methods_all, "note": note, "rows": [], "prompt_sources": {}}
     for n in kept:
-        prompts, how = models.prompts(num_prompts + 1, n, seed)
-        warm, prompts = prompts[-1], prompts[:-1]  # (warm-up: not a measured prompt; see e2e.measure)
-        how += " (the last one for the warm-up only)"
+        prompts, warm, how = prompts_and_warmup(models, num_prompts, n, seed)
         out["prompt_sources"][str(n)] = how
         log(f"context sweep: prompt length {n} ({len(prompts)} prompts: {how})")
         t0 = time.perf_counter()

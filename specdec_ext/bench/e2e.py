@@ -284,6 +284,13 @@ def _run_hf(models: BenchModels, method, prompt, temperature, max_new_tokens, se
     return out[0, len(prompt):].tolist(), wall, counter.calls
 
 
+def prompts_and_warmup(models: BenchModels, n: int, length: int, seed: int) -> tuple[list[list[int]], list[int], str]:
+    """``n`` measured prompts, one more held-out prompt for :func:`measure`'s warm-up and memory runs, and the note
+    on how they were made."""
+    prompts, how = models.prompts(n + 1, length, seed)
+    return prompts[:-1], prompts[-1], how + " (the last one for the warm-up and memory runs only)"
+
+
 def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], temperature: float,
             max_new_tokens: int, *, warmup_tokens: int = 16, seed: int = 0, log=print,
             hf_cfg: E2EConfig | None = None, memory: bool = True,
@@ -462,9 +469,7 @@ def run_e2e(models: BenchModels, cfg: E2EConfig | None = None, log=print) -> dic
     if limit is not None and cfg.prompt_len + cfg.max_new_tokens > limit:
         raise ValueError(f"prompt_len {cfg.prompt_len} + max_new_tokens {cfg.max_new_tokens} exceeds the target's "
                          f"max_position_embeddings {limit}")
-    prompts, how = models.prompts(cfg.num_prompts + 1, cfg.prompt_len, cfg.seed)
-    warm, prompts = prompts[-1], prompts[:-1]  # (warm-up and memory runs: not a measured prompt)
-    how += " (the last one for the warm-up and memory runs only)"
+    prompts, warm, how = prompts_and_warmup(models, cfg.num_prompts, cfg.prompt_len, cfg.seed)
     log(f"e2e: {len(prompts)} prompts of {cfg.prompt_len} tokens ({how}), {cfg.max_new_tokens} new tokens, "
         f"methods {', '.join(methods)}")
     out = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},

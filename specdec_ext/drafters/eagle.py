@@ -118,7 +118,6 @@ class EagleDrafter:
             self.static = tree
             self.depth, self.top_k, self.total_tokens = tree.max_depth, tree.top_k, tree.num_nodes - 1
             self.max_nodes = tree.num_nodes
-            self._static_trees: dict[tuple[int, int | None], StaticTree] = {(tree.max_depth, None): tree}
         if self.draft_vocab is not None and self.top_k > self.draft_vocab.numel():
             raise ValueError(f"EagleDrafter: the tree uses {self.top_k} candidates per node but draft_vocab has "
                              f"{self.draft_vocab.numel()} ids")
@@ -333,7 +332,7 @@ class EagleDrafter:
             self._ops, self._ops_built = EagleStepOps.build(m, self.cache, self._embed_ids, lm), True
         root_h, root_pos, valid = self._catch_up(state)
         if self.static is not None:
-            return self._propose_static(state, self._static_for(depth, total + 1), root, root_h, root_pos, valid)
+            return self._propose_static(state, self.static.cut(depth, total + 1), root, root_h, root_pos, valid)
         # a budget of one token per level (or less) is spent on a chain (EAGLE-1's): its frontier of one node costs
         # 1 / top_k of the tree's draft forwards
         k = self.top_k if total > depth else 1
@@ -361,13 +360,6 @@ class EagleDrafter:
         return grow_dynamic_tree(root, self._logits(root_h), level, depth=depth, top_k=k,
                                  total_tokens=total, valid=valid, kv_len=kv_len,
                                  target_ids=self._target_ids, calibration=calibration)
-
-    def _static_for(self, depth: int, max_nodes: int) -> StaticTree:
-        n = None if max_nodes >= self.max_nodes else max_nodes
-        tree = self._static_trees.get((depth, n))
-        if tree is None:
-            tree = self._static_trees[(depth, n)] = static_tree([c for c in self.static.choices if len(c) <= depth], n)
-        return tree
 
     @torch.no_grad()
     def _propose_static(self, state: DecodeState, tree: StaticTree, root, root_h, root_pos, valid) -> DraftTree:

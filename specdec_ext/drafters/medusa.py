@@ -93,7 +93,6 @@ class MedusaDrafter:
         self.tree = tree
         self.max_nodes = nodes if self.dynamic else tree.num_nodes
         self._paths: dict = {}  # (tree, device) -> [S - 1, depth * top_k] ancestor-or-self rank indicator
-        self._trees: dict[tuple[int, int | None], StaticTree] = {(tree.max_depth, None): tree}  # (depth, node cap)
         self._lm_head = None
         self.hidden: torch.Tensor | None = None
         self._ready = False  # some row has a hidden state (host flag: no sync)
@@ -106,16 +105,6 @@ class MedusaDrafter:
         ``.safetensors``); with ``target`` its hidden size / vocabulary are checked and, unless given, dtype and
         device are taken from it."""
         return cls(load_medusa(path, target=target, dtype=dtype, device=device), choices, max_nodes, dynamic=dynamic)
-
-    def _tree_for(self, max_depth: int, max_nodes: int) -> StaticTree:
-        """The tree without its nodes deeper than ``max_depth``, cut to its first ``max_nodes`` in priority order
-        for a static tree (the per-step tree selects its nodes from the whole superset); built once per shape."""
-        d = max(0, min(int(max_depth), self.tree.max_depth))
-        n = None if self.dynamic or max_nodes >= self.max_nodes else max(1, int(max_nodes))
-        tree = self._trees.get((d, n))
-        if tree is None:
-            tree = self._trees[(d, n)] = static_tree([c for c in self.tree.choices if len(c) <= d], n)
-        return tree
 
     def begin(self, target: nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
         cfg = text_config(target.config)
@@ -173,7 +162,8 @@ class MedusaDrafter:
         hidden state."""
         B, dev = state.batch_size, state.device
         root = state.last_tokens
-        tree = self._tree_for(max_depth, max_nodes)
+        # (a per-step tree selects its nodes from the whole superset of that depth)
+        tree = self.tree.cut(max_depth, None if self.dynamic else max_nodes)
         if tree.num_nodes == 1 or max_nodes <= 1 or not self._ready:
             return plain_tree(root)
         if self.dynamic:

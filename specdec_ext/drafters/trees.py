@@ -83,6 +83,20 @@ class StaticTree:
                          for nodes in levels)
         return self._cached("levels", device, make)
 
+    def cut(self, depth: int, max_nodes: int | None = None) -> "StaticTree":
+        """The tree without its nodes deeper than ``depth``, and then (``max_nodes`` below its size) its first
+        ``max_nodes`` nodes, root included, in the tree's order (shallower first; :func:`static_tree`'s
+        truncation). Made once per shape: the trees a drafter cuts to its step's depth and node budgets."""
+        d = max(0, min(int(depth), self.max_depth))
+        n = None if max_nodes is None or max_nodes >= self.num_nodes else max(1, int(max_nodes))
+        if (d, n) == (self.max_depth, None):
+            return self
+        key = ("cut", d, n)
+        tree = self._tensors.get(key)
+        if tree is None:
+            tree = self._tensors[key] = static_tree([c for c in self.choices if len(c) <= d], n)
+        return tree
+
     def gather_index_tensor(self, device: torch.device | str | None = None) -> torch.Tensor:
         return self._tensor("gather", self.gather_index, device)
 
