@@ -52,6 +52,7 @@ from specdec_ext.models import TreeKVCache, masked_forward, tree_forward, use_tr
 from specdec_ext.models.config import check_window, text_config
 from specdec_ext.models import draft_layer
 from specdec_ext.models.fast_linear import pack_linears, packed_linears
+from specdec_ext.models.quantized import check_draft_quant, quantize_weights
 from specdec_ext.models.llama_step import LlamaStepOps
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
 from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
@@ -77,7 +78,9 @@ class DraftModelDrafter:
     synchronisation per draft token on a GPU.
     ``packed_linears``: the draft model's ``nn.Linear`` layers draft with their weights packed once for few-row
     products (:func:`specdec_ext.models.fast_linear.pack_linears`; float32 / bfloat16 on CPU, elsewhere
-    unchanged); other callers of the model are unaffected.
+    unchanged); other callers of the model are unaffected. ``draft_quant="int8"``: the draft model (quantised in
+    place: its float weights are released) drafts on int8 weights
+    (:func:`~specdec_ext.models.quantized.quantize_weights`), its layers still one op call each on CPUs.
     """
 
     hidden_state_layers: tuple[int, ...] = ()
@@ -85,7 +88,8 @@ class DraftModelDrafter:
 
     def __init__(self, model: torch.nn.Module, num_draft_tokens: int = 4, tree_width: int = 1,
                  tree_attention: bool = True, confidence_threshold: float = 0.0, total_tokens: int | None = None,
-                 calibrate: bool = True, calibration_rate: float = 0.2, packed_linears: bool = True):
+                 calibrate: bool = True, calibration_rate: float = 0.2, packed_linears: bool = True,
+                 draft_quant: str | None = None):
         check_tree_shape("DraftModelDrafter", num_draft_tokens, tree_width, 1 if total_tokens is None else total_tokens,
                          names=("num_draft_tokens", "tree_width", "total_tokens"))
         if total_tokens is not None and tree_width < 2:
@@ -102,7 +106,8 @@ class DraftModelDrafter:
         if confidence_threshold and tree_width > 1:
             raise ValueError("DraftModelDrafter: confidence_threshold applies to chains (tree_width = 1)")
         self.confidence_threshold = float(confidence_threshold)
-        self.model = model.eval()
+        self.draft_quant = check_draft_quant("DraftModelDrafter", draft_quant)
+        self.model = model.eval() if self.draft_quant is None else quantize_weights(model.eval(), self.draft_quant)
         self.k = self.max_depth = num_draft_tokens
         self.width = tree_width
         self.max_nodes = (max_tree_nodes(num_draft_tokens, tree_width, total_tokens) if self.dynamic
