@@ -32,6 +32,10 @@ def num_params(model) -> int:
     return sum(p.numel() for p in model.parameters()) if model is not None else 0
 
 
+INT8_SUFFIX = "-int8"
+NETWORKLESS_DRAFTERS = ("ngram", "suffix")
+
+
 @dataclass
 class BenchModels:
     """``target`` (HF causal LM), ``tokenizer`` (or None), ``draft_lm`` (HF causal LM or None: no HF assisted
@@ -51,6 +55,16 @@ class BenchModels:
     @property
     def device(self) -> torch.device:
         return next(p for p in self.target.parameters() if p.is_floating_point()).device
+
+    def quantized_methods(self) -> list[str]:
+        """``<drafter>-int8`` for each drafter with a network (its weights int8: ``draft_quant="int8"``)."""
+        return [n + INT8_SUFFIX for n in self.drafter_names if n not in NETWORKLESS_DRAFTERS]
+
+    def build_drafter(self, method: str):
+        """A fresh drafter for an e2e method: a drafter name, or one of :meth:`quantized_methods`."""
+        if method in self.quantized_methods():
+            return self.make_drafter(method[:-len(INT8_SUFFIX)], draft_quant="int8")
+        return self.make_drafter(method)
 
     @property
     def vocab_size(self) -> int:

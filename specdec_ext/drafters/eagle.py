@@ -85,6 +85,12 @@ class EagleDrafter:
         """The deepest tree this drafter builds (its ``depth``)."""
         return self.depth
 
+    @property
+    def vocab_head(self) -> nn.Module | None:
+        """The draft-vocabulary rows of the target's ``lm_head`` this drafter holds (``draft_vocab``; built at the
+        first generation), or None."""
+        return self._lm_sub
+
     def __init__(self, model: nn.Module, depth: int = 8, top_k: int = 10, total_tokens: int = 60,
                  target: nn.Module | None = None, aux_layers=None, choices=None, calibrate: bool = True,
                  calibration_rate: float = 0.2, draft_vocab=None, draft_quant: str | None = None):
