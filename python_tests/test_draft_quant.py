@@ -204,3 +204,21 @@ def test_cli_flag(tmp_path):
     assert drafter.draft_quant == "int8" and type(drafter.model.lm_head) is Int8Linear
     out, _ = generate(tgt, drafter, PROMPTS, max_new_tokens=NEW, eos_token_id=[])
     assert all(torch.equal(a, b) for a, b in zip(out, plain(tgt)))
+
+
+def test_the_target_on_int8_weights_drafts_for_itself():
+    """DraftModelDrafter.from_target (QSpec-style): identical output, high acceptance (the draft is the target up to
+    int8 rounding), the target untouched and no float copy of its matrices made (norms shared)."""
+    tgt = target()
+    want = plain(tgt)
+    weights = {n: p.data_ptr() for n, p in tgt.named_parameters()}
+    drafter = DraftModelDrafter.from_target(tgt, num_draft_tokens=5)
+    assert {n: p.data_ptr() for n, p in tgt.named_parameters()} == weights and type(tgt.lm_head) is not Int8Linear
+    draft = drafter.model
+    assert not any(p.dim() == 2 for p in draft.parameters())
+    assert draft.model.norm.weight is tgt.model.norm.weight
+    out, st = generate(tgt, drafter, PROMPTS, max_new_tokens=NEW, eos_token_id=[])
+    assert all(torch.equal(a, b) for a, b in zip(out, want))
+    assert st.mean_accepted_length > 3.0, st.accept_hist
+    with pytest.raises(ValueError, match=r"from_target: draft_quant must be"):
+        DraftModelDrafter.from_target(tgt, draft_quant=None)

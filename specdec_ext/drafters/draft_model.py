@@ -43,6 +43,8 @@ probabilities they were drawn from, so verification stays lossless.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from specdec_ext import ops
@@ -119,6 +121,19 @@ class DraftModelDrafter:
         self._ops: LlamaStepOps | None = None
         self._ops_built = False
         self.forwards = 0  # draft model forwards in the current generation
+
+    @classmethod
+    def from_target(cls, target: torch.nn.Module, draft_quant: str = "int8", **kwargs) -> "DraftModelDrafter":
+        """The target on int8 weights as its own draft model (QSpec-style self-speculation): nothing to train and
+        nothing on disk; memory: the int8 weights, a quarter of the target's float32 bytes. The draft is a copy of
+        the target's modules that shares its float tensors until :func:`quantize_weights` replaces its linear layers
+        and embeddings (norms stay shared, read only), so no second float copy is ever made. ``kwargs``: as for the
+        constructor."""
+        if check_draft_quant("DraftModelDrafter.from_target", draft_quant) is None:
+            raise ValueError("DraftModelDrafter.from_target: draft_quant must be one of the schemes "
+                             "(the float target as its own draft would accept everything and save nothing)")
+        shared = {id(t): t for t in (*target.parameters(), *target.buffers())}
+        return cls(copy.deepcopy(target, shared), draft_quant=draft_quant, **kwargs)
 
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None, *,
               defer_prefill: bool = False) -> None:
