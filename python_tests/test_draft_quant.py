@@ -222,3 +222,27 @@ def test_the_target_on_int8_weights_drafts_for_itself():
     assert st.mean_accepted_length > 3.0, st.accept_hist
     with pytest.raises(ValueError, match=r"from_target: draft_quant must be"):
         DraftModelDrafter.from_target(tgt, draft_quant=None)
+
+
+def test_int8_drafters_in_the_engine_with_rows_joining_and_the_adaptive_drafter():
+    """Through the Engine (rows joining mid-generation, one queued) the int8 EAGLE-2 drafter, and the adaptive
+    drafter around the int8 target-as-draft, give each request the tokens of decoding it alone."""
+    from specdec_ext import AdaptiveDrafter, Engine
+
+    tgt = target()
+    want = plain(tgt)
+    for drafter in (EagleDrafter(eagle_draft(1), target=tgt, depth=4, top_k=3, total_tokens=10, draft_quant="int8"),
+                    AdaptiveDrafter(DraftModelDrafter.from_target(tgt, num_draft_tokens=4))):
+        with Engine(tgt, drafter, max_batch=2, max_len=64, eos_token_id=[]) as engine:
+            ids = {engine.add_request(PROMPTS[0], max_new_tokens=NEW): 0}
+            got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+            steps = 0
+            while engine.has_unfinished():
+                if steps == 2:  # two join after a few steps (the second waits for a free row)
+                    ids[engine.add_request(PROMPTS[1], max_new_tokens=NEW)] = 1
+                    ids[engine.add_request(PROMPTS[2], max_new_tokens=NEW)] = 2
+                for rid, new, _ in engine.step():
+                    got[ids[rid]] += list(new)
+                steps += 1
+        for b, p in enumerate(PROMPTS):
+            assert got[b] == want[b][len(p):].tolist(), (type(drafter).__name__, b)
