@@ -23,13 +23,12 @@ void load_row(const T* src, int64_t n, float* dst) {
   for (int64_t e = 0; e < n; ++e) dst[e] = to_float(src[e]);
 }
 
-}  // namespace
 
 // Each task (b, h) reads the saved state once for all N nodes (q_i S, row k of S at a time), then walks each node's
 // ancestors for the decay-weighted intra-tree terms: N Dk Dv + sum_i depth_i (Dk + Dv) multiply-adds, no per-node
 // state.
 template <typename T>
-void TreeLinearAttention(const TreeLinearAttentionParams<T>& p, int64_t task_begin, int64_t task_end) {
+void TreeLinearAttentionTasks(const TreeLinearAttentionParams<T>& p, int64_t task_begin, int64_t task_end) {
   const int64_t N = p.num_nodes, Dk = p.key_dim, Dv = p.value_dim;
   std::vector<int64_t> depth;
   std::vector<float> acc(static_cast<size_t>(N * Dv)), qs(static_cast<size_t>(N * Dk)), ks(static_cast<size_t>(N * Dk));
@@ -78,7 +77,7 @@ void TreeLinearAttention(const TreeLinearAttentionParams<T>& p, int64_t task_beg
 }
 
 template <typename T>
-void CommitLinearState(const CommitLinearStateParams<T>& p, int64_t task_begin, int64_t task_end) {
+void CommitLinearStateTasks(const CommitLinearStateParams<T>& p, int64_t task_begin, int64_t task_end) {
   const int64_t L = p.max_len, Dk = p.key_dim, Dv = p.value_dim;
   std::vector<float> w(static_cast<size_t>(std::max<int64_t>(L, 1))), vs(static_cast<size_t>(L * Dv));
   for (int64_t task = task_begin; task < task_end; ++task) {
@@ -112,7 +111,7 @@ void CommitLinearState(const CommitLinearStateParams<T>& p, int64_t task_begin, 
 // Each task (b, channel block): node i's window is found once (its K - 1 nearest ancestors), then every channel of
 // the block sums its K taps.
 template <typename T>
-void TreeCausalConv1d(const TreeCausalConv1dParams<T>& p, int64_t task_begin, int64_t task_end) {
+void TreeCausalConv1dTasks(const TreeCausalConv1dParams<T>& p, int64_t task_begin, int64_t task_end) {
   const int64_t N = p.num_nodes, K = p.width, C = p.channels, blocks = conv_channel_blocks(C);
   std::vector<int64_t> window(static_cast<size_t>(K));  // node per tap, oldest first; -(1 + w) = saved input w
   for (int64_t task = task_begin; task < task_end; ++task) {
@@ -155,7 +154,7 @@ void TreeCausalConv1d(const TreeCausalConv1dParams<T>& p, int64_t task_begin, in
 }
 
 template <typename T>
-void CommitConvState(const CommitConvStateParams<T>& p, int64_t task_begin, int64_t task_end) {
+void CommitConvStateTasks(const CommitConvStateParams<T>& p, int64_t task_begin, int64_t task_end) {
   const int64_t W = p.window, L = p.max_len, blocks = conv_channel_blocks(p.channels);
   std::vector<float> next(static_cast<size_t>(W));
   for (int64_t task = task_begin; task < task_end; ++task) {
@@ -183,9 +182,8 @@ void CommitConvState(const CommitConvStateParams<T>& p, int64_t task_begin, int6
 // state slot per depth: node i's state is one step from its parent's slot (the saved state for the root) into slot
 // depth(i), which no node visited later overwrites before i's subtree is done. So a tree costs N steps (as level by
 // level) while holding only (max depth + 1) states: replaying each root-to-node path instead costs sum_i (d_i + 1)
-// steps (4x more on 32-node EAGLE-2-like trees; 2.3-12x the time at 1 thread: benchmarks/cpp/bench_recurrent.cpp).
+// steps (4x more on 32-node EAGLE-2-like trees, 3-9x the time at 1 thread: benchmarks/cpp/bench_recurrent.cpp).
 
-namespace {
 
 // Depth-first preorder (children in increasing index) of a valid tree, and the depths.
 void preorder(const int64_t* par, int64_t N, std::vector<int64_t>& order, std::vector<int64_t>& depth,
@@ -247,20 +245,18 @@ void ssd_step(const float* S_in, int64_t in_stride, float* S_out, int64_t out_st
     float* dst = S_out + pp * out_stride;
     const float dx = dt * x[pp];
     for (int64_t s = 0; s < Ds; ++s) dst[s] = decay * row[s] + dx * Bm[s];
-    if (y != nullptr) {  // (four partial sums: a single running sum would not vectorise)
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (y != nullptr) {  // (eight partial sums: a single running sum would not vectorise)
+      float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
       int64_t s = 0;
-      for (; s + 4 <= Ds; s += 4)
-        for (int64_t l = 0; l < 4; ++l) acc[l] += dst[s + l] * Cm[s + l];
+      for (; s + 8 <= Ds; s += 8)
+        for (int64_t l = 0; l < 8; ++l) acc[l] += dst[s + l] * Cm[s + l];
       for (; s < Ds; ++s) acc[0] += dst[s] * Cm[s];
-      y[pp] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + D * x[pp];
+      y[pp] = (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + D * x[pp];
     }
   }
 }
 
-}  // namespace
 
-namespace {
 
 // The depth-first driver of both input-dependent tree ops, for task (b, h): checks row b's tree (writing the status
 // when `report`), zeroes an invalid row's N x out_cols outputs, else calls step(i, from, from_stride, to) for every
@@ -291,10 +287,9 @@ void tree_in_preorder(const int64_t* par, int64_t N, int64_t rows, int64_t cols,
   }
 }
 
-}  // namespace
 
 template <typename T>
-void TreeGatedDelta(const TreeGatedDeltaParams<T>& p, int64_t task_begin, int64_t task_end) {
+void TreeGatedDeltaTasks(const TreeGatedDeltaParams<T>& p, int64_t task_begin, int64_t task_end) {
   const int64_t N = p.num_nodes, Dk = p.key_dim, Dv = p.value_dim;
   PreorderScratch scratch;
   std::vector<float> qs(static_cast<size_t>(Dk)), ks(static_cast<size_t>(Dk)), vs(static_cast<size_t>(Dv));
@@ -318,7 +313,7 @@ void TreeGatedDelta(const TreeGatedDeltaParams<T>& p, int64_t task_begin, int64_
 }
 
 template <typename T>
-void CommitGatedDelta(const CommitGatedDeltaParams<T>& p, int64_t task_begin, int64_t task_end) {
+void CommitGatedDeltaTasks(const CommitGatedDeltaParams<T>& p, int64_t task_begin, int64_t task_end) {
   const int64_t L = p.max_len, Dk = p.key_dim, Dv = p.value_dim;
   std::vector<float> ks(static_cast<size_t>(Dk)), vs(static_cast<size_t>(Dv)), u(static_cast<size_t>(Dv));
   for (int64_t task = task_begin; task < task_end; ++task) {
@@ -340,7 +335,7 @@ void CommitGatedDelta(const CommitGatedDeltaParams<T>& p, int64_t task_begin, in
 }
 
 template <typename T>
-void TreeSelectiveState(const TreeSelectiveStateParams<T>& p, int64_t task_begin, int64_t task_end) {
+void TreeSelectiveStateTasks(const TreeSelectiveStateParams<T>& p, int64_t task_begin, int64_t task_end) {
   const int64_t N = p.num_nodes, P = p.head_dim, Ds = p.state_dim;
   PreorderScratch scratch;
   std::vector<float> xs(static_cast<size_t>(P)), bs(static_cast<size_t>(Ds)), cs(static_cast<size_t>(Ds));
@@ -363,7 +358,7 @@ void TreeSelectiveState(const TreeSelectiveStateParams<T>& p, int64_t task_begin
 }
 
 template <typename T>
-void CommitSelectiveState(const CommitSelectiveStateParams<T>& p, int64_t task_begin, int64_t task_end) {
+void CommitSelectiveStateTasks(const CommitSelectiveStateParams<T>& p, int64_t task_begin, int64_t task_end) {
   const int64_t L = p.max_len, P = p.head_dim, Ds = p.state_dim;
   std::vector<float> xs(static_cast<size_t>(P)), bs(static_cast<size_t>(Ds));
   for (int64_t task = task_begin; task < task_end; ++task) {
@@ -381,6 +376,66 @@ void CommitSelectiveState(const CommitSelectiveStateParams<T>& p, int64_t task_b
                Ds);
     }
   }
+}
+
+// Every kernel runs its tasks through run_vectorised: on x86-64 CPUs with AVX2 and FMA the whole task loop is
+// compiled for them (flatten inlines the helpers into the AVX2 function), else for the baseline ISA: the state
+// updates are short float loops that the compiler vectorises 8 wide instead of 4.
+#if defined(__x86_64__) && defined(__GNUC__)
+template <typename F>
+__attribute__((target("avx2,fma"), flatten)) void run_avx2(const F& tasks) {
+  tasks();
+}
+bool recurrent_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+#endif
+
+template <typename F>
+void run_vectorised(const F& tasks) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (recurrent_has_avx2()) {
+    run_avx2(tasks);
+    return;
+  }
+#endif
+  tasks();
+}
+
+}  // namespace
+
+template <typename T>
+void TreeLinearAttention(const TreeLinearAttentionParams<T>& p, int64_t task_begin, int64_t task_end) {
+  run_vectorised([&] { TreeLinearAttentionTasks(p, task_begin, task_end); });
+}
+template <typename T>
+void CommitLinearState(const CommitLinearStateParams<T>& p, int64_t task_begin, int64_t task_end) {
+  run_vectorised([&] { CommitLinearStateTasks(p, task_begin, task_end); });
+}
+template <typename T>
+void TreeCausalConv1d(const TreeCausalConv1dParams<T>& p, int64_t task_begin, int64_t task_end) {
+  run_vectorised([&] { TreeCausalConv1dTasks(p, task_begin, task_end); });
+}
+template <typename T>
+void CommitConvState(const CommitConvStateParams<T>& p, int64_t task_begin, int64_t task_end) {
+  run_vectorised([&] { CommitConvStateTasks(p, task_begin, task_end); });
+}
+template <typename T>
+void TreeGatedDelta(const TreeGatedDeltaParams<T>& p, int64_t task_begin, int64_t task_end) {
+  run_vectorised([&] { TreeGatedDeltaTasks(p, task_begin, task_end); });
+}
+template <typename T>
+void CommitGatedDelta(const CommitGatedDeltaParams<T>& p, int64_t task_begin, int64_t task_end) {
+  run_vectorised([&] { CommitGatedDeltaTasks(p, task_begin, task_end); });
+}
+template <typename T>
+void TreeSelectiveState(const TreeSelectiveStateParams<T>& p, int64_t task_begin, int64_t task_end) {
+  run_vectorised([&] { TreeSelectiveStateTasks(p, task_begin, task_end); });
+}
+template <typename T>
+void CommitSelectiveState(const CommitSelectiveStateParams<T>& p, int64_t task_begin, int64_t task_end) {
+  run_vectorised([&] { CommitSelectiveStateTasks(p, task_begin, task_end); });
 }
 
 #define SPECDEC_INSTANTIATE_RECURRENT(T)                                                                   \
