@@ -309,3 +309,36 @@ def test_recurrence_bad_inputs_raise_the_spec_messages(device):
         ops.tree_selective_state(x, dt, A, Bm, Cm.double(), D, sstate, parents)
     with pytest.raises(ValueError, match=r"commit_selective_state: state and dt share memory"):
         ops.commit_selective_state(sstate, x, sstate[:, :, :5, 0], A, Bm, path, 0)  # (dt [B, H, N = 5] over state)
+
+
+@pytest.mark.parametrize("bad", [2**63 - 1, -2**63, -1])
+def test_indices_at_the_int64_ends_are_row_errors(device, bad):
+    """Parents, path nodes and lengths at the int64 ends (and -1): the spec's error, word for word, and nothing
+    read or written out of bounds (invalid rows keep their sentinels)."""
+    q, k, v, state, log_decay, parents = _linear_inputs(device, torch.float32, B=2, N=5)
+    x, conv_state, weight, b, _ = _conv_inputs(device, torch.float32, B=2, N=5)
+    bad_tree = parents.clone()
+    bad_tree[1, 4] = bad
+    path = torch.tensor([[0, 1, 2], [0, bad, 1]], device=device)
+    lengths = torch.tensor([2, 2], device=device)
+    calls = [
+        (ref.tree_linear_attention, ops.tree_linear_attention, (q, k, v, state, log_decay, bad_tree), None),
+        (ref.tree_causal_conv1d, ops.tree_causal_conv1d, (x, conv_state, weight, b, bad_tree), None),
+        (ref.commit_linear_state, ops.commit_linear_state, (None, k, v, log_decay, path, lengths), state),
+        (ref.commit_conv_state, ops.commit_conv_state, (None, x, path, lengths), conv_state),
+        (ref.commit_conv_state, ops.commit_conv_state, (None, x, path, torch.tensor([1, bad], device=device)),
+         conv_state),
+    ]
+    for spec, op, args, target in calls:
+        if target is not None:
+            want_t, got_t = target.clone(), target.clone()
+            spec_args, op_args = (want_t, *args[1:]), (got_t, *args[1:])
+        else:
+            spec_args = op_args = args
+        with pytest.raises(ValueError) as want:
+            spec(*spec_args)
+        with pytest.raises(ValueError) as got:
+            op(*op_args)
+        assert str(got.value) == str(want.value)
+        if target is not None:
+            assert torch.equal(got_t[1], target[1])  # the invalid row is untouched
