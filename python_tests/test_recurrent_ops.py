@@ -342,3 +342,15 @@ def test_indices_at_the_int64_ends_are_row_errors(device, bad):
         assert str(got.value) == str(want.value)
         if target is not None:
             assert torch.equal(got_t[1], target[1])  # the invalid row is untouched
+
+
+def test_long_chains_equal_the_spec(device):
+    """A prefill-length chain (257 nodes) through the delta-rule and Mamba-2 tree ops (the CPU kernels keep two live
+    states for it, the CUDA ones run it in one block in order) equals the spec."""
+    q, k, v, g, beta, state, _ = _delta_inputs(device, torch.float32, B=2, N=257, Dk=8, Dv=4)
+    x, dt, A, Bm, Cm, D, sstate, _ = _ssd_inputs(device, torch.float32, B=2, N=257, P=4, Ds=8)
+    chain = ops.chain_parents(2, 257, device)
+    torch.testing.assert_close(ops.tree_gated_delta_rule(q, k, v, g, beta, state, chain),
+                               ref.tree_gated_delta_rule(q, k, v, g, beta, state, chain), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ops.tree_selective_state(x, dt, A, Bm, Cm, D, sstate, chain),
+                               ref.tree_selective_state(x, dt, A, Bm, Cm, D, sstate, chain), atol=1e-4, rtol=1e-4)

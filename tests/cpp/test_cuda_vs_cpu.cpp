@@ -374,10 +374,11 @@ std::vector<float> uniform_vec(Rng& rng, int64_t n, float lo, float hi) {
   return v;
 }
 
-std::vector<int64_t> recurrent_trees(Rng& rng, int64_t B, int64_t N) {
+// Random trees (chains when `chain`: the kernels' prefill path), row 1 with a bad parent.
+std::vector<int64_t> recurrent_trees(Rng& rng, int64_t B, int64_t N, bool chain) {
   std::vector<int64_t> par(B * N, -1);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 1; i < N; ++i) par[b * N + i] = rng.below(i);
+    for (int64_t i = 1; i < N; ++i) par[b * N + i] = chain ? i - 1 : rng.below(i);
   if (B > 1 && N > 2) par[1 * N + 2] = 2;  // not an earlier node
   return par;
 }
@@ -397,21 +398,25 @@ void recurrent_paths(const std::vector<int64_t>& par, int64_t B, int64_t N, int6
   if (B > 1) path[1 * L] = N;
 }
 
-void compare_recurrent(int64_t B, int64_t H, int64_t N, int64_t Dk, int64_t Dv, int64_t C, int64_t K) {
+void compare_recurrent(int64_t B, int64_t H, int64_t N, int64_t Dk, int64_t Dv, int64_t C, int64_t K,
+                       bool chain = false) {
   Rng rng(31 + N + Dk);
-  std::vector<int64_t> par = recurrent_trees(rng, B, N), path, lengths;
+  std::vector<int64_t> par = recurrent_trees(rng, B, N, chain), path, lengths;
   for (int64_t b = 0; b < B; ++b)  // (the paths follow valid parents)
     for (int64_t i = 1; i < N; ++i)
       if (par[b * N + i] < 0 || par[b * N + i] >= i) par[b * N + i] = i - 1;
-  const std::vector<int64_t> bad_par = recurrent_trees(rng, B, N);
+  const std::vector<int64_t> bad_par = recurrent_trees(rng, B, N, chain);
   const int64_t L = 5;
   recurrent_paths(par, B, N, L, path, lengths);
-  const std::vector<float> q = uniform_vec(rng, B * H * N * Dk, -0.3f, 0.3f), k = uniform_vec(rng, B * H * N * Dk, -0.3f, 0.3f);
-  const std::vector<float> v = uniform_vec(rng, B * H * N * Dv, -1.0f, 1.0f), state = uniform_vec(rng, B * H * Dk * Dv, -1.0f, 1.0f);
+  const std::vector<float> q = uniform_vec(rng, B * H * N * Dk, -0.3f, 0.3f);
+  const std::vector<float> k = uniform_vec(rng, B * H * N * Dk, -0.3f, 0.3f);
+  const std::vector<float> v = uniform_vec(rng, B * H * N * Dv, -1.0f, 1.0f);
+  const std::vector<float> state = uniform_vec(rng, B * H * Dk * Dv, -1.0f, 1.0f);
   const std::vector<float> g = uniform_vec(rng, B * H * N, -0.5f, 0.0f), beta = uniform_vec(rng, B * H * N, 0.0f, 1.0f);
   const std::vector<float> decay = uniform_vec(rng, H, -0.3f, 0.0f), A = uniform_vec(rng, H, -1.0f, -0.1f);
   const std::vector<float> D = uniform_vec(rng, H, -1.0f, 1.0f);
-  const std::vector<float> x = uniform_vec(rng, B * C * N, -1.0f, 1.0f), conv = uniform_vec(rng, B * C * (K - 1), -1.0f, 1.0f);
+  const std::vector<float> x = uniform_vec(rng, B * C * N, -1.0f, 1.0f);
+  const std::vector<float> conv = uniform_vec(rng, B * C * (K - 1), -1.0f, 1.0f);
   const std::vector<float> w = uniform_vec(rng, C * K, -1.0f, 1.0f), bias = uniform_vec(rng, C, -1.0f, 1.0f);
   DevBuf<float> dq(q), dk(k), dv(v), dstate(state), dg(g), dbeta(beta), ddecay(decay), dA(A), dD(D), dx(x), dconv(conv),
       dw(w), dbias(bias);
@@ -587,6 +592,7 @@ TEST_CASE("cuda == cpu: the recurrent tree ops and their commits (invalid rows i
   compare_recurrent(3, 2, 9, 8, 6, 70, 4);
   compare_recurrent(2, 4, 33, 64, 64, 300, 2);
   compare_recurrent(1, 1, 1, 128, 128, 5, 1);  // root only, a 64 KiB shared-memory state
+  compare_recurrent(3, 2, 200, 16, 32, 40, 4, true);  // chains (prefills): one block runs each row in order
 }
 
 int main(int, char** argv) {

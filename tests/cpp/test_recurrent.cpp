@@ -86,7 +86,7 @@ void check_tree_linear_attention(double tol) {
         for (int64_t j : path_to(&c.parents[b * c.N], i)) c.step(S, b, h, j);
         for (int64_t y = 0; y < c.Dv; ++y) {
           double want = 0;
-          for (int64_t x = 0; x < c.Dk; ++x) want += to_float(qt[((b * c.H + h) * c.N + i) * c.Dk + x]) * S[x * c.Dv + y];
+          for (int64_t x = 0; x < c.Dk; ++x) want += c.q[((b * c.H + h) * c.N + i) * c.Dk + x] * S[x * c.Dv + y];
           CHECK_NEAR(to_float(out[((b * c.H + h) * c.N + i) * c.Dv + y]), want, tol * (1 + std::fabs(want)));
         }
       }
@@ -143,7 +143,8 @@ TEST_CASE("CommitLinearState equals the recurrence along ragged accepted paths; 
   for (int64_t h = 0; h < c.H; ++h) {
     std::vector<double> S = c.saved(0, h);
     for (int64_t t = 0; t < n0; ++t) c.step(S, 0, h, path[t]);
-    for (int64_t e = 0; e < c.Dk * c.Dv; ++e) CHECK_NEAR(state[h * c.Dk * c.Dv + e], S[e], 1e-5 * (1 + std::fabs(S[e])));
+    for (int64_t e = 0; e < c.Dk * c.Dv; ++e)
+      CHECK_NEAR(state[h * c.Dk * c.Dv + e], S[e], 1e-5 * (1 + std::fabs(S[e])));
   }
   for (int64_t e = c.H * c.Dk * c.Dv; e < 2 * c.H * c.Dk * c.Dv; ++e) CHECK_EQ(state[e], c.state[e]);
   CHECK_EQ(status[0].code, int64_t{kOk});
@@ -323,7 +324,8 @@ TEST_CASE("TreeGatedDelta and CommitGatedDelta equal the delta rule along every 
   for (int64_t h = 0; h < c.H; ++h) {
     std::vector<double> S(c.state.begin() + h * c.Dk * c.Dv, c.state.begin() + (h + 1) * c.Dk * c.Dv);
     for (int64_t j : full) c.step(S, 0, h, j);
-    for (int64_t e = 0; e < c.Dk * c.Dv; ++e) CHECK_NEAR(state[h * c.Dk * c.Dv + e], S[e], 1e-5 * (1 + std::fabs(S[e])));
+    for (int64_t e = 0; e < c.Dk * c.Dv; ++e)
+      CHECK_NEAR(state[h * c.Dk * c.Dv + e], S[e], 1e-5 * (1 + std::fabs(S[e])));
   }
   for (int64_t e = c.H * c.Dk * c.Dv; e < 2 * c.H * c.Dk * c.Dv; ++e) CHECK_EQ(state[e], c.state[e]);
   lengths = {0, 1};

@@ -178,10 +178,10 @@ void CommitConvStateTasks(const CommitConvStateParams<T>& p, int64_t task_begin,
   }
 }
 
-// The input-dependent recurrences (Gated DeltaNet, Mamba-2) over a tree. Nodes run in depth-first preorder with one
-// state slot per depth: node i's state is one step from its parent's slot (the saved state for the root) into slot
-// depth(i), which no node visited later overwrites before i's subtree is done. So a tree costs N steps (as level by
-// level) while holding only (max depth + 1) states: replaying each root-to-node path instead costs sum_i (d_i + 1)
+// The input-dependent recurrences (Gated DeltaNet, Mamba-2) over a tree. Nodes run in depth-first preorder, each
+// node's state one step from its parent's (the saved state for the root), a parent's state kept only until its last
+// child has stepped from it. So a tree costs N steps (as level by level) while holding at most (max depth + 1)
+// states, 2 for a chain: replaying each root-to-node path instead costs sum_i (d_i + 1)
 // steps (4x more on 32-node EAGLE-2-like trees, 3-9x the time at 1 thread: benchmarks/cpp/bench_recurrent.cpp).
 
 
@@ -260,12 +260,40 @@ void ssd_step(const float* S_in, int64_t in_stride, float* S_out, int64_t out_st
 
 // The depth-first driver of both input-dependent tree ops, for task (b, h): checks row b's tree (writing the status
 // when `report`), zeroes an invalid row's N x out_cols outputs, else calls step(i, from, from_stride, to) for every
-// node in preorder: one step from the parent's state (`from`: the saved state for the root) into node i's depth
-// slot `to` (rows x cols, row stride cols), which step also reads node i's output from.
+// node in preorder: one step from the parent's state (`from`: the saved state for the root) into a slot `to` (rows x
+// cols, row stride cols) that holds node i's state, which step also reads node i's output from. A slot is released
+// once its node's last child has stepped from it (a leaf's at once), so only the states a later node still needs
+// are live: 2 for a chain (a long prefill), a few for a draft tree; a dry run over the preorder sizes the slots.
 struct PreorderScratch {
-  std::vector<int64_t> order, depth, children;
+  std::vector<int64_t> order, depth, children, pending, slot_of, free_slots;
   std::vector<float> slots;
 };
+
+// Runs the slot bookkeeping over the preorder: visit(i, parent slot or -1, node slot) per node; returns the peak
+// number of live slots.
+template <typename Visit>
+int64_t assign_slots(const int64_t* par, int64_t N, PreorderScratch& s, Visit&& visit) {
+  s.pending.assign(static_cast<size_t>(N), 0);
+  for (int64_t i = 1; i < N; ++i) ++s.pending[par[i]];
+  s.slot_of.assign(static_cast<size_t>(N), -1);
+  s.free_slots.clear();
+  int64_t used = 0;
+  for (const int64_t i : s.order) {
+    int64_t slot;
+    if (s.free_slots.empty()) {
+      slot = used++;
+    } else {
+      slot = s.free_slots.back();
+      s.free_slots.pop_back();
+    }
+    s.slot_of[i] = slot;
+    const int64_t parent = par[i];
+    visit(i, parent >= 0 ? s.slot_of[parent] : int64_t{-1}, slot);
+    if (parent >= 0 && --s.pending[parent] == 0) s.free_slots.push_back(s.slot_of[parent]);
+    if (s.pending[i] == 0) s.free_slots.push_back(slot);
+  }
+  return used;
+}
 
 template <typename T, typename Step>
 void tree_in_preorder(const int64_t* par, int64_t N, int64_t rows, int64_t cols, const float* saved,
@@ -278,13 +306,13 @@ void tree_in_preorder(const int64_t* par, int64_t N, int64_t rows, int64_t cols,
     return;
   }
   preorder(par, N, s.order, s.depth, s.children);
-  const int64_t max_depth = *std::max_element(s.depth.begin(), s.depth.end());
-  s.slots.resize(static_cast<size_t>((max_depth + 1) * rows * cols));
-  for (const int64_t i : s.order) {
-    const int64_t d = s.depth[i];
-    step(i, d == 0 ? saved : &s.slots[(d - 1) * rows * cols], d == 0 ? saved_stride : cols,
-         &s.slots[d * rows * cols]);
-  }
+  const int64_t live = assign_slots(par, N, s, [](int64_t, int64_t, int64_t) {});
+  s.slots.resize(static_cast<size_t>(live * rows * cols));
+  const int64_t size = rows * cols;
+  assign_slots(par, N, s, [&](int64_t i, int64_t from_slot, int64_t slot) {
+    step(i, from_slot < 0 ? saved : &s.slots[from_slot * size], from_slot < 0 ? saved_stride : cols,
+         &s.slots[slot * size]);
+  });
 }
 
 

@@ -8,7 +8,8 @@
 //  * tree_gated_delta_rule / tree_selective_state: one block per (row, head, node) replays the node's root-to-node
 //    path from the saved state in shared memory, threads owning state columns (delta rule) or rows (Mamba-2): the
 //    nodes run in parallel instead of level by level, at sum_i (d_i + 1) steps, with no per-node state in global
-//    memory (the CPU kernels instead run N steps in depth-first order on one core: recurrent.cpp).
+//    memory (the CPU kernels instead run N steps in depth-first order on one core: recurrent.cpp). A chain row (a
+//    prefill) runs in order in one block instead, N steps.
 //  * commits: one block per (row, head) steps the state in place in global memory, threads owning its columns or
 //    rows; the conv ops: one thread per (row, channel).
 #include <cuda_runtime.h>
@@ -26,7 +27,8 @@ namespace {
 constexpr int kThreads = 128;
 
 void check_cuda_call(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("specdec_ext CUDA: ") + what + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("specdec_ext CUDA: ") + what + ": " + cudaGetErrorString(e));
 }
 
 void check_grid(int64_t blocks, const char* op) {
@@ -78,6 +80,19 @@ __device__ bool row_path_ok(const int64_t* path, const int64_t* lengths, int64_t
   }
   __syncthreads();
   return ok != 0;
+}
+
+// Whether row's valid tree is a chain (parents[i] = i - 1): a prefill or a chain draft, whose nodes one block then
+// runs in order (N steps) instead of one block per node replaying its path (N (N + 1) / 2 steps).
+__device__ bool row_is_chain(const int64_t* par, int64_t N) {
+  __shared__ int chain;
+  if (threadIdx.x == 0) {
+    int c = 1;
+    for (int64_t i = 1; i < N && c; ++i) c = par[i] == i - 1;
+    chain = c;
+  }
+  __syncthreads();
+  return chain != 0;
 }
 
 // Depth of node i of a valid tree.
@@ -230,35 +245,44 @@ __global__ void __launch_bounds__(kThreads) tree_gated_delta_kernel(TreeGatedDel
     for (int64_t e = threadIdx.x; e < Dv; e += blockDim.x) out[e] = from_float_rn<T>(0.0f);
     return;
   }
+  // a chain row: block 0 runs every node in order, writing each output as it goes; the other blocks have no work
+  const bool chain = row_is_chain(par, N);
+  if (chain && i > 0) return;
   int64_t* path = smem64;
   float* S = reinterpret_cast<float*>(smem64 + N);
   float* ks = S + Dk * Dv;
   float* qs = ks + Dk;
-  const int64_t len = root_path(par, i, path);
+  const int64_t len = chain ? N : root_path(par, i, path);
   const float* saved = p.state + b * p.state_stride_b + h * p.state_stride_h;
   for (int64_t e = threadIdx.x; e < Dk * Dv; e += blockDim.x) S[e] = saved[(e / Dv) * p.state_stride_k + e % Dv];
-  const T* qg = p.q + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_n;
-  for (int64_t x = threadIdx.x; x < Dk; x += blockDim.x) qs[x] = to_float(qg[x]);
+  const T* qb = p.q + b * p.q_stride_b + h * p.q_stride_h;
   for (int64_t t = 0; t < len; ++t) {
-    const int64_t j = path[t];
-    __syncthreads();  // (the previous step's reads of ks are done; S and qs are loaded)
+    const int64_t j = chain ? t : path[t];
+    const int64_t qnode = chain ? j : i;  // (the query whose output this block writes)
+    __syncthreads();  // (the previous step's reads of ks and qs are done; S is loaded)
     const T* kg = p.k + b * p.k_stride_b + h * p.k_stride_h + j * p.k_stride_n;
-    for (int64_t x = threadIdx.x; x < Dk; x += blockDim.x) ks[x] = to_float(kg[x]);
+    for (int64_t x = threadIdx.x; x < Dk; x += blockDim.x) {
+      ks[x] = to_float(kg[x]);
+      if (chain || t == 0) qs[x] = to_float(qb[qnode * p.q_stride_n + x]);
+    }
     __syncthreads();
     const float decay = fexp(p.g[b * p.gate_stride_b + h * p.gate_stride_h + j * p.gate_stride_n]);
     const float beta = p.beta[b * p.beta_stride_b + h * p.beta_stride_h + j * p.beta_stride_n];
     const T* vg = p.v + b * p.v_stride_b + h * p.v_stride_h + j * p.v_stride_n;
+    const bool emit = chain || t == len - 1;
+    T* o_row = p.out + ((b * p.num_heads + h) * N + qnode) * Dv;
     for (int64_t e = threadIdx.x; e < Dv; e += blockDim.x) {  // thread owns column e of S
       float u = 0.0f;
       for (int64_t x = 0; x < Dk; ++x) u += S[x * Dv + e] * ks[x];
       const float delta = beta * (to_float(vg[e]) - decay * u);
-      for (int64_t x = 0; x < Dk; ++x) S[x * Dv + e] = decay * S[x * Dv + e] + ks[x] * delta;
+      float o = 0.0f;
+      for (int64_t x = 0; x < Dk; ++x) {
+        const float next = decay * S[x * Dv + e] + ks[x] * delta;
+        S[x * Dv + e] = next;
+        o += next * qs[x];
+      }
+      if (emit) o_row[e] = from_float_rn<T>(o);
     }
-  }
-  for (int64_t e = threadIdx.x; e < Dv; e += blockDim.x) {
-    float o = 0.0f;
-    for (int64_t x = 0; x < Dk; ++x) o += S[x * Dv + e] * qs[x];
-    out[e] = from_float_rn<T>(o);
   }
 }
 
@@ -283,7 +307,10 @@ __global__ void __launch_bounds__(kThreads) commit_gated_delta_kernel(CommitGate
       float u = 0.0f;
       for (int64_t x = 0; x < Dk; ++x) u += S[x * p.state_stride_k + e] * ks[x];
       const float delta = beta * (to_float(vg[e]) - decay * u);
-      for (int64_t x = 0; x < Dk; ++x) S[x * p.state_stride_k + e] = decay * S[x * p.state_stride_k + e] + ks[x] * delta;
+      for (int64_t x = 0; x < Dk; ++x) {
+        float& s = S[x * p.state_stride_k + e];
+        s = decay * s + ks[x] * delta;
+      }
     }
   }
 }
@@ -303,35 +330,43 @@ __global__ void __launch_bounds__(kThreads) tree_selective_state_kernel(TreeSele
     for (int64_t e = threadIdx.x; e < P; e += blockDim.x) out[e] = from_float_rn<T>(0.0f);
     return;
   }
+  const bool chain = row_is_chain(par, N);  // (as in tree_gated_delta_kernel)
+  if (chain && i > 0) return;
   int64_t* path = smem64;
   float* S = reinterpret_cast<float*>(smem64 + N);
   float* bs = S + P * Ds;
   float* cs = bs + Ds;
-  const int64_t len = root_path(par, i, path);
+  const int64_t len = chain ? N : root_path(par, i, path);
   const float* saved = p.state + b * p.state_stride_b + h * p.state_stride_h;
   for (int64_t e = threadIdx.x; e < P * Ds; e += blockDim.x) S[e] = saved[(e / Ds) * p.state_stride_p + e % Ds];
-  const T* cg = p.Cm + b * p.cm_stride_b + h * p.cm_stride_h + i * p.cm_stride_n;
-  for (int64_t s = threadIdx.x; s < Ds; s += blockDim.x) cs[s] = to_float(cg[s]);
-  const float A = p.A[h];
+  const T* cb = p.Cm + b * p.cm_stride_b + h * p.cm_stride_h;
+  const float A = p.A[h], Dh = p.D[h];
   for (int64_t t = 0; t < len; ++t) {
-    const int64_t j = path[t];
+    const int64_t j = chain ? t : path[t];
+    const int64_t qnode = chain ? j : i;
     __syncthreads();
     const T* bg = p.Bm + b * p.bm_stride_b + h * p.bm_stride_h + j * p.bm_stride_n;
-    for (int64_t s = threadIdx.x; s < Ds; s += blockDim.x) bs[s] = to_float(bg[s]);
+    for (int64_t s = threadIdx.x; s < Ds; s += blockDim.x) {
+      bs[s] = to_float(bg[s]);
+      if (chain || t == 0) cs[s] = to_float(cb[qnode * p.cm_stride_n + s]);
+    }
     __syncthreads();
     const float dt = p.dt[b * p.dt_stride_b + h * p.dt_stride_h + j * p.dt_stride_n];
     const float decay = fexp(dt * A);
     const T* xg = p.x + b * p.x_stride_b + h * p.x_stride_h + j * p.x_stride_n;
+    const T* xq = p.x + b * p.x_stride_b + h * p.x_stride_h + qnode * p.x_stride_n;
+    const bool emit = chain || t == len - 1;
+    T* y_row = p.out + ((b * p.num_heads + h) * N + qnode) * P;
     for (int64_t r = threadIdx.x; r < P; r += blockDim.x) {  // thread owns row r of S
       const float dx = dt * to_float(xg[r]);
-      for (int64_t s = 0; s < Ds; ++s) S[r * Ds + s] = decay * S[r * Ds + s] + dx * bs[s];
+      float y = 0.0f;
+      for (int64_t s = 0; s < Ds; ++s) {
+        const float next = decay * S[r * Ds + s] + dx * bs[s];
+        S[r * Ds + s] = next;
+        y += next * cs[s];
+      }
+      if (emit) y_row[r] = from_float_rn<T>(y + Dh * to_float(xq[r]));
     }
-  }
-  const T* xi = p.x + b * p.x_stride_b + h * p.x_stride_h + i * p.x_stride_n;
-  for (int64_t r = threadIdx.x; r < P; r += blockDim.x) {
-    float y = 0.0f;
-    for (int64_t s = 0; s < Ds; ++s) y += S[r * Ds + s] * cs[s];
-    out[r] = from_float_rn<T>(y + p.D[h] * to_float(xi[r]));
   }
 }
 
