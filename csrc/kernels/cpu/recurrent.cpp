@@ -182,7 +182,7 @@ void CommitConvStateTasks(const CommitConvStateParams<T>& p, int64_t task_begin,
 // node's state one step from its parent's (the saved state for the root), a parent's state kept only until its last
 // child has stepped from it. So a tree costs N steps (as level by level) while holding at most (max depth + 1)
 // states, 2 for a chain: replaying each root-to-node path instead costs sum_i (d_i + 1)
-// steps (4x more on 32-node EAGLE-2-like trees, 3-9x the time at 1 thread: benchmarks/cpp/bench_recurrent.cpp).
+// steps (4x more on 32-node EAGLE-2-like trees, 8-11x the time at 1 thread: benchmarks/cpp/bench_recurrent.cpp).
 
 
 // Depth-first preorder (children in increasing index) of a valid tree, and the depths.
