@@ -628,3 +628,4 @@ Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const
 #include "op_glue_attention.h"    // NOLINT(build/include_order)
 #include "op_glue_linear_int8.h"  // NOLINT(build/include_order)
 #include "op_glue_draft_layer.h"  // NOLINT(build/include_order)
+#include "op_glue_recurrent.h"    // NOLINT(build/include_order)  (the recurrent tree ops)

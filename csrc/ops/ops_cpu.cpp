@@ -141,8 +141,49 @@ struct CpuBackend {
   }
 };
 
+// The recurrent tree ops (op_glue_recurrent.h): tasks are (row, head) pairs or (row, channel block) pairs.
+struct CpuRecurrentBackend {
+  template <typename T>
+  static void tree_linear_attention(const TreeLinearAttentionParams<T>& p) {
+    const int64_t N = p.num_nodes;
+    for_rows(p, p.batch * p.num_heads, N * (p.key_dim * p.value_dim + 4 * (p.key_dim + p.value_dim)),
+             cpu::TreeLinearAttention<T>);
+  }
+  template <typename T>
+  static void commit_linear_state(const CommitLinearStateParams<T>& p) {
+    for_rows(p, p.batch * p.num_heads, p.max_len * p.key_dim * p.value_dim, cpu::CommitLinearState<T>);
+  }
+  template <typename T>
+  static void tree_causal_conv1d(const TreeCausalConv1dParams<T>& p) {
+    for_rows(p, p.batch * conv_channel_blocks(p.channels), kConvChannelBlock * p.num_nodes * p.width,
+             cpu::TreeCausalConv1d<T>);
+  }
+  template <typename T>
+  static void commit_conv_state(const CommitConvStateParams<T>& p) {
+    for_rows(p, p.batch * conv_channel_blocks(p.channels), kConvChannelBlock * (p.window + 1),
+             cpu::CommitConvState<T>);
+  }
+  template <typename T>
+  static void tree_gated_delta_rule(const TreeGatedDeltaParams<T>& p) {
+    for_rows(p, p.batch * p.num_heads, 4 * p.num_nodes * p.key_dim * p.value_dim, cpu::TreeGatedDelta<T>);
+  }
+  template <typename T>
+  static void commit_gated_delta_state(const CommitGatedDeltaParams<T>& p) {
+    for_rows(p, p.batch * p.num_heads, 3 * p.max_len * p.key_dim * p.value_dim, cpu::CommitGatedDelta<T>);
+  }
+  template <typename T>
+  static void tree_selective_state(const TreeSelectiveStateParams<T>& p) {
+    for_rows(p, p.batch * p.num_heads, 4 * p.num_nodes * p.head_dim * p.state_dim, cpu::TreeSelectiveState<T>);
+  }
+  template <typename T>
+  static void commit_selective_state(const CommitSelectiveStateParams<T>& p) {
+    for_rows(p, p.batch * p.num_heads, 2 * p.max_len * p.head_dim * p.state_dim, cpu::CommitSelectiveState<T>);
+  }
+};
+
 }  // namespace
 
 SPECDEC_REGISTER_BACKEND(specdec_ext, CPU, CpuBackend)
+SPECDEC_REGISTER_RECURRENT(specdec_ext, CPU, CpuRecurrentBackend)
 
 }  // namespace specdec::glue

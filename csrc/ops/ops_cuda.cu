@@ -116,8 +116,45 @@ struct CudaBackend {
   }
 };
 
+// The recurrent tree ops (op_glue_recurrent.h), on the current stream.
+struct CudaRecurrentBackend {
+  template <typename T>
+  static void tree_linear_attention(const TreeLinearAttentionParams<T>& p) {
+    launch([&] { cuda::LaunchTreeLinearAttention<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void commit_linear_state(const CommitLinearStateParams<T>& p) {
+    launch([&] { cuda::LaunchCommitLinearState<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void tree_causal_conv1d(const TreeCausalConv1dParams<T>& p) {
+    launch([&] { cuda::LaunchTreeCausalConv1d<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void commit_conv_state(const CommitConvStateParams<T>& p) {
+    launch([&] { cuda::LaunchCommitConvState<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void tree_gated_delta_rule(const TreeGatedDeltaParams<T>& p) {
+    launch([&] { cuda::LaunchTreeGatedDelta<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void commit_gated_delta_state(const CommitGatedDeltaParams<T>& p) {
+    launch([&] { cuda::LaunchCommitGatedDelta<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void tree_selective_state(const TreeSelectiveStateParams<T>& p) {
+    launch([&] { cuda::LaunchTreeSelectiveState<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void commit_selective_state(const CommitSelectiveStateParams<T>& p) {
+    launch([&] { cuda::LaunchCommitSelectiveState<T>(p, current_stream()); });
+  }
+};
+
 }  // namespace
 
 SPECDEC_REGISTER_BACKEND(specdec_ext, CUDA, CudaBackend)
+SPECDEC_REGISTER_RECURRENT(specdec_ext, CUDA, CudaRecurrentBackend)
 
 }  // namespace specdec::glue

@@ -615,3 +615,6 @@ SPECDEC_HD RowStatus compact_kv_row_status(const CompactKvParams& p, int64_t b) 
 }
 
 }  // namespace specdec
+
+// The recurrent (hybrid-target) tree ops' parameters.
+#include "recurrent_params.h"  // NOLINT(build/include_order)
