@@ -132,10 +132,12 @@ def _packed_linear_int8(x, packed_weight, scales, bias):
 @torch.library.register_fake("specdec_ext::draft_decoder_layer")
 def _draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv_weight, qkv_bias, o_weight,
                          norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,
-                         write_slots, mask, num_heads, intermediate_size, eps, validate=True):
+                         write_slots, mask, num_heads, intermediate_size, eps, qkv_scales=None, o_scales=None,
+                         gate_up_scales=None, down_scales=None, validate=True):
     _checks("draft_decoder_layer", x, input_norm_weight, input_norm_segments, residual, qkv_weight, qkv_bias,
             o_weight, norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,
-            write_slots, mask, num_heads, intermediate_size, eps, validate)
+            write_slots, mask, num_heads, intermediate_size, eps, qkv_scales, o_scales, gate_up_scales, down_scales,
+            validate)
     return residual.new_empty(residual.shape)
 
 
