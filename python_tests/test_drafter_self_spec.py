@@ -98,10 +98,13 @@ def reference_chain(model, prompt: list[int], skip, k: int) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize("route", ["ops", "modules"])
 @pytest.mark.parametrize("skip", [(), (1,), (1, 2), (0, 3)])
-def test_first_chain_equals_the_hugging_face_reference(skip):
+def test_first_chain_equals_the_hugging_face_reference(skip, route):
     """Rows of different lengths after their prefill in a TreeKVCache (the engine's layout): each row's chain is
-    the reference's (the draft reads the target's own K/V of the prefix)."""
+    the reference's (the draft reads the target's own K/V of the prefix), whether the kept layers run as op calls
+    (under no_grad, as in the engine) or as the Hugging Face modules (with gradients on, the op route stands
+    aside)."""
     m = target()
     use_tree_attention(m)
     prompts = [greedy_t.prompt_of(n, 60 + n) for n in (9, 1, 5)]
@@ -116,7 +119,9 @@ def test_first_chain_equals_the_hugging_face_reference(skip):
     drafter = SelfSpecDrafter(list(skip), num_draft_tokens=k)
     drafter.begin(m, state)
     before = cache.storage.clone()
-    tree = drafter.propose(state, k, k + 1)
+    with torch.no_grad() if route == "ops" else torch.enable_grad():
+        tree = drafter.propose(state, k, k + 1)
+    assert (drafter._ops is not None) == (route == "ops")
     assert drafter.forwards == k
     for b, p in enumerate(prompts):
         assert tree.tokens[b].tolist() == [p[-1]] + reference_chain(m, p, skip, k), b

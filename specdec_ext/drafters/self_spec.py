@@ -41,10 +41,11 @@ from specdec_ext import ops
 from specdec_ext.drafters.base import sample_drafts
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.drafters.self_spec_file import SelfSpecFile, read_self_spec
-from specdec_ext.models import TreeKVCache, masked_forward, tree_forward
+from specdec_ext.models import TreeKVCache, draft_layer, masked_forward, tree_forward
 from specdec_ext.models.config import check_window, text_config
 from specdec_ext.models.hybrid_cache import HybridCache
-from specdec_ext.models.layer_skip import LayerSkipLM, check_skip_layers
+from specdec_ext.models.layer_skip import KeptLayers, LayerSkipLM, check_skip_layers
+from specdec_ext.models.llama_step import LlamaStepOps
 from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 
 __all__ = ["SelfSpecDrafter"]
@@ -80,6 +81,9 @@ class SelfSpecDrafter:
         self.calibration = ScoreCalibration(calibration_rate, "SelfSpecDrafter")
         self.draft: LayerSkipLM | None = None  # the target's view, made when a generation begins
         self.cache: TreeKVCache | None = None  # the engine's target cache (state.target_cache)
+        # the view as op calls over the cache's kept layers (None: its Hugging Face forward), built at the first propose
+        self._ops: LlamaStepOps | None = None
+        self._ops_built = False
         self.forwards = 0  # draft forwards in the current generation
 
     @classmethod
@@ -97,9 +101,10 @@ class SelfSpecDrafter:
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None, *,
               defer_prefill: bool = False) -> None:
         """Checks the target and its cache (clear errors) and makes the draft view of ``target``."""
-        if self.draft is None or self.draft.model_ is not target:
+        if self.draft is None or self.draft.source is not target:
             self.draft = LayerSkipLM(target, list(self.skip_layers), owner="SelfSpecDrafter")
         self.forwards = 0
+        self._ops, self._ops_built = None, False
         self.add_rows(target, state)
 
     def add_rows(self, target: torch.nn.Module, rows: DecodeState, prefill_hidden_states=None, *,
@@ -115,7 +120,9 @@ class SelfSpecDrafter:
         check_window("SelfSpecDrafter", target.config, rows.max_len - 1)
         if text_config(target.config).vocab_size != rows.vocab_size:
             raise ValueError("SelfSpecDrafter: the state's vocabulary differs from the target's")
-        self.cache = cache
+        if cache is not self.cache:
+            self.cache = cache
+            self._ops, self._ops_built = None, False
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
         """Only the dynamic tree's score calibration learns: the engine's verification already put the accepted
@@ -131,8 +138,12 @@ class SelfSpecDrafter:
         k = min(self.k, max_depth, max_nodes - 1)
         if k <= 0:
             return plain_tree(root)
+        if not self._ops_built:
+            self._ops = LlamaStepOps.build(self.draft, KeptLayers(self.cache, self.draft.kept_layers))
+            self._ops_built = True
         total = min(self.total_tokens, max_nodes - 1) if self.dynamic else 0
         prefix = state.prefix_lens
+        self._kv_len = max(len(t) for t in state.host_tokens)  # slots up to the root's, for the op's masks
         try:
             last = self._forward(root[:, None], prefix)[:, 0]  # the root at its slot: the draft's first logits
             if self.dynamic and total > k:
@@ -142,8 +153,15 @@ class SelfSpecDrafter:
             self.cache.rewind(prefix, validate=False)  # (the lengths the engine left: its prefix)
 
     def _forward(self, tokens: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """The draft's logits ``[B, T, V]`` for the chain ``tokens[B, T]`` after ``at[b]`` cache slots."""
+        """The draft's logits ``[B, 1]`` for one token a row, ``tokens[B, 1]``, after ``at[b]`` cache slots (the
+        chain's i-th forward: ``at <= prefix_lens + i``, so ``kv_len + i`` slots cover every row's)."""
         self.forwards += 1
+        B = tokens.shape[0]
+        if self._ops is not None and B <= draft_layer.NATIVE_LAYER_MAX_ROWS:
+            pos = at[:, None]
+            mask = torch.arange(self._kv_len, device=tokens.device)[None, None, :] <= pos[:, :, None]
+            self._kv_len += 1
+            return self._ops.forward(tokens, pos, pos, mask)
         return tree_forward(self.draft, self.cache, tokens, None, at, validate=False)
 
     def _propose_chain(self, state: DecodeState, root: torch.Tensor, last: torch.Tensor, k: int) -> DraftTree:
@@ -171,6 +189,8 @@ class SelfSpecDrafter:
         def level(d, tok, parent, mask, slots):
             self.forwards += 1
             pos = (root_pos + d)[:, None].expand(B, w)
+            if self._ops is not None and B * w <= draft_layer.NATIVE_LAYER_MAX_ROWS:
+                return self._ops.forward(tok, pos, slots, mask)  # (the level's nodes at slots[:, 0] + j)
             return masked_forward(self.draft, self.cache, tok, pos, slots[:, 0], mask)
 
         return grow_dynamic_tree(root, last, level, depth=k, top_k=w, total_tokens=total, valid=valid,
