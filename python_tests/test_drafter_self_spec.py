@@ -65,10 +65,10 @@ def target(family: str = "llama"):
     return _MODELS[family]
 
 
-def make_drafter(shape: str, skip=DAMPED[:1], k: int = 4) -> SelfSpecDrafter:
+def make_drafter(shape: str, skip=DAMPED[:1], k: int = 4, **kw) -> SelfSpecDrafter:
     if shape == "tree":  # EAGLE-2 tree of the draft's own probabilities: depth k, 3 children a node, 8 drafts
-        return SelfSpecDrafter(list(skip), num_draft_tokens=k, tree_width=3, total_tokens=8)
-    return SelfSpecDrafter(list(skip), num_draft_tokens=k)
+        return SelfSpecDrafter(list(skip), num_draft_tokens=k, tree_width=3, total_tokens=8, **kw)
+    return SelfSpecDrafter(list(skip), num_draft_tokens=k, **kw)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -155,12 +155,15 @@ def test_greedy_equals_hf_generate(family, shape):
     assert max(accepted) > 1.5, accepted  # drafts were accepted
 
 
+@pytest.mark.parametrize("op_calls", [True, False])
 @pytest.mark.parametrize("shape", ["chain", "tree"])
 @pytest.mark.parametrize("skip", [(1,), (1, 2), (0, 1, 2, 3)])
-def test_batch_of_prompts_of_different_lengths(shape, skip):
+def test_batch_of_prompts_of_different_lengths(shape, skip, op_calls):
     m = target()
     prompts = [greedy_t.prompt_of(n, 40 + n) for n in (7, 1, 12, 4)]
-    outs, stats = generate(m, make_drafter(shape, skip), prompts, max_new_tokens=14, eos_token_id=[])
+    drafter = make_drafter(shape, skip, op_calls=op_calls)
+    outs, stats = generate(m, drafter, prompts, max_new_tokens=14, eos_token_id=[])
+    assert (drafter._ops is not None) == op_calls
     for b, (p, o) in enumerate(zip(prompts, outs)):
         assert o.tolist() == p + hf_greedy(m, p, 14), b
     assert stats.target_forwards == stats.steps

@@ -57,14 +57,16 @@ class SelfSpecDrafter:
     ``num_draft_tokens``: the chain's length, or the dynamic tree's depth. ``tree_width``: 1 = a chain; w >= 2 with
     ``total_tokens`` = an EAGLE-2 dynamic tree of ``total_tokens`` drafts, w children per frontier node
     (``calibrate`` / ``calibration_rate`` as for :class:`~specdec_ext.drafters.EagleDrafter`). The layer indices
-    are checked against the target when a generation begins.
+    are checked against the target when a generation begins. ``op_calls``: on CPUs the kept layers draft as
+    :class:`~specdec_ext.models.llama_step.LlamaStepOps` op calls, which read each kept layer's q/k/v and gate/up
+    weights packed together once (a copy of those weights); False: the Hugging Face modules, no extra bytes.
     """
 
     hidden_state_layers: tuple[int, ...] = ()
-    defers_prefill = True  # (there is no draft prefill to defer: the target's prefill fills the shared cache)
+    defers_prefill = False  # (no draft prefill, so nothing to defer and no lag to catch up on)
 
     def __init__(self, skip_layers, num_draft_tokens: int = 4, tree_width: int = 1, total_tokens: int | None = None,
-                 calibrate: bool = True, calibration_rate: float = 0.2):
+                 calibrate: bool = True, calibration_rate: float = 0.2, op_calls: bool = True):
         self.skip_layers = check_skip_layers("SelfSpecDrafter", skip_layers)
         check_tree_shape("SelfSpecDrafter", num_draft_tokens, tree_width, 1 if total_tokens is None else total_tokens,
                          names=("num_draft_tokens", "tree_width", "total_tokens"))
@@ -77,6 +79,7 @@ class SelfSpecDrafter:
         self.dynamic = total_tokens is not None
         self.max_nodes = (max(max_tree_nodes(num_draft_tokens, tree_width, total_tokens),
                               1 + (num_draft_tokens - 1) * tree_width) if self.dynamic else 1 + num_draft_tokens)
+        self.op_calls = bool(op_calls)
         self.calibrate = bool(calibrate)
         self.calibration = ScoreCalibration(calibration_rate, "SelfSpecDrafter")
         self.draft: LayerSkipLM | None = None  # the target's view, made when a generation begins
@@ -139,7 +142,8 @@ class SelfSpecDrafter:
         if k <= 0:
             return plain_tree(root)
         if not self._ops_built:
-            self._ops = LlamaStepOps.build(self.draft, KeptLayers(self.cache, self.draft.kept_layers))
+            self._ops = (LlamaStepOps.build(self.draft, KeptLayers(self.cache, self.draft.kept_layers))
+                         if self.op_calls else None)
             self._ops_built = True
         total = min(self.total_tokens, max_nodes - 1) if self.dynamic else 0
         prefix = state.prefix_lens
