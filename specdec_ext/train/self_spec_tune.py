@@ -8,8 +8,9 @@ Objective. For a skipped set S and a chain of k drafts, the expected speedup ove
 ``tokens(S, k) = 1 + E[min(a, k)]``, where a is the number of drafts the target accepts from a chain of K =
 ``max_draft_tokens`` (greedy drafts are deterministic, so a chain of k accepts ``min(a, k)``): measured by greedy
 generation with the drafter over the held-out prompts, one run per set, which gives every k <= K at once.
-``t_draft(n)``: one draft forward running n of the L layers, and ``t_verify(m)``: the target's verification forward
-of an m-node chain, both timed once before the search on a prefilled cache (medians of repeated forwards).
+``t_draft(n)``: one draft forward running n of the L layers (the drafter's own route: op calls on CPUs), and
+``t_verify(m)``: the target's verification forward of an m-node chain, both timed once before the search on a
+prefilled cache (the fastest of repeated forwards taken in turns).
 The decoder layers have equal shapes, so a draft forward costs the fixed part (embeddings, norm, LM head, the call
 overheads) plus n equal layer costs: ``t_draft`` is measured at n = L and n = 0 and interpolated, which is exact up
 to timing noise and keeps the search's comparisons free of it.
@@ -37,7 +38,7 @@ from specdec_ext.generate import generate
 from specdec_ext.models import TreeKVCache, extend, tree_forward, use_tree_attention
 from specdec_ext.models.config import text_config
 from specdec_ext.models.fast_linear import pack_linears_where_fast, packed_linears
-from specdec_ext.models.layer_skip import LayerSkipLM
+from specdec_ext.state import DecodeState
 from specdec_ext.threads import add_threads_argument
 
 __all__ = ["Costs", "add_tune_self_spec_command", "measure_costs", "tune_self_spec"]
@@ -78,24 +79,35 @@ def _fastest_times(fns: list, repeats: int, clock) -> list[float]:
 @torch.no_grad()
 def measure_costs(target: torch.nn.Module, prompt: list[int], max_draft_tokens: int, repeats: int = 15,
                   clock=time.perf_counter) -> Costs:
-    """The forward times of the module doc, after ``prompt`` (its tokens in the cache), as the engine runs them
-    (tree attention, packed products where they are faster): each the fastest of ``repeats`` (taken in turns)."""
+    """The forward times of the module doc after ``prompt``, as the engine runs them (inside its packed-products
+    block, on a cache holding the prompt but its last token, the root): a draft forward is a one-draft
+    :meth:`~specdec_ext.drafters.SelfSpecDrafter.propose` (its own route: op calls or modules), a verification a
+    chain ``tree_forward`` of the target. Each the fastest of ``repeats``, taken in turns."""
     cfg = text_config(target.config)
     L = cfg.num_hidden_layers
     p = next(q for q in target.parameters() if q.is_floating_point())
-    cache = TreeKVCache(target.config, 1, len(prompt) + max_draft_tokens + 2, dtype=p.dtype, device=p.device)
+    room = len(prompt) + max_draft_tokens + 2
+    cache = TreeKVCache(target.config, 1, room, dtype=p.dtype, device=p.device)
+    state = DecodeState.of_prompts([prompt], room, cfg.vocab_size, p.device, target_cache=cache)
     with packed_linears(True):
-        extend(target, cache, torch.tensor([prompt], device=p.device))
-        prefix = cache.lengths
-        root = torch.tensor([[prompt[-1]]], device=p.device)
+        if len(prompt) > 1:
+            extend(target, cache, torch.tensor([prompt[:-1]], device=p.device))
+        prefix = state.prefix_lens
+        root = state.last_tokens[:, None]
+        drafters = [SelfSpecDrafter(skip, num_draft_tokens=1) for skip in ([], list(range(L)))]
+        for d in drafters:
+            d.begin(target, state)
 
-        def forward(model, n):
-            return lambda: tree_forward(model, cache, root.expand(1, n), None, prefix, validate=False)
+        def draft(d):
+            return lambda: d.propose(state, 1, 2)
 
-        times = _fastest_times([forward(LayerSkipLM(target, []), 1), forward(LayerSkipLM(target, list(range(L))), 1)]
-                               + [forward(target, m) for m in range(1, max_draft_tokens + 2)], repeats, clock)
-    verify = [max(times[2: 3 + i]) for i in range(max_draft_tokens + 1)]  # (a longer chain never costs less)
-    return Costs(L, times[0], times[1], verify)
+        def verify(n):
+            return lambda: tree_forward(target, cache, root.expand(1, n), None, prefix, validate=False)
+
+        times = _fastest_times([draft(d) for d in drafters] + [verify(m) for m in range(1, max_draft_tokens + 2)],
+                               repeats, clock)
+    verify_s = [max(times[2: 3 + i]) for i in range(max_draft_tokens + 1)]  # (a longer chain never costs less)
+    return Costs(L, times[0], times[1], verify_s)
 
 
 class _Measuring(SelfSpecDrafter):
