@@ -344,13 +344,30 @@ def test_tuner_chooses_the_damped_layers_by_estimated_speedup():
         if set(h["skip_layers"]) - set(DAMPED):
             assert h["mean_accepted_length"] < tokens
     assert not plan.tuning["stopped_by_time"]
+    # the path goes on past the best (two rounds without a new best): {1, 2}, then 3 layers, then all 4
+    assert [len(h["skip_layers"]) for h in history] == [0, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4]
+
+
+def test_tuner_min_skipped_when_a_full_draft_wins():
+    """Where drafting with every layer is cheap (a draft forward 1 ms whatever it runs), the empty set wins unless
+    the caller asks for layers skipped; then the best set of at least that many."""
+    costs = Costs(4, draft_all=1e-3, draft_none=1e-3, verify=[3e-3, 3.2e-3, 3.4e-3, 3.6e-3, 3.8e-3])
+    assert tune_self_spec(target(), TUNE_PROMPTS, max_draft_tokens=4, new_tokens=16, costs=costs).skip_layers == ()
+    plan = tune_self_spec(target(), TUNE_PROMPTS, max_draft_tokens=4, new_tokens=16, costs=costs, min_skipped=1)
+    assert len(plan.skip_layers) >= 1 and set(plan.skip_layers) <= set(DAMPED) and plan.tuning["min_skipped"] == 1
+    measured = [h for h in plan.tuning["history"] if h["skip_layers"]]
+    assert plan.tuning["estimated_speedup"] == max(h["estimated_speedup"] for h in measured)
 
 
 def test_tuner_time_budget_and_bad_arguments():
     costs = Costs(4, 4e-3, 1e-3, [3e-3] * 5)
     plan = tune_self_spec(target(), TUNE_PROMPTS, max_draft_tokens=4, new_tokens=16, costs=costs, time_limit_s=0)
     assert plan.skip_layers == () and plan.tuning["stopped_by_time"] and len(plan.tuning["history"]) == 1
-    for kw, match in (({"max_draft_tokens": 0}, "max_draft_tokens"), ({"new_tokens": 0}, "new_tokens")):
+    with pytest.raises(ValueError, match="before a set of min_skipped = 1 layers was measured"):
+        tune_self_spec(target(), TUNE_PROMPTS, max_draft_tokens=4, new_tokens=16, costs=costs, time_limit_s=0,
+                       min_skipped=1)
+    for kw, match in (({"max_draft_tokens": 0}, "max_draft_tokens"), ({"new_tokens": 0}, "new_tokens"),
+                      ({"min_skipped": 5}, r"min_skipped must be an integer in \[0, 4\]")):
         with pytest.raises(ValueError, match=match):
             tune_self_spec(target(), TUNE_PROMPTS, costs=costs, **kw)
     with pytest.raises(ValueError, match="prompts"):

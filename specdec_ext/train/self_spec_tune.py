@@ -15,11 +15,15 @@ The decoder layers have equal shapes, so a draft forward costs the fixed part (e
 overheads) plus n equal layer costs: ``t_draft`` is measured at n = L and n = 0 and interpolated, which is exact up
 to timing noise and keeps the search's comparisons free of it.
 
-Search: greedy forward selection. From the empty set, each round measures every set of one more layer and keeps the
-best; it stops when no addition raises the best speedup, when every layer is skipped, or when the time budget is
-spent (the best set so far is returned). Why greedy and not SWIFT's Bayesian optimisation: at most L (L + 1) / 2
-evaluations (36 for the family's 8 layers) measure every single addition instead of sampling them, the result is
-deterministic, and it needs no dependency. Bayesian optimisation pays where evaluations are scarce against a huge
+Search: greedy forward selection. From the empty set, each round measures every set of one more layer and goes on
+from the round's best, even where that is not the best so far (a layer more can pay where one did not: the draft's
+cost falls with every layer skipped); it stops after two rounds without a new best, when every layer is skipped, or
+when the time budget is spent, and returns the best set measured (of at least ``min_skipped`` layers: with the
+kept layers run as op calls, a draft of *no* skipped layer can beat plain decoding, whose target forward runs the
+Hugging Face modules, and ``--min-skip 1`` asks for a real layer-skipping draft).
+
+Why greedy and not SWIFT's Bayesian optimisation: at most L (L + 1) / 2 evaluations (36 for the family's 8 layers)
+measure every single addition instead of sampling them, the result is deterministic, and it needs no dependency. Bayesian optimisation pays where evaluations are scarce against a huge
 space (SWIFT searches the attention and MLP sub-layers of 40-80-layer models separately, 2^80 and more sets, on the
 fly); whole layers of a small model are a space greedy selection covers.
 """
@@ -132,6 +136,9 @@ class _Measuring(SelfSpecDrafter):
         return [1.0 + sum(min(a, k) for a in self.accepted) / n for k in range(self.k + 1)]
 
 
+_PATIENCE = 2  # rounds whose best set is not the best so far before the search stops
+
+
 @dataclass
 class _Scored:
     skip: tuple[int, ...]
@@ -142,21 +149,24 @@ class _Scored:
 
 
 def tune_self_spec(target: torch.nn.Module, prompts: list[list[int]], *, max_draft_tokens: int = 6,
-                   new_tokens: int = 32, time_limit_s: float | None = None, costs: Costs | None = None,
-                   clock=time.perf_counter, log=None) -> SelfSpecFile:
+                   new_tokens: int = 32, min_skipped: int = 0, time_limit_s: float | None = None,
+                   costs: Costs | None = None, clock=time.perf_counter, log=None) -> SelfSpecFile:
     """The skipped set and chain length of best measured speedup (module doc) for ``target`` on ``prompts``
-    (held-out token lists, decoded greedily for ``new_tokens`` each, as one batch); ``time_limit_s``: stop the
-    search after that long (None: run it out). ``costs``: forward times (default: :func:`measure_costs`).
-    ``log``: called with a line per evaluated set."""
+    (held-out token lists, decoded greedily for ``new_tokens`` each, as one batch), among sets of at least
+    ``min_skipped`` layers; ``time_limit_s``: stop the search after that long (None: run it out). ``costs``: forward
+    times (default: :func:`measure_costs`). ``log``: called with a line per evaluated set."""
     if not prompts or not all(isinstance(p, list) and p for p in prompts):
         raise ValueError("tune_self_spec: prompts must be a non-empty list of non-empty token lists")
     for name, v in (("max_draft_tokens", max_draft_tokens), ("new_tokens", new_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"tune_self_spec: {name} must be an integer >= 1, got {v!r}")
+    L = text_config(target.config).num_hidden_layers
+    if isinstance(min_skipped, bool) or not isinstance(min_skipped, int) or not 0 <= min_skipped <= L:
+        raise ValueError(f"tune_self_spec: min_skipped must be an integer in [0, {L}] (the target's layers), got "
+                         f"{min_skipped!r}")
     start = clock()
     use_tree_attention(target)
     pack_linears_where_fast(target)
-    L = text_config(target.config).num_hidden_layers
     if costs is None:
         costs = measure_costs(target, prompts[0], max_draft_tokens, clock=clock)
     K = max_draft_tokens
@@ -175,9 +185,10 @@ def tune_self_spec(target: torch.nn.Module, prompts: list[list[int]], *, max_dra
             log(f"skip {list(skip)}: {tokens[best_k]:.2f} tokens/step at k = {best_k}, est. x{s.speedup:.2f}")
         return s
 
-    best = current = evaluate(())
-    out_of_time = False
-    while len(current.skip) < L and not out_of_time:
+    current = evaluate(())
+    best = current if min_skipped == 0 else None
+    out_of_time, stale = False, 0
+    while len(current.skip) < L and not out_of_time and stale < _PATIENCE:
         round_best = None
         for layer in range(L):
             if layer in current.skip:
@@ -188,12 +199,19 @@ def tune_self_spec(target: torch.nn.Module, prompts: list[list[int]], *, max_dra
             s = evaluate(tuple(sorted(current.skip + (layer,))))
             if round_best is None or s.speedup > round_best.speedup:
                 round_best = s
-        if round_best is None or round_best.speedup <= best.speedup:
+        if round_best is None:
             break
-        best = current = round_best
+        current = round_best
+        if len(current.skip) >= min_skipped and (best is None or current.speedup > best.speedup):
+            best, stale = current, 0
+        elif len(current.skip) > min_skipped:
+            stale += 1
+    if best is None:
+        raise ValueError(f"tune_self_spec: the time budget ran out before a set of min_skipped = {min_skipped} "
+                         "layers was measured")
     tuning = {"method": "greedy forward selection by estimated speedup (specdec_ext.train.self_spec_tune)",
               "estimated_speedup": round(best.speedup, 4), "mean_accepted_length": round(best.tokens, 4),
-              "prompts": len(prompts), "new_tokens": new_tokens, "max_draft_tokens": K,
+              "prompts": len(prompts), "new_tokens": new_tokens, "max_draft_tokens": K, "min_skipped": min_skipped,
               "draft_forward_ms": {"all_layers": round(costs.draft_all * 1e3, 4),
                                    "no_layer": round(costs.draft_none * 1e3, 4)},
               "verify_ms": [round(t * 1e3, 4) for t in costs.verify], "stopped_by_time": out_of_time,
@@ -214,6 +232,7 @@ def add_tune_self_spec_command(sub) -> None:
     p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per prompt and set")
     p.add_argument("--max-draft-tokens", type=int, default=6, help="longest chain considered")
+    p.add_argument("--min-skip", type=int, default=0, help="fewest layers the chosen set skips (default 0)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None)
     add_threads_argument(p)
@@ -237,7 +256,7 @@ def tune_self_spec_cmd(args: argparse.Namespace) -> int:
     step = max(1, len(seqs) // args.num_prompts)  # evenly spread over the text
     prompts = seqs[::step][: args.num_prompts]
     plan = tune_self_spec(target, prompts, max_draft_tokens=args.max_draft_tokens, new_tokens=args.new_tokens,
-                          time_limit_s=args.minutes * 60, log=print)
+                          min_skipped=args.min_skip, time_limit_s=args.minutes * 60, log=print)
     write_self_spec(args.out, plan)
     print(f"skip layers {list(plan.skip_layers)} of {plan.num_layers}, chain of {plan.num_draft_tokens}: "
           f"{plan.tuning['mean_accepted_length']:.2f} tokens/step, estimated x{plan.tuning['estimated_speedup']:.2f} "
