@@ -57,9 +57,11 @@ class SelfSpecDrafter:
     ``num_draft_tokens``: the chain's length, or the dynamic tree's depth. ``tree_width``: 1 = a chain; w >= 2 with
     ``total_tokens`` = an EAGLE-2 dynamic tree of ``total_tokens`` drafts, w children per frontier node
     (``calibrate`` / ``calibration_rate`` as for :class:`~specdec_ext.drafters.EagleDrafter`). The layer indices
-    are checked against the target when a generation begins. ``op_calls``: on CPUs the kept layers draft as
-    :class:`~specdec_ext.models.llama_step.LlamaStepOps` op calls, which read each kept layer's q/k/v and gate/up
-    weights packed together once (a copy of those weights); False: the Hugging Face modules, no extra bytes.
+    are checked against the target when a generation begins. ``op_calls``: the kept layers draft as
+    :class:`~specdec_ext.models.llama_step.LlamaStepOps` op calls where it serves the model (CPUs; no forward hooks
+    on the layers, which transformers leaves after a forward with ``output_hidden_states``), reading each kept
+    layer's q/k/v and gate/up weights packed together once (a copy of those weights); elsewhere, or False, the
+    Hugging Face modules, no extra bytes. Either way the drafts are the same up to float rounding.
     """
 
     hidden_state_layers: tuple[int, ...] = ()
