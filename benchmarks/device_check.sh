@@ -9,7 +9,8 @@
 #                     the CMake build of the kernels + C++ tests + C++ benchmarks (CUDA arch 90)
 #   02_pytest.log     python -m pytest python_tests -q -k cuda
 #   03_ctest.log      ctest (includes test_cuda_vs_cpu) + the C++ benchmarks (--quick), then bench_tree_attention and
-#                     bench_compact_kv in full mode on the GPU (the tree-attention bandwidth and compaction goals)
+#                     bench_compact_kv in full mode on the GPU (the tree-attention bandwidth and compaction goals), and
+#                     bench_recurrent (the recurrent tree ops' CUDA kernels checked against the CPU ones, then timed)
 #   04_pybench.log    Python benchmarks on CUDA (run_all.py --quick --device cuda) + device copy bandwidth
 #   05_e2e.log        end-to-end decoding, random-weight ~1.1B Llama in bf16 (timing only), its JSON appended
 #   bench.json        the benchmark results
@@ -172,10 +173,10 @@ if [ -d "$CMAKE_DIR" ]; then
   export CMAKE_DIR
   run_stage cpp_bench "$CTEST_LOG" 100 bash -c cpp_benches
   # tree_attention and compact_kv on the GPU in full mode (the goal shapes: B=1, N=64, P=32k, bf16, GQA 32/8;
-  # 32 layers compacted in one launch), CUDA timings only.
+  # 32 layers compacted in one launch), CUDA timings only; bench_recurrent's CUDA kernels against its CPU ones.
   attn_benches() {
     local rc=0
-    for b in bench_tree_attention bench_compact_kv; do
+    for b in bench_tree_attention bench_compact_kv bench_recurrent; do
       [ -x "$CMAKE_DIR/$b" ] || { echo "$b: not built"; rc=1; continue; }
       echo "--- $b (full, CUDA only)"
       timeout -k 5 40 "$CMAKE_DIR/$b" --no-cpu --repeats 20 || rc=1

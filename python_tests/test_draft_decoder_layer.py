@@ -16,8 +16,9 @@ from specdec_ext.ops import reference as ref
 
 
 def _case(dtype, *, B=2, T=3, Din=96, H=96, nH=4, nKV=2, D=64, I=80, S=24, kv_len=20, bias=True, segments=0,
-          seed=0, empty_query=False):
-    """Random inputs (weights packed), the mask allowing each position's own slot and ~half the others."""
+          seed=0, empty_query=False, int8=()):
+    """Random inputs (weights packed; those named in ``int8`` by pack_linear_weight_int8, their scales in
+    ``scales``), the mask allowing each position's own slot and ~half the others."""
     g = make_gen(seed)
 
     def rnd(*shape, scale=0.3):
@@ -30,8 +31,11 @@ def _case(dtype, *, B=2, T=3, Din=96, H=96, nH=4, nKV=2, D=64, I=80, S=24, kv_le
     mask[torch.arange(B)[:, None], torch.arange(T)[None], slots] = True
     if empty_query:
         mask[0, 0] = False  # sees nothing: zero attention output
+    quantized = {k: ops.pack_linear_weight_int8(w) for k, w in weights.items() if k in int8}
     return dict(
-        x=rnd(B, T, Din), residual=rnd(B, T, H), packed={k: ops.pack_linear_weight(w) for k, w in weights.items()},
+        x=rnd(B, T, Din), residual=rnd(B, T, H),
+        packed={k: quantized[k].packed if k in int8 else ops.pack_linear_weight(w) for k, w in weights.items()},
+        scales={k: q.scales for k, q in quantized.items()},
         qkv_bias=rnd(Q) if bias else None, norm_weight=1 + rnd(H), input_norm_weight=1 + rnd(Din) if segments else None,
         segments=max(segments, 1), position_ids=torch.randint(0, 500, (B, T), generator=g),
         inv_freq=1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D)),
@@ -42,18 +46,21 @@ def _case(dtype, *, B=2, T=3, Din=96, H=96, nH=4, nKV=2, D=64, I=80, S=24, kv_le
 def _run(c, device, fn=None, validate=True):
     """(output, k_cache, v_cache) of the op (or ``fn``: the reference) on copies of the case's caches."""
     k, v = c["k_cache"].clone().to(device), c["v_cache"].clone().to(device)
-    dev = {n: (t.to(device) if isinstance(t, torch.Tensor) else t) for n, t in c.items() if n != "packed"}
+    dev = {n: (t.to(device) if isinstance(t, torch.Tensor) else t) for n, t in c.items()
+           if n not in ("packed", "scales")}
     p = {n: t.to(device) for n, t in c["packed"].items()}
+    scales = {f"{n}_scales": t.to(device) for n, t in c.get("scales", {}).items()}
     if fn is None:
         out = ops.draft_decoder_layer(dev["x"], dev["residual"], p["qkv"], p["o"], dev["norm_weight"], p["gate_up"],
                                       p["down"], dev["position_ids"], dev["inv_freq"], k, v, dev["write_slots"],
                                       dev["mask"], c["num_heads"], c["intermediate_size"], 1e-5,
                                       qkv_bias=dev["qkv_bias"], input_norm_weight=dev["input_norm_weight"],
-                                      input_norm_segments=c["segments"], validate=validate)
+                                      input_norm_segments=c["segments"], validate=validate, **scales)
     else:
         out = fn(dev["x"], dev["input_norm_weight"], c["segments"], dev["residual"], p["qkv"], dev["qkv_bias"], p["o"],
                  dev["norm_weight"], p["gate_up"], p["down"], dev["position_ids"], dev["inv_freq"], k, v,
-                 dev["write_slots"], dev["mask"], c["num_heads"], c["intermediate_size"], 1e-5, validate)
+                 dev["write_slots"], dev["mask"], c["num_heads"], c["intermediate_size"], 1e-5, validate=validate,
+                 **scales)
     return out.cpu(), k.cpu(), v.cpu()
 
 
@@ -63,10 +70,13 @@ def _assert_matches_reference(c, device, dtype):
     assert got.shape == c["residual"].shape and got.dtype == dtype
     scale = float(want.float().abs().max()) + 1.0
     # float32: accumulation order only; 16-bit types: a value that lands next to a rounding boundary may round to the
-    # neighbouring value in one intermediate and carry that ulp through the later products
-    atol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}[dtype] * scale
+    # neighbouring value in one intermediate and carry that ulp through the later products (through an int8
+    # product's input quantisation that ulp can move a row's scale: then the quantisation error, ~1% of the scale)
+    int8 = bool(c["scales"]) and dtype is not torch.float32
+    atol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-2 if int8 else 4e-3}[dtype] * scale
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
-    cache_tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    cache_tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2 if int8 else 1e-2,
+                 torch.float16: 2e-2 if int8 else 2e-3}[dtype]
     torch.testing.assert_close(gk.float(), wk.float(), atol=cache_tol, rtol=0)
     torch.testing.assert_close(gv.float(), wv.float(), atol=cache_tol, rtol=0)
     untouched = torch.ones_like(gk, dtype=torch.bool)
@@ -85,6 +95,51 @@ def _assert_matches_reference(c, device, dtype):
 ])
 def test_matches_reference(device, dtype, shape):
     _assert_matches_reference(_case(dtype, **shape), device, dtype)
+
+
+@pytest.mark.parametrize("int8", [("qkv", "o", "gate_up", "down"), ("qkv", "down"), ("o", "gate_up")])
+@pytest.mark.parametrize("shape", [dict(), dict(segments=2, Din=192), dict(B=1, T=1, kv_len=1, S=3, bias=False)])
+def test_int8_weights_match_reference(device, dtype, int8, shape):
+    """A quantised draft's layer: the named weights int8 (each product then packed_linear_int8's, its input rows
+    quantised in the layer), the others float, against the reference composed of the same products."""
+    _assert_matches_reference(_case(dtype, int8=int8, **shape), device, dtype)
+
+
+def test_int8_weights_are_the_int8_products():
+    """Independently of the reference's layer: with every weight int8 the layer's qkv product is exactly
+    packed_linear_int8 of its input (the cache holds the new values after RoPE, so read them at position 0, where
+    RoPE is the identity) -- and it differs from the float layer (the weights really are the quantised ones)."""
+    c = _case(torch.float32, int8=("qkv", "o", "gate_up", "down"), bias=False)
+    c["position_ids"].zero_()
+    _, k, v = _run(c, "cpu")
+    qkv = ops.packed_linear_int8(c["x"], c["packed"]["qkv"], c["scales"]["qkv"])  # [B, T, Q]
+    nH, D = c["num_heads"], 64
+    nKV = c["k_cache"].shape[1]
+    for b, row in enumerate(c["write_slots"].tolist()):
+        for t, slot in enumerate(row):
+            want_k = qkv[b, t, nH * D:(nH + nKV) * D].view(nKV, D)
+            want_v = qkv[b, t, (nH + nKV) * D:].view(nKV, D)
+            assert torch.equal(k[b, :, slot], want_k) and torch.equal(v[b, :, slot], want_v)
+    float_case = _case(torch.float32, bias=False)
+    float_case["position_ids"].zero_()
+    assert not torch.equal(_run(float_case, "cpu")[0], _run(c, "cpu")[0])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c["scales"].update(o=c["scales"]["o"][:-1]), r"o_scales must have shape \[96\]"),
+    (lambda c: c["scales"].update(o=c["scales"]["o"].double()), r"o_scales must be Float"),
+    (lambda c: c["packed"].update(o=ops.pack_linear_weight(torch.randn(96, 256))),
+     r"o_weight must be Char"),
+    (lambda c: c["packed"].update(o=ops.pack_linear_weight_int8(torch.randn(64, 256)).packed),
+     r"o_weight \(with o_scales\) must be "
+     r"pack_linear_weight_int8's output for \[H, num_heads D\] = \[96, 256\]"),
+    (lambda c: c["scales"].update(qkv=torch.ones(512)), r"qkv_weight must be Char"),  # scales for a float weight
+])
+def test_bad_int8_arguments_name_the_argument(device, change, message):
+    c = _case(torch.float32, int8=("o",))
+    change(c)
+    with pytest.raises(ValueError, match=message):
+        _run(c, device)
 
 
 def test_query_that_sees_nothing_gets_zero_attention(device):

@@ -404,12 +404,15 @@ def test_cli_tune_then_generate(tmp_path, capsys):
     with pytest.raises(SystemExit, match="choose one drafter"):
         main(["generate", "--model", str(tmp_path / "model"), "--self-spec", str(out), "--ngram", "--prompt-ids",
               "3 4"])
+    with pytest.raises(SystemExit, match="--draft-quant: --self-spec drafts with the target's own weights"):
+        main(["generate", "--model", str(tmp_path / "model"), "--self-spec", str(out), "--draft-quant", "int8",
+              "--prompt-ids", "3 4"])
 
 
 def test_e2e_bench_self_spec_row(tmp_path):
     """The e2e benchmark with a self-speculation file gains a "self-spec" row measured beside plain decoding, its
     greedy output identical; a file for another layer count is refused before anything runs."""
-    from specdec_ext.bench.e2e import SELF_SPEC, E2EConfig, run_e2e
+    from specdec_ext.bench.e2e import SELF_SPEC, E2EConfig, run_e2e, with_self_spec
     from specdec_ext.bench.models import tiny_random
 
     models = tiny_random(seed=0, max_positions=400)
@@ -421,6 +424,8 @@ def test_e2e_bench_self_spec_row(tmp_path):
     assert set(rows) == {"plain", SELF_SPEC} and rows[SELF_SPEC]["tokens_per_s"] > 0
     assert rows[SELF_SPEC]["mean_accepted_length"] >= 1.0 and "error" not in rows[SELF_SPEC]
     assert [c["equal"] for c in res["greedy_checks"]] == [True]
+    with pytest.raises(ValueError, match="self-spec drafts with the target's own weights"):
+        with_self_spec(models, str(path)).build_drafter(SELF_SPEC + "-int8")
     write_self_spec(path, SelfSpecFile(3, (1,), 3))
     with pytest.raises(ValueError, match="target of 3 decoder layers, but this target has 2"):
         run_e2e(models, E2EConfig(num_prompts=1, prompt_len=16, max_new_tokens=4, temperatures=(0.0,), hf=False,

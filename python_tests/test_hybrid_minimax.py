@@ -124,8 +124,7 @@ def recurrence_outputs(q, k, v, state, log_decay, parents):
 
 
 @pytest.mark.parametrize("kind", ["random", "deep", "wide", "chain", "star"])
-@pytest.mark.parametrize("packed", [False, True])
-def test_spec_equals_the_recurrence_along_every_path(kind, packed):
+def test_spec_equals_the_recurrence_along_every_path(kind):
     gen = torch.Generator().manual_seed(7)
     B, H, N, Dk, Dv = 3, 3, 11, 8, 5
     q, k = torch.randn(B, H, N, Dk, generator=gen), torch.randn(B, H, N, Dk, generator=gen)
@@ -133,8 +132,7 @@ def test_spec_equals_the_recurrence_along_every_path(kind, packed):
     state = torch.randn(B, H, Dk, Dv, generator=gen)
     log_decay = torch.tensor([-0.3, -0.01, 0.0])  # (a = 1 included: no decay)
     parents = random_parents(B, N, gen, kind)
-    mask = ops.tree_ancestor_mask(parents, packed)
-    got = ref.tree_linear_attention(q, k, v, state, log_decay, mask)
+    got = ref.tree_linear_attention(q, k, v, state, log_decay, parents)
     want = recurrence_outputs(q, k, v, state, log_decay, parents)
     torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
     # the commit: each row's state after a path of its own length (0 included), through the chosen nodes
@@ -154,8 +152,7 @@ def test_spec_equals_the_recurrence_along_every_path(kind, packed):
     torch.testing.assert_close(committed.double(), expect, atol=1e-4, rtol=1e-4)
     # and the committed state feeds the next tree as the prefix state: node outputs of a one-node tree
     q1 = q[:, :, :1]
-    one = ref.tree_linear_attention(q1, k[:, :, :1], v[:, :, :1], committed, log_decay,
-                                    torch.ones(B, 1, 1, dtype=torch.bool))
+    one = ref.tree_linear_attention(q1, k[:, :, :1], v[:, :, :1], committed, log_decay, parents[:, :1])
     torch.testing.assert_close(one.double(), recurrence_outputs(q1, k[:, :, :1], v[:, :, :1], committed,
                                                                 log_decay, parents[:, :1]), atol=1e-4, rtol=1e-4)
 
@@ -164,20 +161,20 @@ def test_spec_bad_input_names_the_argument():
     B, H, N, D = 1, 2, 3, 4
     q = torch.randn(B, H, N, D)
     state = torch.zeros(B, H, D, D)
-    mask = ops.tree_ancestor_mask(random_parents(B, N, torch.Generator().manual_seed(0)))
-    with pytest.raises(ValueError, match=r"log_decay\[1\] = 0.5 must be finite and <= 0"):
-        ref.tree_linear_attention(q, q, q, state, torch.tensor([-0.1, 0.5]), mask)
+    parents = random_parents(B, N, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"log_decay\[1\] must be finite and <= 0"):
+        ref.tree_linear_attention(q, q, q, state, torch.tensor([-0.1, 0.5]), parents)
     with pytest.raises(ValueError, match="log_decay must have shape"):
-        ref.tree_linear_attention(q, q, q, state, torch.tensor([-0.1]), mask)
-    bad = mask.clone()
-    bad[0, 2, :] = torch.tensor([False, True, True]) if not bad[0, 2, 1] else torch.tensor([False, False, True])
-    with pytest.raises(ValueError, match=r"tree_mask\[0, 2\] is not an ancestor-or-self row"):
+        ref.tree_linear_attention(q, q, q, state, torch.tensor([-0.1]), parents)
+    bad = parents.clone()
+    bad[0, 2] = 2
+    with pytest.raises(ValueError, match=r"tree_linear_attention: parents\[0, 2\] = 2 is not an earlier node"):
         ref.tree_linear_attention(q, q, q, state, torch.tensor([-0.1, -0.2]), bad)
     with pytest.raises(ValueError, match=r"lengths\[0\] = 4 is out of range"):
         ref.commit_linear_state(state, q, q, torch.tensor([-0.1, -0.2]), torch.zeros(1, 3, dtype=torch.int64),
                                 torch.tensor([4]))
     before = state.clone()
-    with pytest.raises(ValueError, match=r"path\[0, 1\] = 3 is out of range \[0, N = 3\)"):
+    with pytest.raises(ValueError, match=r"path\[0, 1\] = 3 is out of range \[0, N\)"):
         ref.commit_linear_state(state, q, q, torch.tensor([-0.1, -0.2]), torch.tensor([[0, 3, -1]]),
                                 torch.tensor([2]))
     assert torch.equal(state, before)  # an invalid row is left untouched

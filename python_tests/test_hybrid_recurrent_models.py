@@ -29,7 +29,7 @@ from test_hybrid_minimax import (NEW, V, engine_rows_equal_hf, generate_equals_h
 
 from specdec_ext.drafters import DraftModelDrafter, NgramDrafter  # noqa: E402
 from specdec_ext.models import HybridCache, tree_forward  # noqa: E402
-from specdec_ext.ops import reference as ref  # noqa: E402
+from specdec_ext import ops  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -121,13 +121,13 @@ def test_tree_logits_and_commits_equal_hf(family, monkeypatch):
     logit_err, state_err = tree_errors(model, seed=1)
     assert logit_err < TOL and state_err < TOL, (logit_err, state_err)
     # mutation: every node's convolution window taken from its parent's (one ancestor too high) must be caught
-    real = ref.tree_causal_conv1d
+    real = ops.tree_causal_conv1d
 
     def parent_windows(x, conv_state, weight, bias, parents, activation=None, validate=True):
         shifted = x.gather(2, parents.clamp(min=0)[:, None, :].expand_as(x))
         return real(shifted, conv_state, weight, bias, parents, activation, validate)
 
-    monkeypatch.setattr(ref, "tree_causal_conv1d", parent_windows)
+    monkeypatch.setattr(ops, "tree_causal_conv1d", parent_windows)
     bad_logits, _ = tree_errors(model, seed=1)
     assert bad_logits > 10 * TOL, bad_logits
 

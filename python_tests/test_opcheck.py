@@ -56,10 +56,45 @@ def _cases(device, dtype):
     cases += [("pack_linear_weight", (w,)), ("packed_linear", (xs, packed, bias, 37)),
               ("packed_linear", (xs[None], packed, None, 37))]
     cases += [("draft_decoder_layer", _draft_layer_args(device, dtype, eagle3)) for eagle3 in (False, True)]
+    cases += [("draft_decoder_layer", _draft_layer_args(device, dtype, False, int8=True))]
     cases += [("advance_tree_frontier", _frontier_args(device)), ("select_tree_nodes", _selection_args(device))]
     packed8, scales8 = OPS.pack_linear_weight_int8(w)
     cases += [("pack_linear_weight_int8", (w,)), ("packed_linear_int8", (xs, packed8, scales8, bias)),
               ("packed_linear_int8", (xs[None], packed8, scales8, None))]
+    return cases + _recurrent_cases(device, dtype)
+
+
+def _recurrent_cases(device, dtype):
+    """The recurrent tree ops and their commits (B = 2 rows of a 5-node tree, 3 heads, float32 states)."""
+    gen = make_gen(6)
+    B, H, N, Dk, Dv, C, K = 2, 3, 5, 4, 6, 7, 4
+
+    def rnd(*shape, float32=False):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=torch.float32 if float32 else dtype)
+
+    parents = random_parents(B, N, gen).to(device)
+    path, lengths = torch.tensor([[0, 1, -1], [0, -1, -1]], device=device), torch.tensor([2, 1], device=device)
+    parents[:, 1] = 0
+    q, k, v = rnd(B, H, N, Dk), rnd(B, H, N, Dk), rnd(B, H, N, Dv)
+    state, decay = rnd(B, H, Dk, Dv, float32=True), -torch.rand(H, generator=gen).to(device)
+    g, beta = -rnd(B, H, N, float32=True).abs(), rnd(B, H, N, float32=True).sigmoid()
+    x, conv = rnd(B, C, N), rnd(B, C, K - 1, float32=True)
+    A, D = -rnd(H, float32=True).abs(), rnd(H, float32=True)
+    cases = []
+    for validate in (True, False):
+        cases += [
+            ("tree_linear_attention", (q, k, v, state, decay, parents, validate)),
+            ("commit_linear_state", (state.clone(), k, v, decay, path, lengths, validate)),
+            ("tree_causal_conv1d", (x, conv, rnd(C, K), rnd(C) if validate else None, parents,
+                                    "silu" if validate else None, validate)),
+            ("commit_conv_state", (conv.clone(), x, path, lengths, validate)),
+            ("tree_gated_delta_rule", (q, k, v, g, beta, state, parents, validate)),
+            ("commit_gated_delta_state", (state.clone(), k, v, g, beta, path, lengths, validate)),
+            ("tree_selective_state", (v, g.abs(), A, q, k, D, state.transpose(2, 3).contiguous(), parents,
+                                      validate)),
+            ("commit_selective_state", (state.transpose(2, 3).contiguous(), v, g.abs(), A, q, path, lengths,
+                                        validate)),
+        ]
     return cases
 
 
@@ -79,9 +114,10 @@ def _selection_args(device):
             torch.tensor([3, 4], device=device), 4, True)
 
 
-def _draft_layer_args(device, dtype, eagle3: bool):
+def _draft_layer_args(device, dtype, eagle3: bool, int8: bool = False):
     """draft_decoder_layer's arguments: B = 2 rows of T = 3 positions, H = 64, 2 query and 1 kv heads of D = 64,
-    I = 40, S = 10 cache slots, kv_len = 8; EAGLE-3's two normalised input halves, or EAGLE-1's bias."""
+    I = 40, S = 10 cache slots, kv_len = 8; EAGLE-3's two normalised input halves, or EAGLE-1's bias; with
+    ``int8``, the qkv and down weights packed as int8 with their scales (o and gate_up float)."""
     gen = make_gen(3)
     B, T, H, nH, nKV, D, I, S = 2, 3, 64, 2, 1, 64, 40, 10
     Din = 2 * H if eagle3 else H
@@ -92,14 +128,19 @@ def _draft_layer_args(device, dtype, eagle3: bool):
     def packed(n, k):
         return OPS.pack_linear_weight(rnd(n, k))
 
+    def quantized(n, k):
+        return OPS.pack_linear_weight_int8(rnd(n, k)) if int8 else (packed(n, k), None)
+
     Q = (nH + 2 * nKV) * D
+    (qkv, qkv_scales), (down, down_scales) = quantized(Q, Din), quantized(H, I)
     mask = torch.rand(B, T, 8, generator=gen) < 0.5
     slots = torch.tensor([[0, 5, 6], [7, 1, 2]])
     mask[torch.arange(B)[:, None], torch.arange(T)[None], slots] = True
-    return (rnd(B, T, Din), rnd(Din) if eagle3 else None, 2 if eagle3 else 1, rnd(B, T, H), packed(Q, Din),
-            None if eagle3 else rnd(Q), packed(H, nH * D), rnd(H), packed(2 * I, H), packed(H, I),
+    return (rnd(B, T, Din), rnd(Din) if eagle3 else None, 2 if eagle3 else 1, rnd(B, T, H), qkv,
+            None if eagle3 else rnd(Q), packed(H, nH * D), rnd(H), packed(2 * I, H), down,
             torch.randint(0, 100, (B, T), generator=gen).to(device), torch.rand(D // 2, generator=gen).to(device),
-            rnd(B, nKV, S, D), rnd(B, nKV, S, D), slots.to(device), mask.to(device), nH, I, 1e-5, True)
+            rnd(B, nKV, S, D), rnd(B, nKV, S, D), slots.to(device), mask.to(device), nH, I, 1e-5, qkv_scales, None,
+            None, down_scales, True)
 
 
 def _attention_inputs(device, dtype):
@@ -113,7 +154,7 @@ def _attention_inputs(device, dtype):
     return {k: v.to(device) for k, v in d.items()}
 
 
-@pytest.mark.parametrize("index", range(34))
+@pytest.mark.parametrize("index", range(51))
 def test_opcheck(device, dtype, index):
     name, args = _cases(device, dtype)[index]
     if dtype != torch.float32 and name in ("build_tree", "tree_ancestor_mask", "advance_tree_frontier",
@@ -146,7 +187,7 @@ def test_meta_shapes():
     assert [tuple(t.shape) for t in tree] == [(2, 5), (2, 5)] and tree[0].dtype == torch.int64
 
 
-@pytest.mark.parametrize("index", range(34))
+@pytest.mark.parametrize("index", range(51))
 def test_a_meta_tensor_among_cpu_ones_is_refused(index):
     """One argument on the meta device, the rest on CPU: the dispatcher picks the fake (Meta outranks CPU), which
     used to return uninitialised tensors as results; it must raise naming the argument and both devices (the
@@ -188,7 +229,7 @@ def _spoiled(args, position: int):
     return out
 
 
-@pytest.mark.parametrize("index", range(34))
+@pytest.mark.parametrize("index", range(51))
 def test_all_meta_calls_are_refused_as_cpu_calls_are(index):
     """Every tensor argument in turn given a wrong dtype: when the CPU op refuses it, the same call on meta tensors
     (which only the fake sees) raises the same ValueError, word for word; when the CPU op takes it, so does meta."""
@@ -225,7 +266,7 @@ def test_meta_calls_meet_the_scalar_checks():
 
 
 def test_every_case_is_checked():
-    assert len(_cases("cpu", torch.float32)) == 34  # (the parametrisation of test_opcheck)
+    assert len(_cases("cpu", torch.float32)) == 51  # (the parametrisation of test_opcheck)
 
 
 def test_built_with_cuda_is_bool():

@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-__all__ = ["add_drafter_arguments", "drafter_from_args"]
+__all__ = ["add_drafter_arguments", "check_one_drafter", "draft_quant", "drafter_from_args"]
 
 
 def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,11 +50,24 @@ def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
                         "tree of depth --num-draft-tokens)")
     p.add_argument("--suffix-corpus-tokens", type=int, default=1 << 18,
                    help="--suffix: tokens of earlier outputs kept (oldest evicted first; 0: the context only)")
+    p.add_argument("--draft-quant", choices=["none", "int8"], default="none",
+                   help="weights of the drafter's network (--draft-model, --medusa, --eagle, the zoo's): int8 holds "
+                        "a quarter of float32's bytes; verification stays on the target, so output is unchanged")
 
 
 def check_one_drafter(args: argparse.Namespace) -> None:
     if sum(map(bool, (args.ngram, args.suffix, args.draft_model, args.medusa, args.eagle, args.self_spec))) > 1:
         raise ValueError("choose one drafter (--ngram, --suffix, --draft-model, --medusa, --eagle or --self-spec)")
+    if draft_quant(args) is not None and (args.ngram or args.suffix):
+        raise ValueError("--draft-quant quantises a drafter's network; --ngram and --suffix have none")
+    if draft_quant(args) is not None and args.self_spec:
+        raise ValueError("--draft-quant: --self-spec drafts with the target's own weights (the target on int8 weights "
+                         "as its own draft is DraftModelDrafter.from_target)")
+
+
+def draft_quant(args: argparse.Namespace) -> str | None:
+    """``--draft-quant`` as the drafters' ``draft_quant`` keyword (None: float weights)."""
+    return None if args.draft_quant == "none" else args.draft_quant
 
 
 def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
@@ -71,7 +84,7 @@ def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
         return DraftModelDrafter(load_model(args.draft_model, dtype=dtype, device=args.device),
                                  num_draft_tokens=args.num_draft_tokens, tree_width=args.tree_width,
                                  total_tokens=args.tree_total_tokens, confidence_threshold=args.confidence_threshold,
-                                 packed_linears=not args.no_packed_linears)
+                                 packed_linears=not args.no_packed_linears, draft_quant=draft_quant(args))
     if args.ngram:
         return NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
     if args.suffix:
@@ -80,12 +93,14 @@ def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
                              corpus_tokens=args.suffix_corpus_tokens)
     if args.medusa:
         return MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device,
-                                             max_nodes=args.medusa_nodes, dynamic=args.medusa_dynamic)
+                                             max_nodes=args.medusa_nodes, dynamic=args.medusa_dynamic,
+                                             draft_quant=draft_quant(args))
     if args.eagle:
         tdtype = next(p.dtype for p in target.parameters() if p.is_floating_point())
         return EagleDrafter.from_pretrained(args.eagle, target=target, depth=args.eagle_depth,
                                             top_k=args.eagle_top_k, total_tokens=args.eagle_total_tokens,
-                                            dtype=resolve_eagle_dtype(args.eagle_dtype, tdtype, args.device))
+                                            dtype=resolve_eagle_dtype(args.eagle_dtype, tdtype, args.device),
+                                            draft_quant=draft_quant(args))
     if args.self_spec:
         tree = {"num_draft_tokens": args.num_draft_tokens, "tree_width": args.tree_width,
                 "total_tokens": args.tree_total_tokens} if args.tree_width > 1 else {}

@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from specdec_ext.ops import reference  # (the specs' per-node state recurrence, for the snapshot baselines)
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Trees.
@@ -289,3 +291,44 @@ def compact_kv(caches, src_positions, dst_start, lengths, seq_dim: int):
     for c in caches:
         view = c.movedim(seq_dim, 1)
         view[rows, dst] = view[rows, src]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Recurrent layers over a tree, vLLM's way: one state snapshot per draft node (all nodes' states computed level by
+# level from their parents' and kept), the commit a copy of the accepted node's snapshot.
+
+
+def _linear_step(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_a: torch.Tensor) -> torch.Tensor:
+    return S * log_a.exp()[..., None, None] + k[..., :, None] * v[..., None, :]
+
+
+def _commit_snapshot(state: torch.Tensor, snapshots: torch.Tensor, path: torch.Tensor, lengths: torch.Tensor):
+    """state[b] <- snapshots[b, :, path[b, lengths[b] - 1]] where lengths[b] > 0 (in place)."""
+    last = path.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0].clamp(min=0)
+    taken = snapshots[torch.arange(state.shape[0], device=state.device), :, last]
+    state.copy_(torch.where((lengths > 0)[:, None, None, None], taken, state))
+
+
+def linear_attention_snapshots(q, k, v, state, log_decay, parents, path, lengths):
+    """Outputs of tree_linear_attention and, in place, commit_linear_state's state, through per-node snapshots."""
+    B, H, N, _ = q.shape
+    log_a = log_decay[None, :, None].expand(B, H, N)
+    snaps = reference._tree_states(_linear_step, state, parents, k, v, log_a)  # [B, H, N, Dk, Dv]
+    out = (snaps * q.float()[..., :, None]).sum(-2)
+    _commit_snapshot(state, snaps, path, lengths)
+    return out
+
+
+def gated_delta_snapshots(q, k, v, g, beta, state, parents, path, lengths):
+    snaps = reference._tree_states(reference._delta_step, state, parents, k, v, g, beta)
+    out = (snaps * q.float()[..., :, None]).sum(-2)
+    _commit_snapshot(state, snaps, path, lengths)
+    return out
+
+
+def selective_state_snapshots(x, dt, A, Bm, Cm, D, state, parents, path, lengths):
+    B, H, N = dt.shape
+    snaps = reference._tree_states(reference._ssd_step, state, parents, x, dt, A[None, :, None].expand(B, H, N), Bm)
+    out = (snaps * Cm.float()[..., None, :]).sum(-1) + D[None, :, None, None] * x.float()
+    _commit_snapshot(state, snaps, path, lengths)
+    return out

@@ -7,6 +7,10 @@ family's EAGLE-2 trees), 4 (a catch-up), 10 and 32; P = 600. Both write the same
 same inputs: ours is the op on the layer's weights packed once (what the layer calls on CPU, without the layer's
 ~10 us of Python around it), the baseline the layer's module path (its products packed on CPU, aten's on CUDA).
 Checked first: the two outputs agree within the dtype's rounding. Bytes: the layer's weights read once.
+
+Second case, ``draft_decoder_layer[int8 weights]`` (CPU): the op on the same layer's weights quantised to int8
+(``pack_linear_weight_int8``: a quantised draft, ``draft_quant="int8"``) as "ours" against the op on the float
+weights as the "baseline", checked first against the reference layer over the same int8 weights.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 
 import specdec_ext.ops as ops
 from specdec_ext.models import draft_layer as DL
+from specdec_ext.ops import reference as ref
 from specdec_ext.models import eagle as E
 
 OP = "draft_decoder_layer"
@@ -76,6 +81,38 @@ def main(argv=None):
                             lambda: run(native), dev, args.repeats * 4, warmup=5), nbytes, formula, args.repeats * 4))
                 finally:
                     DL.NATIVE_LAYER_MAX_ROWS = saved
+                if dev != "cpu":
+                    continue
+                with torch.no_grad():
+                    q8 = [ops.pack_linear_weight_int8(torch.cat([m.weight for m in group])) for group in (
+                        (sa.q_proj, sa.k_proj, sa.v_proj), (sa.o_proj,), (mlp.gate_proj, mlp.up_proj),
+                        (mlp.down_proj,))]
+                scales = dict(qkv_scales=q8[0].scales, o_scales=q8[1].scales, gate_up_scales=q8[2].scales,
+                              down_scales=q8[3].scales)
+
+                def run8(fn=ops.draft_decoder_layer):
+                    with torch.no_grad():
+                        return fn(x, x, q8[0].packed, q8[1].packed, layer.post_attention_layernorm.weight,
+                                  q8[2].packed, q8[3].packed, pos, sa.rotary.inv_freq, cache.k, cache.v, pos, mask,
+                                  6, 1024, 1e-5, **scales)
+
+                def run8_ref():
+                    return ref.draft_decoder_layer(x, None, 1, x, q8[0].packed, None, q8[1].packed,
+                                                   layer.post_attention_layernorm.weight, q8[2].packed,
+                                                   q8[3].packed, pos, sa.rotary.inv_freq, cache.k.clone(),
+                                                   cache.v.clone(), pos, mask, 6, 1024, 1e-5, **scales)
+
+                got, want = run8().float(), run8_ref().float()
+                tol = 1e-4 if dtype == torch.float32 else 5e-2
+                op8 = OP + "[int8 weights]"
+                common.check_close(f"{op8} T={T} {common.dtype_name(dtype)}", got, want,
+                                   atol=tol * (1 + float(want.abs().max())), rtol=0)
+                table.case(op8, shape, dname)
+                n8 = float(sum(q.packed.numel() + 4 * q.scales.numel() for q in q8))
+                for impl, fn in (("baseline", lambda: run(True)), ("ours", run8)):
+                    table.add(common.Result(op8, shape, dname, impl, dev, common.time_fn(
+                        fn, dev, args.repeats * 4, warmup=5), nbytes if impl == "baseline" else n8,
+                        formula if impl == "baseline" else "int8 weights + float32 scales", args.repeats * 4))
         print("  check: the op's output equals the module path's within the dtype's rounding")
     return common.finish(table, args)
 

@@ -22,7 +22,7 @@ import torch
 
 BENCHES = ["build_tree", "tree_ancestor_mask", "verify_tree_greedy", "verify_tree_sampling", "verify_tree_typical",
            "sample_tokens", "expand_tree_step", "tree_attention", "compact_kv", "packed_linear", "packed_linear_int8",
-           "draft_decoder_layer"]
+           "draft_decoder_layer", "recurrent"]
 
 GOALS = [  # (op, shape prefix, dtype, device, minimum speedup vs baseline): reported, never asserted
     ("verify_tree_greedy", "B=8,N=64,V=32000", "fp32", "cpu", 5.0),

@@ -78,6 +78,12 @@ std::string status_message(const char* op, int64_t b, const RowStatus& s) {
         << " is out of range: need 0 <= prefix_lens[b] <= 2^63 - N (position ids prefix_lens[b] + depth must fit "
            "int64)";
       break;
+    case kBadLogDecay:
+      m << "log_decay[" << s.node << "] must be finite and <= 0 (a decay exp(log_decay) in (0, 1])";
+      break;
+    case kBadPathNode:
+      m << "path[" << b << ", " << s.node << "] = " << s.value << " is out of range [0, N) (N: the tree's nodes)";
+      break;
     default:
       m << "row " << b << ": unknown status " << s.code;
   }

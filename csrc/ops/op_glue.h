@@ -626,5 +626,6 @@ Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const
 
 // tree_attention and compact_kv, draft_decoder_layer, and the int8 linear ops (use the helpers above).
 #include "op_glue_attention.h"    // NOLINT(build/include_order)
-#include "op_glue_draft_layer.h"  // NOLINT(build/include_order)
 #include "op_glue_linear_int8.h"  // NOLINT(build/include_order)
+#include "op_glue_draft_layer.h"  // NOLINT(build/include_order)
+#include "op_glue_recurrent.h"    // NOLINT(build/include_order)  (the recurrent tree ops)

@@ -1,11 +1,14 @@
 // Glue of draft_decoder_layer (included by op_glue.h): checks, one workspace for the stages' buffers, dtype
 // dispatch, Backend call (Backend::draft_decoder_layer runs the stages of DraftLayerParams in order), status report.
+// Each of the four weights is float (pack_linear_weight) or int8 (pack_linear_weight_int8, with its scales).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -29,6 +32,40 @@ inline void check_packed_weight(const char* op, const char* name, const at::Tens
   check_packed_rows(op, name, w, N, std::string("the first dimension of ") + what);
 }
 
+// One product's checked weight: pack_linear_weight's output (scales undefined), or pack_linear_weight_int8's
+// with its scales (contiguous).
+struct LayerWeight {
+  at::Tensor packed, scales;
+  template <typename U>
+  DraftLayerWeight<U> operand() const {
+    if (!scales.defined()) return {.packed = float_ptr<U>(packed)};
+    return {.packed_int8 = const_data<int8_t>(packed), .scales = const_data<float>(scales)};
+  }
+};
+
+// A weight for out_features x in_features: pack_linear_weight's output of x's dtype, or with `scales`
+// pack_linear_weight_int8's (int8, with float32 [N] scales).
+inline LayerWeight checked_layer_weight(const char* op, const char* name, const char* scales_name,
+                                        const at::Tensor& w, const std::optional<at::Tensor>& scales,
+                                        const at::Tensor& x, int64_t N, int64_t K, const char* what) {
+  if (!scales.has_value()) {
+    check_packed_weight(op, name, w, x, N, K, what);
+    return {w, at::Tensor()};
+  }
+  check_int8_in_features(op, (std::string("the in_features of ") + what).c_str(), K);
+  check_dtype(op, name, w, at::kChar);
+  check_same_device(op, name, w, x, "x");
+  const std::vector<int64_t> want = packed_linear_int8_shape(N, K);
+  SPECDEC_CHECK(w.sizes().equals(want) && w.is_contiguous(), op, ": ", name, " (with ", scales_name,
+                ") must be pack_linear_weight_int8's output for ", what, " = [", N, ", ", K, "], of shape ",
+                at::IntArrayRef(want), ", got ", shape_str(w), w.is_contiguous() ? "" : " (not contiguous)");
+  check_dtype(op, scales_name, *scales, at::kFloat);
+  check_same_device(op, scales_name, *scales, x, "x");
+  SPECDEC_CHECK(scales->dim() == 1 && scales->size(0) == N, op, ": ", scales_name, " must have shape [", N,
+                "] (the first dimension of ", what, "), got ", shape_str(*scales));
+  return {w, scales->contiguous()};
+}
+
 // A [n] vector of x's dtype and device, returned contiguous.
 inline at::Tensor checked_weight_vector(const char* op, const char* name, const at::Tensor& t, int64_t n,
                                         const at::Tensor& x) {
@@ -47,7 +84,11 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
                                     const at::Tensor& position_ids_in, const at::Tensor& inv_freq_in,
                                     const at::Tensor& k_cache, const at::Tensor& v_cache,
                                     const at::Tensor& write_slots_in, const at::Tensor& mask_in, int64_t num_heads,
-                                    int64_t intermediate_size, double eps, bool validate) {
+                                    int64_t intermediate_size, double eps,
+                                    const std::optional<at::Tensor>& qkv_scales,
+                                    const std::optional<at::Tensor>& o_scales,
+                                    const std::optional<at::Tensor>& gate_up_scales,
+                                    const std::optional<at::Tensor>& down_scales, bool validate) {
   constexpr const char* op = "draft_decoder_layer";
   check_dim(op, "x", x_in, 3, "[B, T, Din]");
   check_float(op, "x", x_in);
@@ -82,10 +123,16 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
   const int64_t heads_d = checked_mul(op, "num_heads * D", num_heads, D);
   const int64_t Q = checked_add(op, "(num_heads + 2 nKV) * D", heads_d, 2 * nKV * D);
   const int64_t I2 = checked_mul(op, "2 * intermediate_size", 2, intermediate_size);
-  check_packed_weight(op, "qkv_weight", qkv_weight, x_in, Q, Din, "[(num_heads + 2 nKV) D, Din]");
-  check_packed_weight(op, "o_weight", o_weight, x_in, H, heads_d, "[H, num_heads D]");
-  check_packed_weight(op, "gate_up_weight", gate_up_weight, x_in, I2, H, "[2 intermediate_size, H]");
-  check_packed_weight(op, "down_weight", down_weight, x_in, H, intermediate_size, "[H, intermediate_size]");
+  const LayerWeight weights[4] = {
+      checked_layer_weight(op, "qkv_weight", "qkv_scales", qkv_weight, qkv_scales, x_in, Q, Din,
+                           "[(num_heads + 2 nKV) D, Din]"),
+      checked_layer_weight(op, "o_weight", "o_scales", o_weight, o_scales, x_in, H, heads_d, "[H, num_heads D]"),
+      checked_layer_weight(op, "gate_up_weight", "gate_up_scales", gate_up_weight, gate_up_scales, x_in, I2, H,
+                           "[2 intermediate_size, H]"),
+      checked_layer_weight(op, "down_weight", "down_scales", down_weight, down_scales, x_in, H, intermediate_size,
+                           "[H, intermediate_size]")};
+  bool any_int8 = false;
+  for (const LayerWeight& w : weights) any_int8 = any_int8 || w.scales.defined();
   at::Tensor qkv_bias, input_norm_weight;
   if (qkv_bias_in.has_value()) qkv_bias = checked_weight_vector(op, "qkv_bias", *qkv_bias_in, Q, x_in);
   if (input_norm_weight_in.has_value()) {
@@ -115,7 +162,9 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
       {"x", &x_in}, {"residual", &residual_in}, {"qkv_weight", &qkv_weight}, {"o_weight", &o_weight},
       {"norm_weight", &norm_weight_in}, {"gate_up_weight", &gate_up_weight}, {"down_weight", &down_weight},
       {"position_ids", &position_ids_in}, {"inv_freq", &inv_freq_in}, {"write_slots", &write_slots_in},
-      {"mask", &mask_in}, {"qkv_bias", &qkv_bias}, {"input_norm_weight", &input_norm_weight}};
+      {"mask", &mask_in}, {"qkv_bias", &qkv_bias}, {"input_norm_weight", &input_norm_weight},
+      {"qkv_scales", &weights[0].scales}, {"o_scales", &weights[1].scales},
+      {"gate_up_scales", &weights[2].scales}, {"down_scales", &weights[3].scales}};
   for (const auto& [name, t] : inputs) {
     if (!t->defined()) continue;
     check_no_overlap(op, "k_cache", k_cache, name, *t);
@@ -138,6 +187,13 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
   int64_t total = 0;
   for (int64_t n : sizes) total = checked_add(op, "the stage buffers' size", total, n);
   at::Tensor buffers = at::empty({total}, x.options());
+  // An int8 product's input rows quantised (the widest of the four inputs), and their scales.
+  at::Tensor qx, qx_scales;
+  if (any_int8) {
+    const int64_t widest = std::max({Din, heads_d, H, I});
+    qx = at::empty({rows_times(linear_int8_padded_k(widest))}, x.options().dtype(at::kChar));
+    qx_scales = at::empty({rows}, x.options().dtype(at::kFloat));
+  }
   at::Tensor out = at::empty({B, T, H}, x.options());
   at::Tensor status = new_status(2 * B, x);  // rows [0, B): the layer's; [B, 2B): the attention's (always ok)
   at::Tensor zero_prefix = at::zeros({B}, x.options().dtype(at::kLong));
@@ -153,10 +209,10 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
       base += sizes[i];
     }
     auto ptr = [](const at::Tensor& t) -> const U* { return t.defined() ? float_ptr<U>(t) : nullptr; };
-    DraftLayerParams<U> p{.qkv_packed = float_ptr<U>(qkv_weight),
-                          .o_packed = float_ptr<U>(o_weight),
-                          .gate_up_packed = float_ptr<U>(gate_up_weight),
-                          .down_packed = float_ptr<U>(down_weight),
+    DraftLayerParams<U> p{.qkv_weight = weights[0].operand<U>(),
+                          .o_weight = weights[1].operand<U>(),
+                          .gate_up_weight = weights[2].operand<U>(),
+                          .down_weight = weights[3].operand<U>(),
                           .x = float_ptr<U>(x),
                           .input_norm_weight = ptr(input_norm_weight),
                           .input_norm_segments = input_norm_segments,
@@ -187,6 +243,8 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
                           .gate_up = parts[6],
                           .act = parts[7],
                           .down = parts[8],
+                          .qx = qx.defined() ? mutable_data<int8_t>(qx) : nullptr,
+                          .qx_scales = qx.defined() ? mutable_data<float>(qx_scales) : nullptr,
                           .out = reinterpret_cast<U*>(mutable_data(out)),
                           .status = status_ptr(status)};
     const TreeAttentionParams<U> a = draft_layer_attention(

@@ -114,27 +114,76 @@ struct CpuBackend {
     for_rows(p, (p.out_features + kLinearPanel - 1) / kLinearPanel, kLinearPanel * p.in_features * p.rows,
              cpu::PackedLinearInt8<T>, /*min_work_per_thread=*/int64_t{1} << 20);
   }
-  // The stages of DraftLayerParams in order; the products and the attention as packed_linear and tree_attention.
+  // One of a draft layer's products: packed_linear, or packed_linear_int8's two stages for an int8 weight.
+  template <typename T>
+  static void draft_layer_linear(const DraftLayerParams<T>& p, DraftLayerProduct which) {
+    if (draft_layer_weight(p, which).packed_int8 == nullptr) return packed_linear(draft_layer_product(p, which));
+    quantize_rows_int8(draft_layer_quantize(p, which));
+    packed_linear_int8(draft_layer_product_int8(p, which));
+  }
+  // The stages of DraftLayerParams in order; the products and the attention as packed_linear (or
+  // packed_linear_int8) and tree_attention.
   template <typename T>
   static void draft_decoder_layer(const DraftLayerParams<T>& p, const TreeAttentionParams<T>& attention) {
     const int64_t rows = p.batch * p.tokens, H = p.hidden;
     if (p.input_norm_weight != nullptr) for_rows(p, rows, 4 * p.in_features, cpu::DraftLayerInputNorm<T>);
-    packed_linear(draft_layer_product(p, kDraftQkv));
+    draft_layer_linear(p, kDraftQkv);
     for_rows(p, p.batch, 8 * p.tokens * (p.num_heads + 2 * p.num_kv_heads) * p.head_dim,
              cpu::DraftLayerRopeCache<T>);
     tree_attention(attention);
     for_rows(p, rows, p.num_heads * p.head_dim, cpu::DraftLayerGatherHeads<T>);
-    packed_linear(draft_layer_product(p, kDraftO));
+    draft_layer_linear(p, kDraftO);
     for_rows(p, rows, 8 * H, cpu::DraftLayerAddNorm<T>);
-    packed_linear(draft_layer_product(p, kDraftGateUp));
+    draft_layer_linear(p, kDraftGateUp);
     for_rows(p, rows, 8 * p.intermediate, cpu::DraftLayerSwiGlu<T>);
-    packed_linear(draft_layer_product(p, kDraftDown));
+    draft_layer_linear(p, kDraftDown);
     for_rows(p, rows, 2 * H, cpu::DraftLayerResidual<T>);
+  }
+};
+
+// The recurrent tree ops (op_glue_recurrent.h): tasks are (row, head) pairs or (row, channel block) pairs.
+struct CpuRecurrentBackend {
+  template <typename T>
+  static void tree_linear_attention(const TreeLinearAttentionParams<T>& p) {
+    const int64_t N = p.num_nodes;
+    for_rows(p, p.batch * p.num_heads, N * (p.key_dim * p.value_dim + 4 * (p.key_dim + p.value_dim)),
+             cpu::TreeLinearAttention<T>);
+  }
+  template <typename T>
+  static void commit_linear_state(const CommitLinearStateParams<T>& p) {
+    for_rows(p, p.batch * p.num_heads, p.max_len * p.key_dim * p.value_dim, cpu::CommitLinearState<T>);
+  }
+  template <typename T>
+  static void tree_causal_conv1d(const TreeCausalConv1dParams<T>& p) {
+    for_rows(p, p.batch * conv_channel_blocks(p.channels), kConvChannelBlock * p.num_nodes * p.width,
+             cpu::TreeCausalConv1d<T>);
+  }
+  template <typename T>
+  static void commit_conv_state(const CommitConvStateParams<T>& p) {
+    for_rows(p, p.batch * conv_channel_blocks(p.channels), kConvChannelBlock * (p.window + 1),
+             cpu::CommitConvState<T>);
+  }
+  template <typename T>
+  static void tree_gated_delta_rule(const TreeGatedDeltaParams<T>& p) {
+    for_rows(p, p.batch * p.num_heads, 4 * p.num_nodes * p.key_dim * p.value_dim, cpu::TreeGatedDelta<T>);
+  }
+  template <typename T>
+  static void commit_gated_delta_state(const CommitGatedDeltaParams<T>& p) {
+    for_rows(p, p.batch * p.num_heads, 3 * p.max_len * p.key_dim * p.value_dim, cpu::CommitGatedDelta<T>);
+  }
+  template <typename T>
+  static void tree_selective_state(const TreeSelectiveStateParams<T>& p) {
+    for_rows(p, p.batch * p.num_heads, 4 * p.num_nodes * p.head_dim * p.state_dim, cpu::TreeSelectiveState<T>);
+  }
+  template <typename T>
+  static void commit_selective_state(const CommitSelectiveStateParams<T>& p) {
+    for_rows(p, p.batch * p.num_heads, 2 * p.max_len * p.head_dim * p.state_dim, cpu::CommitSelectiveState<T>);
   }
 };
 
 }  // namespace
 
 SPECDEC_REGISTER_BACKEND(specdec_ext, CPU, CpuBackend)
+SPECDEC_REGISTER_RECURRENT(specdec_ext, CPU, CpuRecurrentBackend)
 
 }  // namespace specdec::glue

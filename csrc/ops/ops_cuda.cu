@@ -87,29 +87,74 @@ struct CudaBackend {
   static void packed_linear_int8(const PackedLinearInt8Params<T>& p) {
     launch([&] { cuda::LaunchPackedLinearInt8<T>(p, current_stream()); });
   }
-  // The stages of DraftLayerParams in order on the current stream (the products through packed_linear's kernel, the
-  // attention through tree_attention's).
+  // One of a draft layer's products: packed_linear's kernel, or packed_linear_int8's two for an int8 weight.
+  template <typename T>
+  static void launch_draft_layer_linear(const DraftLayerParams<T>& p, DraftLayerProduct which, cudaStream_t s) {
+    if (draft_layer_weight(p, which).packed_int8 == nullptr)
+      return cuda::LaunchPackedLinear<T>(draft_layer_product(p, which), s);
+    cuda::LaunchQuantizeRowsInt8<T>(draft_layer_quantize(p, which), s);
+    cuda::LaunchPackedLinearInt8<T>(draft_layer_product_int8(p, which), s);
+  }
+  // The stages of DraftLayerParams in order on the current stream (the products through packed_linear's kernels or
+  // packed_linear_int8's, the attention through tree_attention's).
   template <typename T>
   static void draft_decoder_layer(const DraftLayerParams<T>& p, const TreeAttentionParams<T>& attention) {
     const cudaStream_t s = current_stream();
     launch([&] {
       if (p.input_norm_weight != nullptr) cuda::LaunchDraftLayerInputNorm<T>(p, s);
-      cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftQkv), s);
+      launch_draft_layer_linear(p, kDraftQkv, s);
       cuda::LaunchDraftLayerRopeCache<T>(p, s);
       cuda::LaunchTreeAttention<T>(attention, s);
       cuda::LaunchDraftLayerGatherHeads<T>(p, s);
-      cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftO), s);
+      launch_draft_layer_linear(p, kDraftO, s);
       cuda::LaunchDraftLayerAddNorm<T>(p, s);
-      cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftGateUp), s);
+      launch_draft_layer_linear(p, kDraftGateUp, s);
       cuda::LaunchDraftLayerSwiGlu<T>(p, s);
-      cuda::LaunchPackedLinear<T>(draft_layer_product(p, kDraftDown), s);
+      launch_draft_layer_linear(p, kDraftDown, s);
       cuda::LaunchDraftLayerResidual<T>(p, s);
     });
+  }
+};
+
+// The recurrent tree ops (op_glue_recurrent.h), on the current stream.
+struct CudaRecurrentBackend {
+  template <typename T>
+  static void tree_linear_attention(const TreeLinearAttentionParams<T>& p) {
+    launch([&] { cuda::LaunchTreeLinearAttention<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void commit_linear_state(const CommitLinearStateParams<T>& p) {
+    launch([&] { cuda::LaunchCommitLinearState<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void tree_causal_conv1d(const TreeCausalConv1dParams<T>& p) {
+    launch([&] { cuda::LaunchTreeCausalConv1d<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void commit_conv_state(const CommitConvStateParams<T>& p) {
+    launch([&] { cuda::LaunchCommitConvState<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void tree_gated_delta_rule(const TreeGatedDeltaParams<T>& p) {
+    launch([&] { cuda::LaunchTreeGatedDelta<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void commit_gated_delta_state(const CommitGatedDeltaParams<T>& p) {
+    launch([&] { cuda::LaunchCommitGatedDelta<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void tree_selective_state(const TreeSelectiveStateParams<T>& p) {
+    launch([&] { cuda::LaunchTreeSelectiveState<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void commit_selective_state(const CommitSelectiveStateParams<T>& p) {
+    launch([&] { cuda::LaunchCommitSelectiveState<T>(p, current_stream()); });
   }
 };
 
 }  // namespace
 
 SPECDEC_REGISTER_BACKEND(specdec_ext, CUDA, CudaBackend)
+SPECDEC_REGISTER_RECURRENT(specdec_ext, CUDA, CudaRecurrentBackend)
 
 }  // namespace specdec::glue

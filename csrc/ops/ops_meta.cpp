@@ -47,8 +47,28 @@ struct MetaBackend {
   static void draft_decoder_layer(const DraftLayerParams<T>&, const TreeAttentionParams<T>&) {}
 };
 
+struct MetaRecurrentBackend {
+  template <typename T>
+  static void tree_linear_attention(const TreeLinearAttentionParams<T>&) {}
+  template <typename T>
+  static void commit_linear_state(const CommitLinearStateParams<T>&) {}
+  template <typename T>
+  static void tree_causal_conv1d(const TreeCausalConv1dParams<T>&) {}
+  template <typename T>
+  static void commit_conv_state(const CommitConvStateParams<T>&) {}
+  template <typename T>
+  static void tree_gated_delta_rule(const TreeGatedDeltaParams<T>&) {}
+  template <typename T>
+  static void commit_gated_delta_state(const CommitGatedDeltaParams<T>&) {}
+  template <typename T>
+  static void tree_selective_state(const TreeSelectiveStateParams<T>&) {}
+  template <typename T>
+  static void commit_selective_state(const CommitSelectiveStateParams<T>&) {}
+};
+
 }  // namespace
 
 SPECDEC_REGISTER_BACKEND(specdec_ext_checks, Meta, MetaBackend)
+SPECDEC_REGISTER_RECURRENT(specdec_ext_checks, Meta, MetaRecurrentBackend)
 
 }  // namespace specdec::glue

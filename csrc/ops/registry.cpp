@@ -70,14 +70,40 @@ void define_ops(torch::Library& m) {
   m.def("pack_linear_weight_int8(Tensor weight) -> (Tensor packed, Tensor scales)");
   m.def("packed_linear_int8(Tensor x, Tensor packed_weight, Tensor scales, Tensor? bias) -> Tensor");
 
-  // A drafter's decoder layer (EAGLE) over a few new positions per row, weights packed, its K/V written into its
-  // cache at explicit slots (in place).
+  // A drafter's decoder layer (EAGLE, a draft LM) over a few new positions per row, weights packed (each float, or
+  // int8 with its scales), its K/V written into its cache at explicit slots (in place).
   m.def(
       "draft_decoder_layer(Tensor x, Tensor? input_norm_weight, int input_norm_segments, Tensor residual, "
       "Tensor qkv_weight, Tensor? qkv_bias, Tensor o_weight, Tensor norm_weight, Tensor gate_up_weight, "
       "Tensor down_weight, Tensor position_ids, Tensor inv_freq, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-      "Tensor write_slots, Tensor mask, int num_heads, int intermediate_size, float eps, bool validate=True) -> "
-      "Tensor");
+      "Tensor write_slots, Tensor mask, int num_heads, int intermediate_size, float eps, "
+      "Tensor? qkv_scales=None, Tensor? o_scales=None, Tensor? gate_up_scales=None, Tensor? down_scales=None, "
+      "bool validate=True) -> Tensor");
+
+  // Recurrent layers of hybrid targets over a draft tree (csrc/kernels/common/recurrent_params.h), and the commits
+  // that advance their saved states along the accepted path (in place; several layers at once as more heads).
+  m.def(
+      "tree_linear_attention(Tensor q, Tensor k, Tensor v, Tensor state, Tensor log_decay, Tensor parents, "
+      "bool validate=True) -> Tensor");
+  m.def(
+      "commit_linear_state(Tensor(a!) state, Tensor k, Tensor v, Tensor log_decay, Tensor path, Tensor lengths, "
+      "bool validate=True) -> ()");
+  m.def(
+      "tree_causal_conv1d(Tensor x, Tensor conv_state, Tensor weight, Tensor? bias, Tensor parents, "
+      "str? activation=None, bool validate=True) -> Tensor");
+  m.def("commit_conv_state(Tensor(a!) conv_state, Tensor x, Tensor path, Tensor lengths, bool validate=True) -> ()");
+  m.def(
+      "tree_gated_delta_rule(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor state, Tensor parents, "
+      "bool validate=True) -> Tensor");
+  m.def(
+      "commit_gated_delta_state(Tensor(a!) state, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor path, "
+      "Tensor lengths, bool validate=True) -> ()");
+  m.def(
+      "tree_selective_state(Tensor x, Tensor dt, Tensor A, Tensor Bm, Tensor Cm, Tensor D, Tensor state, "
+      "Tensor parents, bool validate=True) -> Tensor");
+  m.def(
+      "commit_selective_state(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor Bm, Tensor path, "
+      "Tensor lengths, bool validate=True) -> ()");
 }
 
 }  // namespace

@@ -209,7 +209,7 @@ _LAYER_ORDER = ("x", "input_norm_weight", "input_norm_segments", "residual", "qk
 
 
 def _layer_raw(fn):
-    return lambda a, v: fn(*(a[n] for n in _LAYER_ORDER), v)
+    return lambda a, v: fn(*(a[n] for n in _LAYER_ORDER), validate=v)
 
 
 def _layer_wrapper(a, v):

@@ -60,8 +60,9 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from specdec_ext.bench.models import BenchModels
-from specdec_ext.drafters.self_spec import SelfSpecDrafter
+from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, SelfSpecDrafter
 from specdec_ext.models.fast_linear import PackableLinear, packed_linears
+from specdec_ext.models.quantized import module_bytes
 
 __all__ = ["E2EConfig", "compare_outputs", "run_e2e", "measure", "MemoryMeter", "HF_METHODS", "SELF_SPEC",
            "with_self_spec"]
@@ -215,6 +216,7 @@ class _Acc:
     accept_hist: list[int] = field(default_factory=list)
     peak: int = 0
     peak_over_start: int = 0
+    weight_bytes: int | None = None  # the drafter's own weights (its network; the target's shared layers excluded)
     outputs: list[list[int]] = field(default_factory=list)
     runs: int = 0
     error: str | None = None
@@ -313,7 +315,7 @@ def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], t
     for m in methods:
         if m != "plain" and m not in HF_METHODS:
             try:
-                drafters[m] = models.make_drafter(m)
+                drafters[m] = models.build_drafter(m)
             except Exception as err:  # noqa: BLE001  (record and go on with the other methods)
                 accs[m].error = f"{type(err).__name__}: {err}"
                 log(f"  {m}: could not be built: {accs[m].error}")
@@ -334,6 +336,8 @@ def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], t
             except Exception as err:  # noqa: BLE001
                 accs[m].error = f"{type(err).__name__}: {err}"
                 log(f"  {m}: failed in warm-up: {accs[m].error}")
+    for m, d in drafters.items():  # (after the warm-up: EAGLE-1 builds its draft-vocabulary rows at its first run)
+        accs[m].weight_bytes = drafter_weight_bytes(d)
     for m in methods:  # memory: one untimed run per method on the warm-up prompt (no sampler during timed runs)
         if memory and accs[m].error is None:
             mem: dict = {}
@@ -376,6 +380,19 @@ def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], t
                     acc.accept_hist[d] += c
     settings["memory"] = meter.kind
     return accs, settings
+
+
+def drafter_weight_bytes(drafter) -> int | None:
+    """Bytes of a drafter's own weights: the draft model, the EAGLE draft (with its draft-vocabulary rows of the
+    target's lm_head, a copy it holds) or the Medusa heads; None for drafters without a network."""
+    if isinstance(drafter, DraftModelDrafter):
+        return module_bytes(drafter.model)
+    if isinstance(drafter, EagleDrafter):
+        head = drafter.vocab_head
+        return module_bytes(drafter.model) + (module_bytes(head) if head is not None else 0)
+    if isinstance(drafter, MedusaDrafter):
+        return module_bytes(drafter.heads)
+    return None
 
 
 def acceptance_by_depth(hist: list[int]) -> list[float]:
@@ -428,6 +445,8 @@ def summarise(accs: dict[str, _Acc], temperature: float) -> list[dict]:
                        verification_bound_speedup=round(bound, 3) if bound else None)
         if a.peak:
             row.update(peak_mem_mb=round(a.peak * mb, 1), peak_mem_over_start_mb=round(a.peak_over_start * mb, 1))
+        if a.weight_bytes is not None:
+            row["drafter_weight_mb"] = round(a.weight_bytes * mb, 3)
         if a.error is not None:
             row["error"] = a.error
         rows.append(row)
@@ -457,10 +476,13 @@ def with_self_spec(models: BenchModels, path: str) -> BenchModels:
     self-speculation file ``path`` skipped (checked against the target now)."""
     SelfSpecDrafter.from_file(path, target=models.target)
 
-    def make(name: str):
-        if name == SELF_SPEC:
-            return SelfSpecDrafter.from_file(path, target=models.target)
-        return models.make_drafter(name)
+    def make(name: str, **kw):
+        if name != SELF_SPEC:
+            return models.make_drafter(name, **kw)
+        if kw:
+            raise ValueError(f"{SELF_SPEC} drafts with the target's own weights ({', '.join(kw)} does not apply); the "
+                             "target on int8 weights drafting for itself is the method self-int8")
+        return SelfSpecDrafter.from_file(path, target=models.target)
 
     return replace(models, drafter_names=[*models.drafter_names, SELF_SPEC], make_drafter=make,
                    info={**models.info, "self_spec_file": path})
@@ -468,14 +490,15 @@ def with_self_spec(models: BenchModels, path: str) -> BenchModels:
 
 def available_methods(models: BenchModels, cfg: E2EConfig) -> list[str]:
     ours = ["plain"] + list(models.drafter_names)
+    quantized = models.quantized_methods()  # (on request only)
     hf = []
     if cfg.hf:
         hf = ["hf-plain"] + (["hf-assisted"] if models.draft_lm is not None else []) + ["hf-prompt-lookup"]
     if cfg.methods:
-        unknown = [m for m in cfg.methods if m not in ours + list(HF_METHODS)]
+        unknown = [m for m in cfg.methods if m not in ours + quantized + list(HF_METHODS)]
         if unknown:
-            raise ValueError(f"unknown method(s) {unknown}; available: {', '.join(ours + hf)}")
-        missing = [m for m in cfg.methods if m not in ours + hf]
+            raise ValueError(f"unknown method(s) {unknown}; available: {', '.join(ours + quantized + hf)}")
+        missing = [m for m in cfg.methods if m not in ours + quantized + hf]
         if missing:
             raise ValueError(f"method(s) {missing} not available with these models (hf-assisted needs a draft LM; "
                              f"HF methods need hf on)")

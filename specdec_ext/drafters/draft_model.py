@@ -43,6 +43,8 @@ probabilities they were drawn from, so verification stays lossless.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from specdec_ext import ops
@@ -52,6 +54,7 @@ from specdec_ext.models import TreeKVCache, masked_forward, tree_forward, use_tr
 from specdec_ext.models.config import check_window, text_config
 from specdec_ext.models import draft_layer
 from specdec_ext.models.fast_linear import pack_linears, packed_linears
+from specdec_ext.models.quantized import check_draft_quant, quantize_weights
 from specdec_ext.models.llama_step import LlamaStepOps
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
 from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
@@ -77,7 +80,9 @@ class DraftModelDrafter:
     synchronisation per draft token on a GPU.
     ``packed_linears``: the draft model's ``nn.Linear`` layers draft with their weights packed once for few-row
     products (:func:`specdec_ext.models.fast_linear.pack_linears`; float32 / bfloat16 on CPU, elsewhere
-    unchanged); other callers of the model are unaffected.
+    unchanged); other callers of the model are unaffected. ``draft_quant="int8"``: the draft model (quantised in
+    place: its float weights are released) drafts on int8 weights
+    (:func:`~specdec_ext.models.quantized.quantize_weights`), its layers still one op call each on CPUs.
     """
 
     hidden_state_layers: tuple[int, ...] = ()
@@ -85,7 +90,8 @@ class DraftModelDrafter:
 
     def __init__(self, model: torch.nn.Module, num_draft_tokens: int = 4, tree_width: int = 1,
                  tree_attention: bool = True, confidence_threshold: float = 0.0, total_tokens: int | None = None,
-                 calibrate: bool = True, calibration_rate: float = 0.2, packed_linears: bool = True):
+                 calibrate: bool = True, calibration_rate: float = 0.2, packed_linears: bool = True,
+                 draft_quant: str | None = None):
         check_tree_shape("DraftModelDrafter", num_draft_tokens, tree_width, 1 if total_tokens is None else total_tokens,
                          names=("num_draft_tokens", "tree_width", "total_tokens"))
         if total_tokens is not None and tree_width < 2:
@@ -102,7 +108,8 @@ class DraftModelDrafter:
         if confidence_threshold and tree_width > 1:
             raise ValueError("DraftModelDrafter: confidence_threshold applies to chains (tree_width = 1)")
         self.confidence_threshold = float(confidence_threshold)
-        self.model = model.eval()
+        self.draft_quant = check_draft_quant("DraftModelDrafter", draft_quant)
+        self.model = model.eval() if self.draft_quant is None else quantize_weights(model.eval(), self.draft_quant)
         self.k = self.max_depth = num_draft_tokens
         self.width = tree_width
         self.max_nodes = (max_tree_nodes(num_draft_tokens, tree_width, total_tokens) if self.dynamic
@@ -114,6 +121,19 @@ class DraftModelDrafter:
         self._ops: LlamaStepOps | None = None
         self._ops_built = False
         self.forwards = 0  # draft model forwards in the current generation
+
+    @classmethod
+    def from_target(cls, target: torch.nn.Module, draft_quant: str = "int8", **kwargs) -> "DraftModelDrafter":
+        """The target on int8 weights as its own draft model (QSpec-style self-speculation): nothing to train and
+        nothing on disk; memory: the int8 weights, a quarter of the target's float32 bytes. The draft is a copy of
+        the target's modules that shares its float tensors until :func:`quantize_weights` replaces its linear layers
+        and embeddings (norms stay shared, read only), so no second float copy is ever made. ``kwargs``: as for the
+        constructor."""
+        if check_draft_quant("DraftModelDrafter.from_target", draft_quant) is None:
+            raise ValueError("DraftModelDrafter.from_target: draft_quant must be one of the schemes "
+                             "(the float target as its own draft would accept everything and save nothing)")
+        shared = {id(t): t for t in (*target.parameters(), *target.buffers())}
+        return cls(copy.deepcopy(target, shared), draft_quant=draft_quant, **kwargs)
 
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None, *,
               defer_prefill: bool = False) -> None:

@@ -54,6 +54,7 @@ from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, def
 from specdec_ext.models.eagle_step import EagleStepOps
 from specdec_ext.models.fast_linear import Linear, tensor_version
 from specdec_ext.models.kv_cache import keep_batch_rows, write_rows
+from specdec_ext.models.quantized import Int8Linear, check_draft_quant, linear_dtype, quantize_weights
 from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 
 __all__ = ["EagleDrafter"]
@@ -71,7 +72,10 @@ class EagleDrafter:
     tree's scores (module doc); :attr:`score_scale` is the current scale. ``draft_vocab`` (EAGLE-1): the target
     token ids drafts may use (``[Vs]``, e.g. the most frequent tokens of the training data): the draft's logits are
     computed over these only (FR-Spec), which saves most of the vocabulary projection on a large vocabulary; a target
-    token outside them is simply never drafted (lossless).
+    token outside them is simply never drafted (lossless). ``draft_quant="int8"``: the draft network (``model``,
+    quantised in place) and its draft-vocabulary rows run on int8 weights
+    (:func:`~specdec_ext.models.quantized.quantize_weights`); the target's embeddings and ``lm_head`` stay as they
+    are.
     """
 
     defers_prefill = True
@@ -81,9 +85,15 @@ class EagleDrafter:
         """The deepest tree this drafter builds (its ``depth``)."""
         return self.depth
 
+    @property
+    def vocab_head(self) -> nn.Module | None:
+        """The draft-vocabulary rows of the target's ``lm_head`` this drafter holds (``draft_vocab``; built at the
+        first generation), or None."""
+        return self._lm_sub
+
     def __init__(self, model: nn.Module, depth: int = 8, top_k: int = 10, total_tokens: int = 60,
                  target: nn.Module | None = None, aux_layers=None, choices=None, calibrate: bool = True,
-                 calibration_rate: float = 0.2, draft_vocab=None):
+                 calibration_rate: float = 0.2, draft_vocab=None, draft_quant: str | None = None):
         if not isinstance(model, (Eagle1Model, Eagle3Model)):
             raise TypeError(f"EagleDrafter: model must be an Eagle1Model or Eagle3Model, got {type(model).__name__} "
                             "(load published drafts with specdec_ext.models.checkpoints.load_eagle)")
@@ -105,7 +115,8 @@ class EagleDrafter:
                                  f"{tuple(ids.shape)}")
             self.draft_vocab = ids.to(torch.int64).sort().values
         self._vocab_ids = self._lm_sub = self._lm_sub_weight = self._lm_sub_key = None  # built in begin
-        self.model = model.eval()
+        self.draft_quant = check_draft_quant("EagleDrafter", draft_quant)
+        self.model = model.eval() if self.draft_quant is None else quantize_weights(model.eval(), self.draft_quant)
         self.calibrate = bool(calibrate)
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
         self.max_nodes = max_tree_nodes(depth, top_k, total_tokens)
@@ -142,11 +153,12 @@ class EagleDrafter:
 
     @classmethod
     def from_pretrained(cls, path, target: nn.Module, depth: int = 8, top_k: int = 10, total_tokens: int = 60,
-                        dtype: torch.dtype | None = None, device=None) -> "EagleDrafter":
+                        dtype: torch.dtype | None = None, device=None,
+                        draft_quant: str | None = None) -> "EagleDrafter":
         """An official EAGLE-1 or EAGLE-3 checkpoint directory (``config.json`` + ``pytorch_model.bin`` or
         ``model.safetensors``), checked against ``target`` and moved to its dtype / device unless given."""
         return cls(load_eagle(path, target=target, dtype=dtype, device=device), depth, top_k, total_tokens,
-                   target=target)
+                   target=target, draft_quant=draft_quant)
 
     # ---- start of a generation ------------------------------------------------------------------------------
     def begin(self, target: nn.Module, state: DecodeState, prefill_hidden_states=None, *,
@@ -172,8 +184,10 @@ class EagleDrafter:
             raise ValueError(f"{name}: the draft is on {p.device} but the target on {state.device}; put both on one "
                              "device")
         embed = m.embed_tokens if m.embed_tokens is not None else target.get_input_embeddings()
-        if embed is None or embed.weight.shape != (m.config.vocab_size, m.hidden_size):
-            got = None if embed is None else list(embed.weight.shape)
+        shape = None if embed is None else [getattr(embed, "num_embeddings", None), getattr(embed, "embedding_dim",
+                                                                                           None)]
+        if shape != [m.config.vocab_size, m.hidden_size]:
+            got = shape
             raise ValueError(f"{name}: token embeddings of shape [{m.config.vocab_size}, {m.hidden_size}] needed "
                              f"(the target's input embeddings are {got})")
         self._embed = embed
@@ -198,7 +212,7 @@ class EagleDrafter:
                     sub.weight.copy_(w.index_select(0, self._vocab_ids))
                     if bias is not None:
                         sub.bias.copy_(bias.index_select(0, self._vocab_ids))
-                self._lm_sub = sub
+                self._lm_sub = sub if self.draft_quant is None else Int8Linear.of(sub)
                 self._lm_sub_weight, self._lm_sub_key = w, key
         self._tree_slots = max((self.depth - 1) * self.top_k, self.max_nodes)
         self.cache, self.feats, self.valid = None, None, []
@@ -259,7 +273,7 @@ class EagleDrafter:
                 return logits
         if self._lm_sub is None:
             return self.model.logits(hidden, self._lm_head)
-        return self._lm_sub(hidden.to(self._lm_sub.weight.dtype))
+        return self._lm_sub(hidden.to(linear_dtype(self._lm_sub)))
 
     def _target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Indices into :meth:`_logits`' last dimension -> target token ids."""

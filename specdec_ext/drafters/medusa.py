@@ -39,6 +39,7 @@ from specdec_ext.drafters.trees import MC_SIM_7B_63, StaticTree, static_tree
 from specdec_ext.models.checkpoints import load_medusa
 from specdec_ext.models.config import text_config
 from specdec_ext.models.medusa import MedusaHeads
+from specdec_ext.models.quantized import check_draft_quant, quantize_weights
 from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 
 __all__ = ["MedusaDrafter"]
@@ -52,6 +53,8 @@ class MedusaDrafter:
     listed order). Given choices may be no deeper than the number of heads. ``dynamic``: the per-step tree of the
     module doc, ``max_nodes`` nodes (default 16) picked from all the choices each step; ``calibrate`` /
     ``calibration_rate`` as for :class:`~specdec_ext.drafters.EagleDrafter` (:attr:`score_scale`).
+    ``draft_quant="int8"``: the heads (quantised in place) run on int8 weights
+    (:func:`~specdec_ext.models.quantized.quantize_weights`); the target's ``lm_head`` stays as it is.
     """
 
     defers_prefill = False  # no network forward over the prompt
@@ -65,7 +68,7 @@ class MedusaDrafter:
     hidden_state_layers: tuple[int, ...] = (-1,)
 
     def __init__(self, heads: MedusaHeads, choices=None, max_nodes: int | None = None, dynamic: bool = False,
-                 calibrate: bool = True, calibration_rate: float = 0.2):
+                 calibrate: bool = True, calibration_rate: float = 0.2, draft_quant: str | None = None):
         if not isinstance(heads, MedusaHeads):
             raise TypeError(f"MedusaDrafter: heads must be MedusaHeads, got {type(heads).__name__} (load published "
                             "heads with specdec_ext.models.checkpoints.load_medusa or MedusaDrafter.from_pretrained)")
@@ -89,7 +92,8 @@ class MedusaDrafter:
             raise ValueError(f"MedusaDrafter: the tree is {tree.max_depth} levels deep but there are only "
                              f"{heads.num_heads} Medusa heads (depth d needs head d - 1); pass choices no deeper "
                              f"than {heads.num_heads}")
-        self.heads = heads.eval()
+        self.draft_quant = check_draft_quant("MedusaDrafter", draft_quant)
+        self.heads = heads.eval() if self.draft_quant is None else quantize_weights(heads.eval(), self.draft_quant)
         self.tree = tree
         self.max_nodes = nodes if self.dynamic else tree.num_nodes
         self._paths: dict = {}  # (tree, device) -> [S - 1, depth * top_k] ancestor-or-self rank indicator
@@ -100,11 +104,13 @@ class MedusaDrafter:
     @classmethod
     def from_pretrained(cls, path, target: nn.Module | None = None, choices=None,
                         max_nodes: int | None = None, dtype: torch.dtype | None = None,
-                        device: torch.device | str | None = None, dynamic: bool = False) -> "MedusaDrafter":
+                        device: torch.device | str | None = None, dynamic: bool = False,
+                        draft_quant: str | None = None) -> "MedusaDrafter":
         """Loads an official Medusa-1 checkpoint directory (``config.json`` + ``medusa_lm_head.pt`` or
         ``.safetensors``); with ``target`` its hidden size / vocabulary are checked and, unless given, dtype and
         device are taken from it."""
-        return cls(load_medusa(path, target=target, dtype=dtype, device=device), choices, max_nodes, dynamic=dynamic)
+        return cls(load_medusa(path, target=target, dtype=dtype, device=device), choices, max_nodes, dynamic=dynamic,
+                   draft_quant=draft_quant)
 
     def begin(self, target: nn.Module, state: DecodeState, prefill_hidden_states=None) -> None:
         cfg = text_config(target.config)
@@ -122,10 +128,9 @@ class MedusaDrafter:
             if lm_head.weight.shape[-1] != self.heads.hidden_size:
                 raise ValueError(f"MedusaDrafter: the target's lm_head takes {lm_head.weight.shape[-1]} features, the "
                                  f"heads produce {self.heads.hidden_size}")
-        p = next(self.heads.parameters())
-        if p.device != state.device:
-            raise ValueError(f"MedusaDrafter: the Medusa heads are on {p.device} but the target on {state.device}; "
-                             "put both on one device")
+        if self.heads.device != state.device:
+            raise ValueError(f"MedusaDrafter: the Medusa heads are on {self.heads.device} but the target on "
+                             f"{state.device}; put both on one device")
         self._lm_head = lm_head
         self.hidden, self._ready = None, False
         self.add_rows(target, state, prefill_hidden_states)
@@ -133,16 +138,16 @@ class MedusaDrafter:
     def add_rows(self, target: nn.Module, rows: DecodeState, prefill_hidden_states=None) -> None:
         """The joining rows' hidden states (each prompt's last position before its root; zeros for a one-token
         prompt), appended to the running rows'."""
-        p = next(self.heads.parameters())
+        dtype = self.heads.dtype
         B, dev = rows.batch_size, rows.device
-        hidden = torch.zeros(B, self.heads.hidden_size, dtype=p.dtype, device=dev)
+        hidden = torch.zeros(B, self.heads.hidden_size, dtype=dtype, device=dev)
         if prefill_hidden_states is not None:
             hs = prefill_hidden_states[0]  # [B, P_max - 1, H]
             last = torch.tensor([max(n - 2, 0) for n in rows.prompt_lens], dtype=torch.int64)
             last = last.to(dev, non_blocking=True)
             has = torch.tensor([n >= 2 for n in rows.prompt_lens]).to(dev, non_blocking=True)
             picked = hs.gather(1, last[:, None, None].expand(B, 1, hs.shape[-1]))[:, 0]
-            hidden = torch.where(has[:, None], picked.to(p.dtype), hidden)
+            hidden = torch.where(has[:, None], picked.to(dtype), hidden)
             self._ready = self._ready or any(n >= 2 for n in rows.prompt_lens)
         self.hidden = hidden if self.hidden is None else torch.cat([self.hidden, hidden])
 

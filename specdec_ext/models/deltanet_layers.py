@@ -9,10 +9,10 @@ The layer, as the modules compute it: input projections give q, k, v, the output
 (Qwen3-Next: ``in_proj_qkvz`` / ``in_proj_ba`` in grouped order; Qwen3.5: ``in_proj_qkv``, ``in_proj_z``,
 ``in_proj_b``, ``in_proj_a``: the only difference); q, k, v go through a depthwise causal convolution of width K
 (``conv1d``, SiLU) — over a tree, a node's window is its K - 1 nearest ancestors, the saved window above the root
-(:func:`specdec_ext.ops.reference.tree_causal_conv1d`); then ``beta = sigmoid(b)``, ``g = -exp(A_log) softplus(a +
+(:func:`specdec_ext.ops.tree_causal_conv1d`); then ``beta = sigmoid(b)``, ``g = -exp(A_log) softplus(a +
 dt_bias)``, q and k l2-normalised (q also by ``Dk^-0.5``) and repeated to the value heads, and the gated delta rule,
 whose gates depend on the input, so that each node's state is one step from its parent's, level by level
-(:func:`~specdec_ext.ops.reference.tree_gated_delta_rule`); then the gated RMSNorm with z and ``out_proj``. The cache
+(:func:`~specdec_ext.ops.tree_gated_delta_rule`); then the gated RMSNorm with z and ``out_proj``. The cache
 keeps each node's convolution input and rule inputs, and the commit replays the accepted path.
 """
 
@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet, l2norm
 
+from specdec_ext import ops
 from specdec_ext.models.hybrid_cache import HybridCache
-from specdec_ext.ops import reference as ref
 
 __all__ = ["TreeGatedDeltaNet", "TreeQwen35GatedDeltaNet", "deltanet_tree_forward"]
 
@@ -38,8 +38,8 @@ def deltanet_tree_forward(module, cache: HybridCache, hidden_states: torch.Tenso
     Hk, Hv, Dk, Dv = module.num_k_heads, module.num_v_heads, module.head_k_dim, module.head_v_dim
     x = x.transpose(1, 2)  # [B, conv_dim, N]
     step = cache.tree_layer(module.layer_idx)
-    mixed = ref.tree_causal_conv1d(x, step.states["conv"], module.conv1d.weight.squeeze(1), module.conv1d.bias,
-                                   step.parents, module.activation, validate=False).transpose(1, 2)
+    mixed = ops.tree_causal_conv1d(x, step.states["conv"], module.conv1d.weight.squeeze(1), module.conv1d.bias,
+                                   step.parents, module.activation, validate=False).transpose(1, 2).contiguous()
     q, k, v = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], -1)
     q, k = q.reshape(B, N, Hk, Dk), k.reshape(B, N, Hk, Dk)
     if Hv != Hk:  # each key head serves Hv / Hk consecutive value heads
@@ -48,7 +48,7 @@ def deltanet_tree_forward(module, cache: HybridCache, hidden_states: torch.Tenso
     q, k = l2norm(q, dim=-1, eps=1e-6) * Dk ** -0.5, l2norm(k, dim=-1, eps=1e-6)
     beta = b.sigmoid().transpose(1, 2).float()
     g = (-module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)).transpose(1, 2)
-    o = ref.tree_gated_delta_rule(q, k, v, g, beta, step.states["state"], step.parents, validate=False)
+    o = ops.tree_gated_delta_rule(q, k, v, g, beta, step.states["state"], step.parents, validate=False)
     cache.record(module.layer_idx, k=k, v=v, g=g, beta=beta, x=x.float())
     core = o.transpose(1, 2).to(hidden_states.dtype).reshape(-1, Dv)
     core = module.norm(core, z.reshape(-1, Dv)).reshape(B, N, Hv * Dv)

@@ -18,7 +18,7 @@ from torch import nn
 
 from specdec_ext import ops
 from specdec_ext.models.attention import TREE_KERNEL_HEAD_DIMS
-from specdec_ext.models.fast_linear import PLAIN_LINEAR_TYPES, packed_operand
+from specdec_ext.models.quantized import linear_dtype, linear_operand
 
 __all__ = ["NATIVE_LAYER_MAX_ROWS", "DraftLayer"]
 
@@ -36,8 +36,9 @@ def op_serves(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype
 @dataclass(slots=True, eq=False)
 class DraftLayer:
     """One decoder layer's operands of :func:`specdec_ext.ops.draft_decoder_layer`, named as its parameters (the
-    weights packed once: ``qkv_weight`` of ``cat(q, k, v)``, ``gate_up_weight`` of ``cat(gate, up)``). It serves
-    the weights as they were when it was built."""
+    weights packed once: ``qkv_weight`` of ``cat(q, k, v)``, ``gate_up_weight`` of ``cat(gate, up)``; a weight
+    with its ``*_scales`` is int8, from :class:`~specdec_ext.models.quantized.Int8Linear` layers). It serves the
+    weights as they were when it was built."""
 
     qkv_weight: torch.Tensor
     qkv_bias: torch.Tensor | None
@@ -51,30 +52,37 @@ class DraftLayer:
     eps: float
     input_norm_weight: torch.Tensor | None
     input_norm_segments: int
+    qkv_scales: torch.Tensor | None = None
+    o_scales: torch.Tensor | None = None
+    gate_up_scales: torch.Tensor | None = None
+    down_scales: torch.Tensor | None = None
 
     @classmethod
     def of(cls, layer: nn.Module, *, dtype: torch.dtype, device: torch.device, cache_dtype: torch.dtype,
            num_heads: int, eps: float, inv_freq: torch.Tensor, input_norm_weight: torch.Tensor | None = None,
            input_norm_segments: int = 1) -> "DraftLayer | None":
         """The operands of ``layer`` for inputs of ``dtype`` on ``device`` over a cache of ``cache_dtype``, or None
-        where the op may not run it (:func:`op_serves`; a linear layer that is not a plain one of ``dtype``; the
-        packed kernel does not serve the weights; a bias on o, gate, up or down, which the op has no operand for).
+        where the op may not run it (:func:`op_serves`; a linear layer that is not a plain or int8 one of
+        ``dtype``; the packed kernels do not serve the weights; a bias on o, gate, up or down, which the op has no
+        operand for).
         (Submodules and parameters are read from the modules' dicts: ``module.attr`` costs ~0.6 us a lookup.)"""
         attn, mlp = layer._modules["self_attn"]._modules, layer._modules["mlp"]._modules
         qkv = (attn["q_proj"], attn["k_proj"], attn["v_proj"])
         o, gate_up, down = attn["o_proj"], (mlp["gate_proj"], mlp["up_proj"]), mlp["down_proj"]
         linears = (*qkv, o, *gate_up, down)
-        if any(type(m) not in PLAIN_LINEAR_TYPES or m._parameters["weight"].dtype is not dtype for m in linears) \
+        if any(linear_dtype(m) is not dtype for m in linears) \
                 or not op_serves(device, dtype, cache_dtype, qkv[0].out_features // num_heads):
             return None  # (checked before anything is packed)
-        packed = (packed_operand(qkv), packed_operand((o,)), packed_operand(gate_up), packed_operand((down,)))
+        packed = (linear_operand(qkv), linear_operand((o,)), linear_operand(gate_up), linear_operand((down,)))
         if any(p is None for p in packed) or any(p.bias is not None for p in packed[1:]):
             return None
         return cls(qkv_weight=packed[0].packed, qkv_bias=packed[0].bias, o_weight=packed[1].packed,
                    norm_weight=layer._modules["post_attention_layernorm"]._parameters["weight"],
                    gate_up_weight=packed[2].packed, down_weight=packed[3].packed, inv_freq=inv_freq,
                    num_heads=num_heads, intermediate_size=down.in_features, eps=eps,
-                   input_norm_weight=input_norm_weight, input_norm_segments=input_norm_segments)
+                   input_norm_weight=input_norm_weight, input_norm_segments=input_norm_segments,
+                   qkv_scales=packed[0].scales, o_scales=packed[1].scales, gate_up_scales=packed[2].scales,
+                   down_scales=packed[3].scales)
 
     @staticmethod
     def takes(rows: int, mask: torch.Tensor, kv_len: int | None) -> bool:
@@ -93,4 +101,5 @@ class DraftLayer:
             position_ids=position_ids, inv_freq=self.inv_freq, k_cache=k_cache, v_cache=v_cache,
             write_slots=write_slots, mask=mask, num_heads=self.num_heads, intermediate_size=self.intermediate_size,
             eps=self.eps, input_norm_weight=self.input_norm_weight, input_norm_segments=self.input_norm_segments,
-            validate=True)
+            qkv_scales=self.qkv_scales, o_scales=self.o_scales, gate_up_scales=self.gate_up_scales,
+            down_scales=self.down_scales, validate=True)

@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec_ext.models.draft_layer import NATIVE_LAYER_MAX_ROWS, DraftLayer
-from specdec_ext.models.fast_linear import Linear, fused_linear, module_linear
+from specdec_ext.models.fast_linear import Linear, module_linear
+from specdec_ext.models.quantized import fused_product, linear_dtype
 from specdec_ext.models.kv_cache import copy_rows, flat_row_index
 
 __all__ = ["NATIVE_LAYER_MAX_ROWS", "Eagle1Model", "Eagle3Model", "EagleConfig", "EagleKVCache", "Rotary",
@@ -157,7 +158,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = fused_linear(x, (self.gate_proj, self.up_proj)).chunk(2, -1)
+        gate, up = fused_product(x, (self.gate_proj, self.up_proj)).chunk(2, -1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -241,7 +242,7 @@ class Attention(nn.Module):
         through :func:`specdec_ext.ops.draft_decoder_layer` computes its own)."""
         B, T, _ = x.shape
         nH, nKV = self.nH, self.nKV
-        qkv = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj)).view(B, T, nH + 2 * nKV, self.hd)
+        qkv = fused_product(x, (self.q_proj, self.k_proj, self.v_proj)).view(B, T, nH + 2 * nKV, self.hd)
         qkv = qkv.transpose(1, 2)  # [B, heads, T, hd]: nH query heads, then nKV key heads, then nKV value heads
         if rotary is None:
             rotary = self.rotary(position_ids)
@@ -354,14 +355,15 @@ class Eagle1Model(nn.Module):
                 from_target: bool = True, **attn) -> torch.Tensor:
         """``hidden[B, T, H]`` (target features or the draft's own predictions; EAGLE-1 treats both alike),
         ``embeds[B, T, H]`` (embeddings of the next tokens) -> predicted features ``[B, T, H]``."""
-        x = self.fc(torch.cat((embeds.to(self.fc.weight.dtype), hidden.to(self.fc.weight.dtype)), -1))
+        dt = linear_dtype(self.fc)
+        x = self.fc(torch.cat((embeds.to(dt), hidden.to(dt)), -1))
         return self.layers[0](x, position_ids, **attn)
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
         """Target-vocabulary logits of predicted features through the target's ``lm_head``."""
         if lm_head is None:
             raise ValueError("Eagle1Model.logits: EAGLE-1 uses the target's lm_head; pass it")
-        return module_linear(lm_head, hidden.to(lm_head.weight.dtype))
+        return module_linear(lm_head, hidden.to(linear_dtype(lm_head) or lm_head.weight.dtype))
 
     def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids
@@ -454,7 +456,7 @@ class Eagle3Model(nn.Module):
                 from_target: bool = True, **attn) -> torch.Tensor:
         """``hidden``: target features ``[B, T, 3 H_t]`` (``from_target``, through ``fc``) or the draft's own
         outputs ``[B, T, H]``; ``embeds[B, T, H]`` -> the layer's pre-norm outputs ``[B, T, H]``."""
-        dt = self.fc.weight.dtype
+        dt = linear_dtype(self.fc)
         h = self.fc(hidden.to(dt)) if from_target else hidden.to(dt)
         return self.midlayer(h, embeds.to(dt), position_ids, **attn)
 

@@ -29,7 +29,8 @@ from torch.nn.modules import module as _module_hooks
 
 from specdec_ext.models import eagle as E
 from specdec_ext.models.draft_layer import DraftLayer
-from specdec_ext.models.fast_linear import PLAIN_LINEAR_TYPES, PackedLinear, layer_operand
+from specdec_ext.models.fast_linear import PackedLinear
+from specdec_ext.models.quantized import linear_device, linear_dtype, linear_operand
 
 __all__ = ["EagleStepOps"]
 
@@ -42,10 +43,10 @@ def _hooked(module: nn.Module) -> bool:
 
 
 def _linear_operand(layer: nn.Module) -> PackedLinear | None:
-    """The packed operands of a plain linear layer without hooks, else None."""
-    if type(layer) not in PLAIN_LINEAR_TYPES or _hooked(layer):
+    """The packed operands of a plain or int8 linear layer without hooks, else None."""
+    if linear_dtype(layer) is None or _hooked(layer):
         return None
-    return layer_operand(layer)
+    return linear_operand((layer,))
 
 
 class EagleStepOps:
@@ -56,7 +57,7 @@ class EagleStepOps:
                  fc: PackedLinear, layer: DraftLayer, lm: PackedLinear | None):
         self.model, self.cache, self.embed_ids = model, cache, embed_ids
         self.version = model.version
-        self.dtype = model.fc.weight.dtype
+        self.dtype = linear_dtype(model.fc)
         self._fc, self._layer, self._lm = fc, layer, lm
         self._norm = model.norm if self.version == 3 else None
 
@@ -79,8 +80,8 @@ class EagleStepOps:
         if type(decoder) is not decoder_type or any(_hooked(m) for m in called) \
                 or (decoder_type is E.Eagle3Layer and type(model.norm) is not E.RMSNorm):
             return None
-        w = model.fc.weight
-        layer = decoder.draft_layer(w.dtype, w.device, cache.k.dtype)
+        dtype = linear_dtype(model.fc)
+        layer = decoder.draft_layer(dtype, linear_device(model.fc), cache.k.dtype) if dtype is not None else None
         fc = _linear_operand(model.fc) if layer is not None else None
         if fc is None:
             return None

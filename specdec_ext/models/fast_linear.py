@@ -45,9 +45,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from specdec_ext.ops import pack_linear_weight, packed_linear_path
+from specdec_ext.ops import pack_linear_weight, packed_linear_int8, packed_linear_path
 
-__all__ = ["Linear", "PLAIN_LINEAR_TYPES", "PackableLinear", "PackedLinear", "bfloat16_is_fast", "fused_linear",
+__all__ = ["INT8", "Linear", "PLAIN_LINEAR_TYPES", "PackableLinear", "PackedLinear", "bfloat16_is_fast", "fused_linear",
            "in_packed_linears_block", "layer_operand", "linear", "module_linear", "pack_linears",
            "pack_linears_where_fast", "packed_enabled",
            "packed_linears", "packed_operand", "tensor_version", "unpack_linears"]
@@ -58,6 +58,7 @@ _BROKEN: list[str] = []  # why the oneDNN fallback is off on this machine (set a
 _MKLDNN = torch.backends.mkldnn.is_available()
 _OURS = "ours"  # the specdec_ext::packed_linear kernel
 _ONEDNN = "onednn"  # the bfloat16 fallback
+INT8 = "int8"  # specdec_ext::packed_linear_int8 (an int8 weight and its scales: specdec_ext.models.quantized)
 
 
 @dataclass(slots=True, eq=False)
@@ -66,7 +67,8 @@ class PackedLinear:
     ``packed`` is the weight (or several layers' weights concatenated along the outputs) in ``kernel``'s layout,
     ``dtype`` the weight's. ``source`` records what it was packed from (ids, versions and addresses: a plain tuple,
     compared at C speed) and ``tensors`` holds those tensors, so that no id in ``source`` is reused while the
-    record is remembered."""
+    record is remembered. The ``INT8`` kind holds an int8 weight (``packed``) with its ``scales``; ``dtype`` is
+    then the dtype it computes in."""
 
     kernel: str
     packed: torch.Tensor
@@ -75,9 +77,12 @@ class PackedLinear:
     dtype: torch.dtype
     source: tuple = ()
     tensors: tuple = ()
+    scales: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The product of ``x`` (None where the kernel cannot take it: oneDNN and a 1-D input)."""
+        if self.kernel == INT8:
+            return packed_linear_int8(x, self.packed, self.scales, self.bias)
         return _apply(self.kernel, x, self.packed, self.bias, self.out_features)
 
 

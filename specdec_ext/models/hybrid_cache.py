@@ -34,6 +34,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from specdec_ext import ops
 from specdec_ext.models.config import row_tensor, text_config
 from specdec_ext.models.kv_cache import TreeKVCache, keep_batch_rows
 from specdec_ext.ops import reference as ref
@@ -72,7 +73,7 @@ def _lightning_nodes(cfg) -> dict:
 
 
 def _lightning_commit(states, nodes, path, lengths, validate) -> None:
-    ref.commit_linear_state(states["state"].flatten(1, 2), nodes["keys"].flatten(1, 2),
+    ops.commit_linear_state(states["state"].flatten(1, 2), nodes["keys"].flatten(1, 2),
                             nodes["values"].flatten(1, 2), nodes["log_decay"].flatten(), path, lengths,
                             validate=validate)
 
@@ -99,10 +100,10 @@ def _deltanet_nodes(cfg) -> dict:
 
 
 def _deltanet_commit(states, nodes, path, lengths, validate) -> None:
-    ref.commit_gated_delta_state(states["state"].flatten(1, 2), nodes["k"].flatten(1, 2), nodes["v"].flatten(1, 2),
+    ops.commit_gated_delta_state(states["state"].flatten(1, 2), nodes["k"].flatten(1, 2), nodes["v"].flatten(1, 2),
                                  nodes["g"].flatten(1, 2), nodes["beta"].flatten(1, 2), path, lengths,
                                  validate=validate)
-    ref.commit_conv_state(states["conv"].flatten(1, 2), nodes["x"].flatten(1, 2), path, lengths, validate=validate)
+    ops.commit_conv_state(states["conv"].flatten(1, 2), nodes["x"].flatten(1, 2), path, lengths, validate=validate)
 
 
 def _deltanet_check(cfg) -> None:
@@ -129,9 +130,9 @@ def _mamba2_nodes(cfg) -> dict:
 
 
 def _mamba2_commit(states, nodes, path, lengths, validate) -> None:
-    ref.commit_selective_state(states["state"].flatten(1, 2), nodes["x"].flatten(1, 2), nodes["dt"].flatten(1, 2),
+    ops.commit_selective_state(states["state"].flatten(1, 2), nodes["x"].flatten(1, 2), nodes["dt"].flatten(1, 2),
                                nodes["A"].flatten(), nodes["Bm"].flatten(1, 2), path, lengths, validate=validate)
-    ref.commit_conv_state(states["conv"].flatten(1, 2), nodes["xbc"].flatten(1, 2), path, lengths, validate=validate)
+    ops.commit_conv_state(states["conv"].flatten(1, 2), nodes["xbc"].flatten(1, 2), path, lengths, validate=validate)
 
 
 def _mamba2_check(cfg) -> None:

@@ -15,7 +15,7 @@ Mamba-2 in :mod:`~specdec_ext.models.mamba2_layers`.
 MiniMax (``MiniMaxLightningAttention``): ``qkv = silu(qkv_proj(x))`` split per head into q, k, v; per head
 ``S_t = exp(-slope_h) S_{t-1} + k_t^T v_t`` and ``o_t = q_t S_t`` (no softmax, no scale, no RoPE); then RMSNorm over
 all heads, ``sigmoid(output_gate(x))`` times it, ``out_proj``. Over a tree, node i's ``o_i`` comes from the saved
-state and its ancestors' keys and values in one pass (:func:`specdec_ext.ops.reference.tree_linear_attention`);
+state and its ancestors' keys and values in one pass (:func:`specdec_ext.ops.tree_linear_attention`);
 long chains (prefills) go in chunks of :data:`CHAIN_CHUNK` tokens, each from the state after the previous ones, so
 the pass stays linear in the prompt length.
 """
@@ -30,10 +30,10 @@ from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttenti
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
+from specdec_ext import ops
 from specdec_ext.models.deltanet_layers import TreeGatedDeltaNet, TreeQwen35GatedDeltaNet
 from specdec_ext.models.hybrid_cache import HybridCache
 from specdec_ext.models.mamba2_layers import TreeBambaMixer
-from specdec_ext.ops import reference as ref
 
 __all__ = ["CHAIN_CHUNK", "TreeLightningAttention", "lightning_log_decay", "lightning_tree_forward", "prepare"]
 
@@ -45,25 +45,20 @@ def lightning_log_decay(module: MiniMaxLightningAttention) -> torch.Tensor:
     return -module.slope_rate.detach().reshape(-1).float()
 
 
-def _chain_mask(B: int, n: int, device) -> torch.Tensor:
-    return torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(B, n, n)
-
-
-def _attend(q, k, v, state, log_decay, mask, chain: bool) -> torch.Tensor:
+def _attend(q, k, v, state, log_decay, parents, chain: bool) -> torch.Tensor:
     """``o [B, H, N, Dv]``: the tree form in one pass, or a long chain chunk by chunk from a local state."""
     B, _, N, _ = q.shape
     if not chain or N <= CHAIN_CHUNK:
-        return ref.tree_linear_attention(q, k, v, state, log_decay, mask, validate=False)
+        return ops.tree_linear_attention(q, k, v, state, log_decay, parents, validate=False)
     running = state.clone()
     outs = []
     for c in range(0, N, CHAIN_CHUNK):
         n = min(CHAIN_CHUNK, N - c)
         qc, kc, vc = q[:, :, c:c + n], k[:, :, c:c + n], v[:, :, c:c + n]
-        outs.append(ref.tree_linear_attention(qc, kc, vc, running, log_decay, _chain_mask(B, n, q.device),
-                                              validate=False))
+        chunk = ops.chain_parents(B, n, q.device)
+        outs.append(ops.tree_linear_attention(qc, kc, vc, running, log_decay, chunk, validate=False))
         path = torch.arange(n, device=q.device).expand(B, n)
-        ref.commit_linear_state(running, kc, vc, log_decay, path, torch.full((B,), n, device=q.device),
-                                validate=False)
+        ops.commit_linear_state(running, kc, vc, log_decay, path, n, validate=False)
     return torch.cat(outs, 2)
 
 
@@ -77,7 +72,7 @@ def lightning_tree_forward(module: MiniMaxLightningAttention, cache: HybridCache
     q, k, v = (t.transpose(1, 2) for t in torch.split(qkv, D, dim=3))
     log_decay = lightning_log_decay(module)
     step = cache.tree_layer(module.layer_idx)
-    o = _attend(q, k, v, step.states["state"], log_decay, step.mask, step.chain)
+    o = _attend(q, k, v, step.states["state"], log_decay, step.parents, step.chain)
     cache.record(module.layer_idx, keys=k, values=v, log_decay=log_decay)
     o = module.norm(o.transpose(1, 2).reshape(B, N, H * D))
     o = torch.sigmoid(module.output_gate(hidden_states)) * o

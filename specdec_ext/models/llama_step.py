@@ -16,19 +16,20 @@ lossless; the generated tokens are the target's either way.
 :meth:`LlamaStepOps.build` returns None (the drafter keeps the Hugging Face forward) unless the model is one it
 reproduces: a Llama, Mistral or Qwen2 decoder (``model_type``) with SiLU MLPs, default RoPE, no sliding window
 shorter than the cache, one RMSNorm eps, a head size the op is compiled for, weights of one dtype on a CPU with the
-packed kernel, no forward hooks on any of its modules (or global ones), eval mode and no gradients.
+packed kernel (or int8 weights: :func:`~specdec_ext.models.quantized.quantize_weights`), no forward hooks on any of
+its modules (or global ones), eval mode and no gradients.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_hooks
 
 from specdec_ext.models.draft_layer import DraftLayer
-from specdec_ext.models.fast_linear import PLAIN_LINEAR_TYPES, PackedLinear, layer_operand
+from specdec_ext.models.fast_linear import PackedLinear
 from specdec_ext.models.kv_cache import TreeKVCache
+from specdec_ext.models.quantized import Int8Embedding, embedding_lookup, linear_dtype, linear_operand
 
 __all__ = ["LlamaStepOps"]
 
@@ -61,10 +62,9 @@ class LlamaStepOps:
     """The model as op calls (see the module doc). Build with :meth:`build`; it serves the weights and the cache
     object it was built with (the cache's tensors are read at each call) and the hooks present then."""
 
-    def __init__(self, cache: TreeKVCache, embed: torch.Tensor, layers: list[DraftLayer], norm: nn.Module,
-                 lm: PackedLinear):
+    def __init__(self, cache: TreeKVCache, embed, layers: list[DraftLayer], norm: nn.Module, lm: PackedLinear):
         self.cache = cache
-        self._embed, self._layers, self._norm, self._lm = embed, layers, norm, lm
+        self._embed, self._layers, self._norm, self._lm = embed, layers, norm, lm  # (embed: ids -> embeddings)
 
     @classmethod
     def build(cls, model: nn.Module, cache: TreeKVCache) -> "LlamaStepOps | None":
@@ -82,30 +82,32 @@ class LlamaStepOps:
             return None
         base = getattr(model, "model", None)
         lm_head = getattr(model, "lm_head", None)
-        if base is None or type(lm_head) not in PLAIN_LINEAR_TYPES:
+        if base is None or lm_head is None or linear_dtype(lm_head) is None:
             return None
         embed, layers, norm, rotary = (getattr(base, n, None) for n in ("embed_tokens", "layers", "norm", "rotary_emb"))
-        if type(embed) is not nn.Embedding or embed.max_norm is not None or layers is None or norm is None \
+        lookup = embedding_lookup(embed) if isinstance(embed, nn.Module) else None
+        if lookup is None or layers is None or norm is None \
                 or rotary is None or getattr(rotary, "attention_scaling", 1.0) != 1.0:
             return None
-        dtype, device = embed.weight.dtype, embed.weight.device
+        table = embed.packed if type(embed) is Int8Embedding else embed.weight
+        dtype, device = (embed.dtype if type(embed) is Int8Embedding else table.dtype), table.device
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         eps = getattr(norm, "variance_epsilon", None)
         if heads % kv_heads or getattr(cfg, "attention_dropout", 0.0) or eps is None:
             return None
         inv_freq = rotary.inv_freq.float()  # (Hugging Face rotates with the buffer as float32, whatever the dtype)
         ops = [_draft_layer(layer, eps, dtype, device, cache.dtype, heads, inv_freq) for layer in layers]
-        lm = layer_operand(lm_head)
-        if any(op is None for op in ops) or lm is None or lm_head.weight.dtype is not dtype:
+        lm = linear_operand((lm_head,))
+        if any(op is None for op in ops) or lm is None or linear_dtype(lm_head) is not dtype:
             return None
-        return cls(cache, embed.weight, ops, norm, lm)
+        return cls(cache, lookup, ops, norm, lm)
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor, write_slots: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, T, V]`` of ``tokens[B, T]`` at ``position_ids[B, T]``; their K/V are written at cache slots
         ``write_slots[B, T]`` of every layer and token t attends to the slots s < kv_len with ``mask[b, t, s]``
         (bool ``[B, T, kv_len]``). The cache's lengths are left to the caller."""
-        h = F.embedding(tokens, self._embed)
+        h = self._embed(tokens)
         for view, layer in zip(self.cache.layers, self._layers):
             h = layer(h, h, position_ids, view.keys, view.values, write_slots, mask)
         return self._lm(self._norm.forward(h))

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from specdec_ext.models.fast_linear import Linear, module_linear
+from specdec_ext.models.quantized import linear_device, linear_dtype
 
 __all__ = ["MedusaHeads", "ResBlock"]
 
@@ -60,6 +61,20 @@ class MedusaHeads(nn.Module):
                 p.zero_()
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the heads compute in (their linear layers', float or int8; float32 for heads without any)."""
+        layer = self._first_linear()
+        return torch.float32 if layer is None else linear_dtype(layer)
+
+    @property
+    def device(self) -> torch.device:
+        layer = self._first_linear()
+        return torch.device("cpu") if layer is None else linear_device(layer)
+
+    def _first_linear(self) -> nn.Module | None:
+        return next((m for m in self.heads.modules() if linear_dtype(m) is not None), None)
+
+    @property
     def has_lm_head(self) -> bool:
         """True: every head has its own ``lm_head``; False: legacy heads (the target's ``lm_head`` is reused)."""
         return self.vocab_size is not None
@@ -86,4 +101,4 @@ class MedusaHeads(nn.Module):
         if self.has_lm_head:
             return out
         # legacy heads: one vocabulary projection for all heads (k rows cost about what one does)
-        return module_linear(lm_head, out.to(lm_head.weight.dtype))
+        return module_linear(lm_head, out.to(linear_dtype(lm_head) or lm_head.weight.dtype))

@@ -330,6 +330,8 @@ def draft_decoder_layer(x: torch.Tensor, residual: torch.Tensor, qkv_weight: tor
                         v_cache: torch.Tensor, write_slots: torch.Tensor, mask: torch.Tensor, num_heads: int,
                         intermediate_size: int, eps: float, qkv_bias: torch.Tensor | None = None,
                         input_norm_weight: torch.Tensor | None = None, input_norm_segments: int = 1,
+                        qkv_scales: torch.Tensor | None = None, o_scales: torch.Tensor | None = None,
+                        gate_up_scales: torch.Tensor | None = None, down_scales: torch.Tensor | None = None,
                         validate: bool = True) -> torch.Tensor:
     """One Llama decoder layer of a drafter (EAGLE) over T new positions per row, with its own KV cache.
 
@@ -338,7 +340,10 @@ def draft_decoder_layer(x: torch.Tensor, residual: torch.Tensor, qkv_weight: tor
     cat(input_layernorm, hidden_norm)`` over ``input_norm_segments = 2``: each segment RMS-normalised on its own).
     Weights are :func:`pack_linear_weight`'s output: ``qkv_weight`` of ``cat(q, k, v)`` ``[(num_heads + 2 nKV) D,
     Din]`` (with ``qkv_bias``), ``o_weight [H, num_heads D]``, ``gate_up_weight`` of ``cat(gate, up)`` ``[2 I,
-    H]``, ``down_weight [H, I]``; ``norm_weight [H]`` the post-attention RMSNorm (``eps``). RoPE (rotate-half) at
+    H]``, ``down_weight [H, I]``; ``norm_weight [H]`` the post-attention RMSNorm (``eps``). A weight given with
+    its scales (``qkv_scales [(num_heads + 2 nKV) D]``, ``o_scales [H]``, ``gate_up_scales [2 I]``, ``down_scales
+    [H]``) is :func:`pack_linear_weight_int8`'s output instead, and that product is :func:`packed_linear_int8`'s
+    (a quantised draft: each weight float or int8 on its own). RoPE (rotate-half) at
     ``position_ids[B, T]`` with ``inv_freq[D / 2]`` (float32). The new keys / values are written into ``k_cache`` /
     ``v_cache`` ``[B, nKV, S, D]`` (contiguous; in place) at ``write_slots[B, T]``; then each position attends to
     the cache slots ``s < kv_len`` with ``mask[b, t, s]`` (bool ``[B, T, kv_len]``; grouped-query: query head h
@@ -352,7 +357,8 @@ def draft_decoder_layer(x: torch.Tensor, residual: torch.Tensor, qkv_weight: tor
     return _ops.draft_decoder_layer.default(
         x, input_norm_weight, _int(input_norm_segments, "input_norm_segments"), residual, qkv_weight, qkv_bias,
         o_weight, norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache, write_slots,
-        mask, _int(num_heads, "num_heads"), _int(intermediate_size, "intermediate_size"), float(eps), validate)
+        mask, _int(num_heads, "num_heads"), _int(intermediate_size, "intermediate_size"), float(eps), qkv_scales,
+        o_scales, gate_up_scales, down_scales, validate)
 
 
 def packed_linear_path(dtype: torch.dtype) -> str:
@@ -396,3 +402,120 @@ def packed_linear_int8_path() -> str:
     """The CPU code path :func:`packed_linear_int8` takes on this machine: ``"avx512_vnni"`` (AVX-512 VNNI dot
     products), ``"avx2"`` or ``"generic"`` (a portable loop). All give the same bits."""
     return _C.packed_linear_int8_path()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Recurrent layers of hybrid targets over a draft tree (the state-space and linear-attention mixers), and the commits
+# that advance their saved states along the accepted path. A chain is a width-1 tree (:func:`chain_parents`).
+
+__all__ += ["tree_linear_attention", "commit_linear_state", "tree_causal_conv1d", "commit_conv_state"]
+
+
+def tree_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
+                          log_decay: torch.Tensor, parents: torch.Tensor, validate: bool = True) -> torch.Tensor:
+    """Outputs of the N tree nodes of a linear-attention layer with a fixed per-head decay (Lightning, Simple GLA),
+    in one parallel pass and without a per-node state.
+
+    ``q`` / ``k`` ``[B, H, N, Dk]``, ``v[B, H, N, Dv]`` (one float dtype; rows may be strided, the last dimension
+    contiguous), ``state[B, H, Dk, Dv]`` float32 (the saved state after the prefix), ``log_decay[H]`` float32 (the
+    log of each head's decay a, finite and <= 0), ``parents[B, N]`` int64 (node 0 the root). With ``d_i`` node i's
+    depth: ``o_i = a^(d_i + 1) q_i S + sum_{j ancestor-or-self of i} a^(d_i - d_j) (q_i . k_j) v_j`` (no scale:
+    scale q first), i.e. ``q_i`` times the state after the root-to-i path. Returns ``[B, H, N, Dv]`` in q's dtype
+    (float32 accumulation). With ``validate`` a malformed tree or decay raises ValueError (else zero outputs)."""
+    return _ops.tree_linear_attention.default(q, k, v, state, log_decay, parents, validate)
+
+
+def commit_linear_state(state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
+                        path: torch.Tensor, lengths: torch.Tensor | int, validate: bool = True) -> None:
+    """Advances each row's linear-attention state along its accepted path, in place (the analogue of
+    :func:`compact_kv`): with ``n = lengths[b]`` and nodes ``p_t = path[b, t]``, ``state[b] <- a^n state[b] +
+    sum_{t < n} a^(n - 1 - t) k[b, :, p_t]^T v[b, :, p_t]``.
+
+    ``state[B, H, Dk, Dv]`` float32 (unit last stride), ``k[B, H, N, Dk]`` / ``v[B, H, N, Dv]`` the tree nodes' keys
+    and values, ``log_decay[H]`` float32, ``path[B, L]`` int64 root first (-1 padded), ``lengths[B]`` (a number or a
+    ``[B]`` tensor; 0 leaves a row as it is). Several layers commit in one call as more heads (``[B, layers * H,
+    ...]`` views). With ``validate`` a length outside [0, L], a path node outside [0, N) or a bad decay raises
+    ValueError after the valid rows are committed; invalid rows are left untouched."""
+    B = _rows(state, "state", 4)
+    return _ops.commit_linear_state.default(
+        state, k, v, log_decay, path,
+        _per_row("commit_linear_state", "lengths", lengths, B, torch.int64, state, "state"), validate)
+
+
+def tree_causal_conv1d(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       parents: torch.Tensor, activation: str | None = None, validate: bool = True) -> torch.Tensor:
+    """A depthwise causal convolution of width K over a draft tree (the short convolutions in front of Gated DeltaNet
+    and Mamba-2 mixers): node i's window is its K - 1 nearest ancestors' inputs, then its own, the saved inputs
+    above the root.
+
+    ``x[B, C, N]`` (the nodes' inputs, any strides), ``conv_state[B, C, K - 1]`` float32 (the saved inputs before
+    the root, oldest first), ``weight[C, K]`` and ``bias[C]`` (or None) of x's dtype, ``parents[B, N]`` int64,
+    ``activation`` ``"silu"`` or None. ``out[b, c, i] = act(sum_t weight[c, t] window[t] + bias[c])``; returns
+    ``[B, C, N]`` in x's dtype (float32 accumulation). With ``validate`` a malformed tree raises ValueError."""
+    if activation is not None and not isinstance(activation, str):
+        raise TypeError(f"activation must be a str or None, got {type(activation).__name__}")
+    return _ops.tree_causal_conv1d.default(x, conv_state, weight, bias, parents, activation, validate)
+
+
+def commit_conv_state(conv_state: torch.Tensor, x: torch.Tensor, path: torch.Tensor, lengths: torch.Tensor | int,
+                      validate: bool = True) -> None:
+    """Shifts each row's saved convolution window along its accepted path, in place: ``conv_state[b]`` (``[C, K -
+    1]`` float32, oldest first) becomes the last K - 1 of (old window, ``x[b, :, path[b, t]]`` for t < lengths[b]).
+    ``x[B, C, N]`` the tree nodes' inputs; ``path`` / ``lengths`` and errors as :func:`commit_linear_state`'s."""
+    B = _rows(conv_state, "conv_state", 3)
+    return _ops.commit_conv_state.default(
+        conv_state, x, path, _per_row("commit_conv_state", "lengths", lengths, B, torch.int64, conv_state,
+                                      "conv_state"), validate)
+
+
+__all__ += ["tree_gated_delta_rule", "commit_gated_delta_state", "tree_selective_state", "commit_selective_state"]
+
+
+def tree_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                          state: torch.Tensor, parents: torch.Tensor, validate: bool = True) -> torch.Tensor:
+    """Outputs of the N tree nodes of a gated delta-rule layer (Gated DeltaNet: Qwen3-Next, Qwen3.5).
+
+    ``q`` / ``k`` ``[B, H, N, Dk]`` (as the layer feeds the rule: l2-normalised, q scaled by ``Dk^-0.5``),
+    ``v[B, H, N, Dv]`` (one float dtype, last dimension contiguous), ``g`` (log decay) / ``beta`` ``[B, H, N]``
+    float32, ``state[B, H, Dk, Dv]`` float32 (the saved state after the prefix), ``parents[B, N]`` int64. Node i's
+    state is one step from its parent's (the root's from ``state``): ``S <- exp(g_i) S``, then ``S <- S + k_i
+    (beta_i (v_i - S^T k_i))^T``, and ``o_i = S_i^T q_i``. No per-node state is kept beyond one per tree depth.
+    Returns ``[B, H, N, Dv]`` in v's dtype (float32 accumulation). With ``validate`` a malformed tree raises
+    ValueError (else zero outputs)."""
+    return _ops.tree_gated_delta_rule.default(q, k, v, g, beta, state, parents, validate)
+
+
+def commit_gated_delta_state(state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                             beta: torch.Tensor, path: torch.Tensor, lengths: torch.Tensor | int,
+                             validate: bool = True) -> None:
+    """Advances each row's delta-rule state through its accepted nodes ``path[b, :lengths[b]]`` (root first), in
+    place, from the saved state; tensors as :func:`tree_gated_delta_rule`'s, ``path`` / ``lengths`` and errors as
+    :func:`commit_linear_state`'s (several layers at once as more heads)."""
+    B = _rows(state, "state", 4)
+    return _ops.commit_gated_delta_state.default(
+        state, k, v, g, beta, path,
+        _per_row("commit_gated_delta_state", "lengths", lengths, B, torch.int64, state, "state"), validate)
+
+
+def tree_selective_state(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
+                         D: torch.Tensor, state: torch.Tensor, parents: torch.Tensor,
+                         validate: bool = True) -> torch.Tensor:
+    """Outputs of the N tree nodes of a Mamba-2 (SSD) layer's selective state update.
+
+    ``x[B, H, N, P]``, ``Bm`` / ``Cm`` ``[B, H, N, Ds]`` (the groups' B and C per head; x's dtype, last dimension
+    contiguous), ``dt[B, H, N]`` float32 (after the softplus), ``A`` / ``D`` ``[H]`` float32, ``state[B, H, P, Ds]``
+    float32, ``parents[B, N]`` int64. Node i's state is one step from its parent's: ``S <- exp(dt_i A) S + dt_i x_i
+    B_i^T``; ``y_i = S_i C_i + D x_i``. Returns ``[B, H, N, P]`` in x's dtype. Errors as
+    :func:`tree_gated_delta_rule`'s."""
+    return _ops.tree_selective_state.default(x, dt, A, Bm, Cm, D, state, parents, validate)
+
+
+def commit_selective_state(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                           Bm: torch.Tensor, path: torch.Tensor, lengths: torch.Tensor | int,
+                           validate: bool = True) -> None:
+    """Advances each row's Mamba-2 state through its accepted nodes, in place; tensors as
+    :func:`tree_selective_state`'s, ``path`` / ``lengths`` and errors as :func:`commit_linear_state`'s."""
+    B = _rows(state, "state", 4)
+    return _ops.commit_selective_state.default(
+        state, x, dt, A, Bm, path,
+        _per_row("commit_selective_state", "lengths", lengths, B, torch.int64, state, "state"), validate)

@@ -132,10 +132,12 @@ def _packed_linear_int8(x, packed_weight, scales, bias):
 @torch.library.register_fake("specdec_ext::draft_decoder_layer")
 def _draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv_weight, qkv_bias, o_weight,
                          norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,
-                         write_slots, mask, num_heads, intermediate_size, eps, validate=True):
+                         write_slots, mask, num_heads, intermediate_size, eps, qkv_scales=None, o_scales=None,
+                         gate_up_scales=None, down_scales=None, validate=True):
     _checks("draft_decoder_layer", x, input_norm_weight, input_norm_segments, residual, qkv_weight, qkv_bias,
             o_weight, norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,
-            write_slots, mask, num_heads, intermediate_size, eps, validate)
+            write_slots, mask, num_heads, intermediate_size, eps, qkv_scales, o_scales, gate_up_scales, down_scales,
+            validate)
     return residual.new_empty(residual.shape)
 
 
@@ -154,3 +156,54 @@ def _select_tree_nodes(tokens, scores, parents, roots, num_nodes, validate=True)
     B, C = tokens.shape
     M = min(num_nodes, C)
     return _long(tokens, B, M + 1), _long(tokens, B, M + 1)
+
+
+# The recurrent tree ops (csrc/ops/op_glue_recurrent.h).
+
+
+@torch.library.register_fake("specdec_ext::tree_linear_attention")
+def _tree_linear_attention(q, k, v, state, log_decay, parents, validate=True):
+    _checks("tree_linear_attention", q, k, v, state, log_decay, parents, validate)
+    return q.new_empty((*q.shape[:3], v.shape[-1]))
+
+
+@torch.library.register_fake("specdec_ext::commit_linear_state")
+def _commit_linear_state(state, k, v, log_decay, path, lengths, validate=True):
+    _checks("commit_linear_state", state, k, v, log_decay, path, lengths, validate)
+    return None
+
+
+@torch.library.register_fake("specdec_ext::tree_causal_conv1d")
+def _tree_causal_conv1d(x, conv_state, weight, bias, parents, activation=None, validate=True):
+    _checks("tree_causal_conv1d", x, conv_state, weight, bias, parents, activation, validate)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("specdec_ext::commit_conv_state")
+def _commit_conv_state(conv_state, x, path, lengths, validate=True):
+    _checks("commit_conv_state", conv_state, x, path, lengths, validate)
+    return None
+
+
+@torch.library.register_fake("specdec_ext::tree_gated_delta_rule")
+def _tree_gated_delta_rule(q, k, v, g, beta, state, parents, validate=True):
+    _checks("tree_gated_delta_rule", q, k, v, g, beta, state, parents, validate)
+    return v.new_empty(v.shape)
+
+
+@torch.library.register_fake("specdec_ext::commit_gated_delta_state")
+def _commit_gated_delta_state(state, k, v, g, beta, path, lengths, validate=True):
+    _checks("commit_gated_delta_state", state, k, v, g, beta, path, lengths, validate)
+    return None
+
+
+@torch.library.register_fake("specdec_ext::tree_selective_state")
+def _tree_selective_state(x, dt, A, Bm, Cm, D, state, parents, validate=True):
+    _checks("tree_selective_state", x, dt, A, Bm, Cm, D, state, parents, validate)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("specdec_ext::commit_selective_state")
+def _commit_selective_state(state, x, dt, A, Bm, path, lengths, validate=True):
+    _checks("commit_selective_state", state, x, dt, A, Bm, path, lengths, validate)
+    return None

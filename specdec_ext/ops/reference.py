@@ -45,6 +45,8 @@ BAD_CANDIDATE_PARENT = 16
 BAD_TOP_K = 17
 BAD_UNIFORM = 18
 BAD_TREE_PREFIX_LEN = 19
+BAD_LOG_DECAY = 20
+BAD_PATH_NODE = 21
 
 # Temperatures below this are greedy (vLLM's sampling epsilon): a smaller divisor can overflow float32 logits.
 GREEDY_TEMPERATURE = float(torch.tensor(1e-5, dtype=torch.float32))
@@ -106,6 +108,10 @@ def status_message(op: str, row: int, code: int, node: int, value: int) -> str:
     if code == BAD_TREE_PREFIX_LEN:
         return (f"{op}: prefix_lens[{b}] = {value} is out of range: need 0 <= prefix_lens[b] <= 2^63 - N (position ids "
                 "prefix_lens[b] + depth must fit int64)")
+    if code == BAD_LOG_DECAY:
+        return f"{op}: log_decay[{node}] must be finite and <= 0 (a decay exp(log_decay) in (0, 1])"
+    if code == BAD_PATH_NODE:
+        return f"{op}: path[{b}, {node}] = {value} is out of range [0, N) (N: the tree's nodes)"
     return f"{op}: row {b}: unknown status {code}"
 
 
@@ -763,28 +769,34 @@ def unpack_linear_weight(packed_weight: torch.Tensor, out_features: int, in_feat
 def draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv_weight, qkv_bias, o_weight,
                         norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,
                         write_slots, mask, num_heads: int, intermediate_size: int, eps: float,
+                        qkv_scales=None, o_scales=None, gate_up_scales=None, down_scales=None,
                         validate: bool = True) -> torch.Tensor:
     """A Llama decoder layer over ``x[B, T, Din]`` written out op by op (csrc/kernels/common/params.h,
-    DraftLayerParams): products in float64 rounded once to x's dtype, every other intermediate computed in float32
-    and rounded to x's dtype where the module rounds its tensors. Writes the new K/V into the caches (a row's later
-    position wins a duplicate slot); a row with a write slot outside [0, S) writes nothing and returns zeros
-    (ValueError with ``validate``)."""
+    DraftLayerParams): products in float64 rounded once to x's dtype (a weight given with its scales:
+    :func:`packed_linear_int8`'s product), every other intermediate computed in float32 and rounded to x's dtype
+    where the module rounds its tensors. Writes the new K/V into the caches (a row's later position wins a duplicate
+    slot); a row with a write slot outside [0, S) writes nothing and returns zeros (ValueError with ``validate``)."""
     dt = x.dtype
     B, T, Din = x.shape
     H = residual.shape[-1]
     nKV, S, D = k_cache.shape[1:]
     nH, I = num_heads, intermediate_size
     Q = (nH + 2 * nKV) * D
+    scales = {id(qkv_weight): qkv_scales, id(o_weight): o_scales, id(gate_up_weight): gate_up_scales,
+              id(down_weight): down_scales}
     for name, w, rows, what in (("qkv_weight", qkv_weight, Q, "[(num_heads + 2 nKV) D, Din]"),
                                 ("o_weight", o_weight, H, "[H, num_heads D]"),
                                 ("gate_up_weight", gate_up_weight, 2 * I, "[2 intermediate_size, H]"),
                                 ("down_weight", down_weight, H, "[H, intermediate_size]")):
-        check_packed_rows("draft_decoder_layer", name, w, rows, "the first dimension of " + what)
+        if scales[id(w)] is None:
+            check_packed_rows("draft_decoder_layer", name, w, rows, "the first dimension of " + what)
 
     def rnd(t):  # rounded to the layer's dtype, computed on in float32
         return t.to(dt).float()
 
     def lin(v, packed, N, K, bias=None):
+        if scales[id(packed)] is not None:  # (v holds values of the layer's dtype, as the kernel's buffer does)
+            return packed_linear_int8(v.to(dt), packed, scales[id(packed)], bias).float()
         y = v.double() @ unpack_linear_weight(packed, N, K).double().T
         return rnd(y + bias.double() if bias is not None else y)
 
@@ -849,42 +861,22 @@ def _check_log_decay(op: str, log_decay: torch.Tensor, H: int) -> None:
                          f"{tuple(log_decay.shape)}")
     bad = ~(torch.isfinite(log_decay) & (log_decay <= 0))
     if bool(bad.any()):
-        h = int(bad.nonzero()[0, 0])
-        raise ValueError(f"{op}: log_decay[{h}] = {float(log_decay[h])} must be finite and <= 0 (a decay "
-                         "exp(log_decay) in (0, 1])")
-
-
-def _check_ancestor_mask(op: str, dense: torch.Tensor) -> None:
-    """``dense[B, N, N]`` must be a tree's ancestor-or-self mask (tree_ancestor_mask's output): row 0 is {0} and
-    row i > 0 is {i} plus the row of its parent, the latest earlier node it holds (it must hold one)."""
-    B, N, _ = dense.shape
-    lower = torch.ones(N, N, dtype=torch.bool).tril(-1)
-    for b in range(B):
-        m = dense[b].cpu()
-        for i in range(N):
-            earlier = (m[i] & lower[i]).nonzero()
-            want = (m[int(earlier[-1, 0])].clone() if earlier.numel() else torch.zeros(N, dtype=torch.bool))
-            want[i] = True
-            if not torch.equal(m[i], want) or (i > 0 and not earlier.numel()):
-                raise ValueError(f"{op}: tree_mask[{b}, {i}] is not an ancestor-or-self row (row i must hold i and "
-                                 "exactly the row of its parent, the latest earlier node it holds; only node 0 is a "
-                                 "root; see tree_ancestor_mask)")
+        raise ValueError(status_message(op, 0, BAD_LOG_DECAY, int(bad.nonzero()[0, 0]), 0))
 
 
 def tree_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
-                          log_decay: torch.Tensor, tree_mask: torch.Tensor, validate: bool = True) -> torch.Tensor:
+                          log_decay: torch.Tensor, parents: torch.Tensor, validate: bool = True) -> torch.Tensor:
     """Outputs of the N tree nodes of each row of a linear-attention layer with a fixed per-head decay.
 
     ``q`` / ``k`` ``[B, H, N, Dk]``, ``v`` ``[B, H, N, Dv]`` (the nodes' own projections), ``state[B, H, Dk, Dv]``
     (the row's saved state after its prefix: ``sum_t a^(T-1-t) k_t^T v_t``), ``log_decay[H]`` (``log a``, <= 0),
-    ``tree_mask``: the tree's ancestor-or-self mask (dense bool ``[B, N, N]`` or packed int32, as
-    ``tree_ancestor_mask`` gives it). With ``d_i`` node i's depth (root 0: the number of its ancestors):
+    ``parents[B, N]`` the tree (node 0 the root). With ``d_i`` node i's depth (root 0: the number of its ancestors):
 
         o_i = a^(d_i + 1) q_i S + sum_{j ancestor-or-self of i} a^(d_i - d_j) (q_i . k_j) v_j
 
     which is ``q_i S_i`` for the state ``S_i`` after the root-to-i path. No softmax, no scale (as MiniMax's
     Lightning attention; a model that scales q does so before). Computed in float32; returns ``[B, H, N, Dv]`` in
-    q's dtype. ``validate``: shapes, a finite decay <= 0 and a well-formed mask (ValueError)."""
+    q's dtype. ``validate``: shapes, a finite decay <= 0 and well-formed trees (ValueError)."""
     B, H, N, Dk = q.shape
     Dv = v.shape[-1]
     if validate:
@@ -893,12 +885,10 @@ def tree_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
                              f" got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, state "
                              f"{tuple(state.shape)}")
         _check_log_decay("tree_linear_attention", log_decay, H)
-    dense = unpack_tree_mask(tree_mask, N).to(q.device)
-    if validate:
-        if dense.shape != (B, N, N):
-            raise ValueError(f"tree_linear_attention: tree_mask must be for [B = {B}, N = {N}] nodes, got "
-                             f"{tuple(tree_mask.shape)}")
-        _check_ancestor_mask("tree_linear_attention", dense)
+        if parents.shape != (B, N):
+            raise ValueError(f"tree_linear_attention: parents must be [B = {B}, N = {N}], got {tuple(parents.shape)}")
+        _check_trees("tree_linear_attention", parents)
+    dense = tree_ancestor_mask(parents.cpu(), validate=False).to(q.device)
     log_a = log_decay.to(device=q.device, dtype=torch.float32)[None, :, None, None]  # [1, H, 1, 1]
     depth = (dense.sum(-1) - 1).to(torch.float32)[:, None]  # [B, 1, N]
     gap = depth[..., :, None] - depth[..., None, :]  # [B, 1, N, N]: d_i - d_j
@@ -951,11 +941,9 @@ def commit_linear_state(state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, l
         b = int(bad.nonzero()[0, 0])
         nb = int(lengths[b])
         if not 0 <= nb <= L:
-            raise ValueError(f"commit_linear_state: lengths[{b}] = {nb} is out of range: need 0 <= lengths[b] <= "
-                             f"L = {L}")
+            raise ValueError(status_message("commit_linear_state", b, BAD_LENGTH, 0, nb))
         tb = int((used[b] & ((path[b] < 0) | (path[b] >= N))).nonzero()[0, 0])
-        raise ValueError(f"commit_linear_state: path[{b}, {tb}] = {int(path[b, tb])} is out of range [0, N = {N}) "
-                         f"(a node of the accepted path, t < lengths[{b}] = {nb})")
+        raise ValueError(status_message("commit_linear_state", b, BAD_PATH_NODE, tb, int(path[b, tb])))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1039,12 +1027,12 @@ def _path_nodes(op: str, b: int, path: torch.Tensor, lengths: torch.Tensor, N: i
     is not in [0, L] or a node is not in [0, N)."""
     n, L = int(lengths[b]), path.shape[1]
     if not 0 <= n <= L:
-        errors.append(f"{op}: lengths[{b}] = {n} is out of range: need 0 <= lengths[b] <= L = {L}")
+        errors.append(status_message(op, b, BAD_LENGTH, 0, n))
         return None
     nodes = path[b, :n].tolist()
     bad = next((t for t, j in enumerate(nodes) if not 0 <= j < N), None)
     if bad is not None:
-        errors.append(f"{op}: path[{b}, {bad}] = {nodes[bad]} is out of range [0, N = {N})")
+        errors.append(status_message(op, b, BAD_PATH_NODE, bad, nodes[bad]))
         return None
     return nodes
 

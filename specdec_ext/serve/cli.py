@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from specdec_ext.drafter_args import add_drafter_arguments, check_one_drafter, drafter_from_args
+from specdec_ext.drafter_args import add_drafter_arguments, check_one_drafter, draft_quant, drafter_from_args
 from specdec_ext.threads import add_threads_argument
 
 __all__ = ["add_serve_command", "apply_speculative_config", "best_drafter", "build_server", "serve_cmd"]
@@ -170,7 +170,10 @@ def build_server(args: argparse.Namespace):
         if args.suffix:
             drafter = drafter_from_args(args, target)
         else:
-            drafter = None if name == "plain" else fam.make_drafter(name)
+            quant = draft_quant(args)
+            if quant is not None and name in ("plain", "ngram", "suffix"):
+                raise ValueError(f"--draft-quant quantises a drafter's network; the zoo's {name!r} has none")
+            drafter = None if name == "plain" else fam.make_drafter(name, **({"draft_quant": quant} if quant else {}))
         model_name = args.served_model_name or fam.card.get("name") or "specdec-zoo"
     else:
         from transformers import AutoTokenizer

@@ -13,6 +13,7 @@ Layout of a family directory (every member in its official format)::
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field
 
@@ -63,14 +64,18 @@ def make_drafter(family: Family, name: str, **overrides):
     from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter, SuffixDrafter
 
     kw = {**family.drafter_kwargs(name), **overrides}
+
+    def own(network):  # a quantised drafter changes its network in place: not the family's shared one
+        return copy.deepcopy(network) if kw.get("draft_quant") else network
+
     if name == "ngram":
         return NgramDrafter(**kw)
     if name == "suffix":
         return SuffixDrafter(**kw)
     if name == "draft-model":
-        return DraftModelDrafter(family.draft_lm, **kw)
+        return DraftModelDrafter(own(family.draft_lm), **kw)
     if name == "medusa":
-        return MedusaDrafter(family.medusa_heads, **kw)
+        return MedusaDrafter(own(family.medusa_heads), **kw)
     if name in ("eagle1", "eagle2"):
         vocab_file = os.path.join(family.path, "eagle1", "draft_vocab.json")
         if kw.get("draft_vocab") == "frequent" and not os.path.isfile(vocab_file):
@@ -84,8 +89,8 @@ def make_drafter(family: Family, name: str, **overrides):
         elif kw.get("draft_vocab") == "eagle3":  # the EAGLE-3 draft's vocabulary: also frequent ids, 2048 of them
             e3 = family.eagle3
             kw["draft_vocab"] = e3.to_target_ids(torch.arange(e3.draft_vocab_size, device=e3.fc.weight.device))
-        return EagleDrafter(family.eagle1, target=family.target, **kw)
-    return EagleDrafter(family.eagle3, target=family.target, **kw)
+        return EagleDrafter(own(family.eagle1), target=family.target, **kw)
+    return EagleDrafter(own(family.eagle3), target=family.target, **kw)
 
 
 def _require(path: str, what: str) -> None:

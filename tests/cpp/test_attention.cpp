@@ -13,18 +13,7 @@ using testutil::from_float;
 
 namespace {
 
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 7) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float normalish() { return static_cast<float>((next() >> 40) * (1.0 / 16777216.0)) * 4.0f - 2.0f; }
-  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
-};
+using testutil::Rng;
 
 struct AttnCase {
   int64_t B, H, Hkv, N, D, S;

@@ -366,6 +366,192 @@ void compare_compact(int64_t caches, int64_t B, int64_t O, int64_t S, int64_t I,
   }
 }
 
+// The recurrent tree ops (float): random trees, row 1 invalid (a bad parent for the tree ops, a bad path node for
+// the commits); outputs, committed states and statuses against the CPU kernels.
+std::vector<float> uniform_vec(Rng& rng, int64_t n, float lo, float hi) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = lo + (hi - lo) * rng.uniform();
+  return v;
+}
+
+// Random trees (chains when `chain`: the kernels' prefill path), row 1 with a bad parent.
+std::vector<int64_t> recurrent_trees(Rng& rng, int64_t B, int64_t N, bool chain) {
+  std::vector<int64_t> par(B * N, -1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 1; i < N; ++i) par[b * N + i] = chain ? i - 1 : rng.below(i);
+  if (B > 1 && N > 2) par[1 * N + 2] = 2;  // not an earlier node
+  return par;
+}
+
+// Accepted paths: row b follows node N - 1's root path for up to L nodes; row 1 (if any) holds node N.
+void recurrent_paths(const std::vector<int64_t>& par, int64_t B, int64_t N, int64_t L, std::vector<int64_t>& path,
+                     std::vector<int64_t>& lengths) {
+  path.assign(B * L, -1);
+  lengths.assign(B, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int64_t> up;
+    for (int64_t j = N - 1; j >= 0 && (b != 1 || j == N - 1); j = (b == 1 ? -1 : par[b * N + j])) up.push_back(j);
+    const int64_t n = std::min<int64_t>(L, static_cast<int64_t>(up.size()));
+    for (int64_t t = 0; t < n; ++t) path[b * L + t] = up[up.size() - 1 - t];
+    lengths[b] = n;
+  }
+  if (B > 1) path[1 * L] = N;
+}
+
+void compare_recurrent(int64_t B, int64_t H, int64_t N, int64_t Dk, int64_t Dv, int64_t C, int64_t K,
+                       bool chain = false) {
+  Rng rng(31 + N + Dk);
+  std::vector<int64_t> par = recurrent_trees(rng, B, N, chain), path, lengths;
+  for (int64_t b = 0; b < B; ++b)  // (the paths follow valid parents)
+    for (int64_t i = 1; i < N; ++i)
+      if (par[b * N + i] < 0 || par[b * N + i] >= i) par[b * N + i] = i - 1;
+  const std::vector<int64_t> bad_par = recurrent_trees(rng, B, N, chain);
+  const int64_t L = 5;
+  recurrent_paths(par, B, N, L, path, lengths);
+  const std::vector<float> q = uniform_vec(rng, B * H * N * Dk, -0.3f, 0.3f);
+  const std::vector<float> k = uniform_vec(rng, B * H * N * Dk, -0.3f, 0.3f);
+  const std::vector<float> v = uniform_vec(rng, B * H * N * Dv, -1.0f, 1.0f);
+  const std::vector<float> state = uniform_vec(rng, B * H * Dk * Dv, -1.0f, 1.0f);
+  const std::vector<float> g = uniform_vec(rng, B * H * N, -0.5f, 0.0f), beta = uniform_vec(rng, B * H * N, 0.0f, 1.0f);
+  const std::vector<float> decay = uniform_vec(rng, H, -0.3f, 0.0f), A = uniform_vec(rng, H, -1.0f, -0.1f);
+  const std::vector<float> D = uniform_vec(rng, H, -1.0f, 1.0f);
+  const std::vector<float> x = uniform_vec(rng, B * C * N, -1.0f, 1.0f);
+  const std::vector<float> conv = uniform_vec(rng, B * C * (K - 1), -1.0f, 1.0f);
+  const std::vector<float> w = uniform_vec(rng, C * K, -1.0f, 1.0f), bias = uniform_vec(rng, C, -1.0f, 1.0f);
+  DevBuf<float> dq(q), dk(k), dv(v), dstate(state), dg(g), dbeta(beta), ddecay(decay), dA(A), dD(D), dx(x), dconv(conv),
+      dw(w), dbias(bias);
+  DevBuf<int64_t> dbad(bad_par), dpath(path), dlen(lengths);
+  DevBuf<RowStatus> dstat(B);
+  std::vector<RowStatus> st(B);
+  const int64_t nd = H * N * Dk, nv = H * N * Dv, sd = H * Dk * Dv;
+  auto check_out = [&](const DevBuf<float>& dout, const std::vector<float>& out) {
+    BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    check_close(dout.get(), out, 1e-4, 1e-4);
+    CHECK(same_status(dstat.get(), st));
+  };
+  {  // Lightning
+    std::vector<float> out(B * nv);
+    DevBuf<float> dout(out.size());
+    TreeLinearAttentionParams<float> p{.q = q.data(), .q_stride_b = nd, .q_stride_h = N * Dk, .q_stride_n = Dk,
+                                       .k = k.data(), .k_stride_b = nd, .k_stride_h = N * Dk, .k_stride_n = Dk,
+                                       .v = v.data(), .v_stride_b = nv, .v_stride_h = N * Dv, .v_stride_n = Dv,
+                                       .state = state.data(), .state_stride_b = sd, .state_stride_h = Dk * Dv,
+                                       .state_stride_k = Dv, .log_decay = decay.data(), .parents = bad_par.data(),
+                                       .batch = B, .num_heads = H, .num_nodes = N, .key_dim = Dk, .value_dim = Dv,
+                                       .out = out.data(), .status = st.data()};
+    cpu::TreeLinearAttention<float>(p, 0, B * H);
+    auto gp = p;
+    gp.q = dq.p, gp.k = dk.p, gp.v = dv.p, gp.state = dstate.p, gp.log_decay = ddecay.p, gp.parents = dbad.p;
+    gp.out = dout.p, gp.status = dstat.p;
+    cuda::LaunchTreeLinearAttention<float>(gp, nullptr);
+    check_out(dout, out);
+    std::vector<float> s = state;
+    DevBuf<float> ds(state);
+    CommitLinearStateParams<float> c{.state = s.data(), .state_stride_b = sd, .state_stride_h = Dk * Dv,
+                                     .state_stride_k = Dv, .k = k.data(), .k_stride_b = nd, .k_stride_h = N * Dk,
+                                     .k_stride_n = Dk, .v = v.data(), .v_stride_b = nv, .v_stride_h = N * Dv,
+                                     .v_stride_n = Dv, .log_decay = decay.data(), .path = path.data(),
+                                     .lengths = lengths.data(), .batch = B, .num_heads = H, .num_nodes = N,
+                                     .max_len = L, .key_dim = Dk, .value_dim = Dv, .status = st.data()};
+    cpu::CommitLinearState<float>(c, 0, B * H);
+    auto gc = c;
+    gc.state = ds.p, gc.k = dk.p, gc.v = dv.p, gc.log_decay = ddecay.p, gc.path = dpath.p, gc.lengths = dlen.p;
+    gc.status = dstat.p;
+    cuda::LaunchCommitLinearState<float>(gc, nullptr);
+    check_out(ds, s);
+  }
+  {  // conv1d
+    std::vector<float> out(B * C * N);
+    DevBuf<float> dout(out.size());
+    TreeCausalConv1dParams<float> p{.x = x.data(), .x_stride_b = C * N, .x_stride_c = N, .x_stride_n = 1,
+                                    .conv_state = conv.data(), .conv_stride_b = C * (K - 1), .conv_stride_c = K - 1,
+                                    .conv_stride_w = 1, .weight = w.data(), .bias = bias.data(),
+                                    .parents = bad_par.data(), .batch = B, .channels = C, .num_nodes = N, .width = K,
+                                    .silu = true, .out = out.data(), .status = st.data()};
+    cpu::TreeCausalConv1d<float>(p, 0, B * conv_channel_blocks(C));
+    auto gp = p;
+    gp.x = dx.p, gp.conv_state = dconv.p, gp.weight = dw.p, gp.bias = dbias.p, gp.parents = dbad.p;
+    gp.out = dout.p, gp.status = dstat.p;
+    cuda::LaunchTreeCausalConv1d<float>(gp, nullptr);
+    check_out(dout, out);
+    std::vector<float> s = conv;
+    DevBuf<float> ds(conv);
+    CommitConvStateParams<float> c{.conv_state = s.data(), .conv_stride_b = C * (K - 1), .conv_stride_c = K - 1,
+                                   .conv_stride_w = 1, .x = x.data(), .x_stride_b = C * N, .x_stride_c = N,
+                                   .x_stride_n = 1, .path = path.data(), .lengths = lengths.data(), .batch = B,
+                                   .channels = C, .num_nodes = N, .max_len = L, .window = K - 1, .status = st.data()};
+    cpu::CommitConvState<float>(c, 0, B * conv_channel_blocks(C));
+    auto gc = c;
+    gc.conv_state = ds.p, gc.x = dx.p, gc.path = dpath.p, gc.lengths = dlen.p, gc.status = dstat.p;
+    cuda::LaunchCommitConvState<float>(gc, nullptr);
+    check_out(ds, s);
+  }
+  {  // Gated DeltaNet (g, beta [B, H, N])
+    std::vector<float> out(B * nv);
+    DevBuf<float> dout(out.size());
+    TreeGatedDeltaParams<float> p{
+        .q = q.data(), .q_stride_b = nd, .q_stride_h = N * Dk, .q_stride_n = Dk, .k = k.data(), .k_stride_b = nd,
+        .k_stride_h = N * Dk, .k_stride_n = Dk, .v = v.data(), .v_stride_b = nv, .v_stride_h = N * Dv,
+        .v_stride_n = Dv, .g = g.data(), .beta = beta.data(), .gate_stride_b = H * N, .gate_stride_h = N,
+        .gate_stride_n = 1, .beta_stride_b = H * N, .beta_stride_h = N, .beta_stride_n = 1, .state = state.data(),
+        .state_stride_b = sd, .state_stride_h = Dk * Dv, .state_stride_k = Dv, .parents = bad_par.data(),
+        .batch = B, .num_heads = H, .num_nodes = N, .key_dim = Dk, .value_dim = Dv, .out = out.data(),
+        .status = st.data()};
+    cpu::TreeGatedDelta<float>(p, 0, B * H);
+    auto gp = p;
+    gp.q = dq.p, gp.k = dk.p, gp.v = dv.p, gp.g = dg.p, gp.beta = dbeta.p, gp.state = dstate.p;
+    gp.parents = dbad.p, gp.out = dout.p, gp.status = dstat.p;
+    cuda::LaunchTreeGatedDelta<float>(gp, nullptr);
+    check_out(dout, out);
+    std::vector<float> s = state;
+    DevBuf<float> ds(state);
+    CommitGatedDeltaParams<float> c{
+        .state = s.data(), .state_stride_b = sd, .state_stride_h = Dk * Dv, .state_stride_k = Dv, .k = k.data(),
+        .k_stride_b = nd, .k_stride_h = N * Dk, .k_stride_n = Dk, .v = v.data(), .v_stride_b = nv,
+        .v_stride_h = N * Dv, .v_stride_n = Dv, .g = g.data(), .beta = beta.data(), .gate_stride_b = H * N,
+        .gate_stride_h = N, .gate_stride_n = 1, .beta_stride_b = H * N, .beta_stride_h = N, .beta_stride_n = 1,
+        .path = path.data(), .lengths = lengths.data(), .batch = B, .num_heads = H, .num_nodes = N, .max_len = L,
+        .key_dim = Dk, .value_dim = Dv, .status = st.data()};
+    cpu::CommitGatedDelta<float>(c, 0, B * H);
+    auto gc = c;
+    gc.state = ds.p, gc.k = dk.p, gc.v = dv.p, gc.g = dg.p, gc.beta = dbeta.p, gc.path = dpath.p;
+    gc.lengths = dlen.p, gc.status = dstat.p;
+    cuda::LaunchCommitGatedDelta<float>(gc, nullptr);
+    check_out(ds, s);
+  }
+  {  // Mamba-2: x = v [B, H, N, P = Dv], B = C = k [B, H, N, Ds = Dk], state [B, H, P, Ds], dt = beta
+    std::vector<float> out(B * nv);
+    DevBuf<float> dout(out.size());
+    TreeSelectiveStateParams<float> p{
+        .x = v.data(), .x_stride_b = nv, .x_stride_h = N * Dv, .x_stride_n = Dv, .dt = beta.data(),
+        .dt_stride_b = H * N, .dt_stride_h = N, .dt_stride_n = 1, .A = A.data(), .Bm = k.data(), .bm_stride_b = nd,
+        .bm_stride_h = N * Dk, .bm_stride_n = Dk, .Cm = q.data(), .cm_stride_b = nd, .cm_stride_h = N * Dk,
+        .cm_stride_n = Dk, .D = D.data(), .state = state.data(), .state_stride_b = sd, .state_stride_h = Dk * Dv,
+        .state_stride_p = Dk, .parents = bad_par.data(), .batch = B, .num_heads = H, .num_nodes = N,
+        .head_dim = Dv, .state_dim = Dk, .out = out.data(), .status = st.data()};
+    cpu::TreeSelectiveState<float>(p, 0, B * H);
+    auto gp = p;
+    gp.x = dv.p, gp.dt = dbeta.p, gp.A = dA.p, gp.Bm = dk.p, gp.Cm = dq.p, gp.D = dD.p, gp.state = dstate.p;
+    gp.parents = dbad.p, gp.out = dout.p, gp.status = dstat.p;
+    cuda::LaunchTreeSelectiveState<float>(gp, nullptr);
+    check_out(dout, out);
+    std::vector<float> s = state;
+    DevBuf<float> ds(state);
+    CommitSelectiveStateParams<float> c{
+        .state = s.data(), .state_stride_b = sd, .state_stride_h = Dk * Dv, .state_stride_p = Dk, .x = v.data(),
+        .x_stride_b = nv, .x_stride_h = N * Dv, .x_stride_n = Dv, .dt = beta.data(), .dt_stride_b = H * N,
+        .dt_stride_h = N, .dt_stride_n = 1, .A = A.data(), .Bm = k.data(), .bm_stride_b = nd,
+        .bm_stride_h = N * Dk, .bm_stride_n = Dk, .path = path.data(), .lengths = lengths.data(), .batch = B,
+        .num_heads = H, .num_nodes = N, .max_len = L, .head_dim = Dv, .state_dim = Dk, .status = st.data()};
+    cpu::CommitSelectiveState<float>(c, 0, B * H);
+    auto gc = c;
+    gc.state = ds.p, gc.x = dv.p, gc.dt = dbeta.p, gc.A = dA.p, gc.Bm = dk.p, gc.path = dpath.p;
+    gc.lengths = dlen.p, gc.status = dstat.p;
+    cuda::LaunchCommitSelectiveState<float>(gc, nullptr);
+    check_out(ds, s);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cuda == cpu: tree_attention (every head dim, GQA, long prefix, packed and dense masks)") {
@@ -400,6 +586,13 @@ TEST_CASE("cuda == cpu: sample_tokens and expand_tree_step") {
   compare_sampling<float>(8, 32000);
   compare_sampling<bf16>(8, 128000);
   compare_sampling<f16>(4, 5000);
+}
+
+TEST_CASE("cuda == cpu: the recurrent tree ops and their commits (invalid rows included)") {
+  compare_recurrent(3, 2, 9, 8, 6, 70, 4);
+  compare_recurrent(2, 4, 33, 64, 64, 300, 2);
+  compare_recurrent(1, 1, 1, 128, 128, 5, 1);  // root only, a 64 KiB shared-memory state
+  compare_recurrent(3, 2, 200, 16, 32, 40, 4, true);  // chains (prefills): one block runs each row in order
 }
 
 int main(int, char** argv) {

@@ -457,8 +457,9 @@ struct PackedLinearInt8Params {
 // A drafter's decoder layer (draft_decoder_layer): one Llama decoder layer over T new positions of each of B rows,
 // with its own KV cache written at explicit slots (an EAGLE draft's chains and tree levels). Rows r = b * T + t.
 // Widths: Din (attention input), H (hidden), I (intermediate); nH query and nKV key/value heads of D dims, Q = (nH
-// + 2 nKV) D. Products are packed_linear's (one float32 accumulation per element, rounded to T), and every other
-// intermediate is rounded to T where torch rounds a module's T tensors:
+// + 2 nKV) D. Products are packed_linear's (one float32 accumulation per element, rounded to T) or, for a weight
+// packed as int8, packed_linear_int8's; every other intermediate is rounded to T where torch rounds a module's T
+// tensors:
 //   a    = x, or with input_norm: each of the `input_norm_segments` equal segments of x RMS-normalised on its own
 //          (torch's RMSNorm: w * T(x * rsqrt(mean(x^2) + eps)))                               [rows, Din]
 //   qkv  = a Wqkv^T + bqkv: nH query heads, then nKV key heads, then nKV value heads             [rows, Q]
@@ -471,11 +472,20 @@ struct PackedLinearInt8Params {
 // A row b with a write slot outside [0, S) gets kBadWriteSlot (node = t) and writes none of its slots.
 constexpr int64_t kMaxDraftHeadDim = 256;  // (tree attention's head dims: 64, 80, 96, 128, 256)
 
+// One product's weight: packed by pack_linear_weight (`packed`), or by pack_linear_weight_int8 (`packed_int8` and
+// its per-output-channel `scales`; the product is then packed_linear_int8's, its input rows quantised into the
+// layer's qx buffer first). Exactly one of `packed` and `packed_int8` is set.
+template <typename T>
+struct DraftLayerWeight {
+  const T* packed = nullptr;
+  const int8_t* packed_int8 = nullptr;
+  const float* scales = nullptr;  // [N], with packed_int8
+};
+
 template <typename T>
 struct DraftLayerParams {
-  // Weights packed by pack_linear_weight: Wqkv [Q, Din], Wo [H, nH D], Wgu [2I, H] (gate rows, then up rows),
-  // Wdown [H, I].
-  const T *qkv_packed, *o_packed, *gate_up_packed, *down_packed;
+  // Wqkv [Q, Din], Wo [H, nH D], Wgu [2I, H] (gate rows, then up rows), Wdown [H, I]; each float or int8.
+  DraftLayerWeight<T> qkv_weight, o_weight, gate_up_weight, down_weight;
   const T* x;                  // [rows, Din] contiguous
   const T* input_norm_weight;  // [Din] or nullptr
   int64_t input_norm_segments;
@@ -493,31 +503,60 @@ struct DraftLayerParams {
   // heads [B, nH, T, D] (the attention's output), attn [rows, nH D], h1 [rows, H], normed [rows, H],
   // gate_up [rows, 2I], act [rows, I], down [rows, H].
   T *normed_input, *qkv, *heads, *attn, *h1, *normed, *gate_up, *act, *down;
+  // With an int8 weight: one product's input rows quantised, [rows, ceil(max K / 4) * 4] and [rows] (else nullptr).
+  int8_t* qx;
+  float* qx_scales;
   T* out;             // [rows, H]
   RowStatus* status;  // [B]
 };
 
-// The four products of a draft layer as packed_linear calls.
+// The four products of a draft layer: packed_linear calls, or for an int8 weight the two stages of
+// packed_linear_int8 (draft_layer_quantize, then draft_layer_product_int8).
 enum DraftLayerProduct { kDraftQkv, kDraftO, kDraftGateUp, kDraftDown };
+
+template <typename T>
+const DraftLayerWeight<T>& draft_layer_weight(const DraftLayerParams<T>& p, DraftLayerProduct which) {
+  switch (which) {
+    case kDraftQkv: return p.qkv_weight;
+    case kDraftO: return p.o_weight;
+    case kDraftGateUp: return p.gate_up_weight;
+    default: return p.down_weight;
+  }
+}
 
 template <typename T>
 PackedLinearParams<T> draft_layer_product(const DraftLayerParams<T>& p, DraftLayerProduct which) {
   const int64_t rows = p.batch * p.tokens, D = p.head_dim, Q = (p.num_heads + 2 * p.num_kv_heads) * D;
+  const T* packed = draft_layer_weight(p, which).packed;
   switch (which) {
     case kDraftQkv:
       return {.x = p.input_norm_weight != nullptr ? p.normed_input : p.x, .rows = rows,
-              .in_features = p.in_features, .out_features = Q, .packed = p.qkv_packed, .bias = p.qkv_bias,
+              .in_features = p.in_features, .out_features = Q, .packed = packed, .bias = p.qkv_bias,
               .y = p.qkv};
     case kDraftO:
       return {.x = p.attn, .rows = rows, .in_features = p.num_heads * D, .out_features = p.hidden,
-              .packed = p.o_packed, .bias = nullptr, .y = p.h1};
+              .packed = packed, .bias = nullptr, .y = p.h1};
     case kDraftGateUp:
       return {.x = p.normed, .rows = rows, .in_features = p.hidden, .out_features = 2 * p.intermediate,
-              .packed = p.gate_up_packed, .bias = nullptr, .y = p.gate_up};
+              .packed = packed, .bias = nullptr, .y = p.gate_up};
     default:
       return {.x = p.act, .rows = rows, .in_features = p.intermediate, .out_features = p.hidden,
-              .packed = p.down_packed, .bias = nullptr, .y = p.down};
+              .packed = packed, .bias = nullptr, .y = p.down};
   }
+}
+
+template <typename T>
+QuantizeRowsInt8Params<T> draft_layer_quantize(const DraftLayerParams<T>& p, DraftLayerProduct which) {
+  const PackedLinearParams<T> f = draft_layer_product(p, which);
+  return {.x = f.x, .rows = f.rows, .in_features = f.in_features, .q = p.qx, .scales = p.qx_scales};
+}
+
+template <typename T>
+PackedLinearInt8Params<T> draft_layer_product_int8(const DraftLayerParams<T>& p, DraftLayerProduct which) {
+  const PackedLinearParams<T> f = draft_layer_product(p, which);
+  const DraftLayerWeight<T>& w = draft_layer_weight(p, which);
+  return {.qx = p.qx, .x_scales = p.qx_scales, .rows = f.rows, .in_features = f.in_features,
+          .out_features = f.out_features, .packed = w.packed_int8, .w_scales = w.scales, .bias = f.bias, .y = f.y};
 }
 
 // The layer's attention as tree attention: the T new positions of a row are its nodes, prefix 0 (`zero_prefix`:
@@ -576,3 +615,6 @@ SPECDEC_HD RowStatus compact_kv_row_status(const CompactKvParams& p, int64_t b) 
 }
 
 }  // namespace specdec
+
+// The recurrent (hybrid-target) tree ops' parameters.
+#include "recurrent_params.h"  // NOLINT(build/include_order)

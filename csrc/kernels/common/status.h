@@ -33,6 +33,9 @@ enum StatusCode : int64_t {
   kBadTopK = 17,              // top_k[b] < 0; value = top_k[b]
   kBadUniform = 18,           // uniforms not in [0, 1) (or NaN); node = the column (-1 for a [B] vector)
   kBadTreePrefixLen = 19,     // build_tree: prefix_lens[b] < 0 or prefix_lens[b] + N - 1 > INT64_MAX; value = it
+  // The recurrent tree ops (recurrent_params.h).
+  kBadLogDecay = 20,          // log_decay[h] NaN, infinite or > 0; node = h
+  kBadPathNode = 21,          // path[b, t] not in [0, N) (t < lengths[b]); node = t, value = it
 };
 
 // One row's status: `code` (a StatusCode), the tree `node` (or logits row) it concerns, and the offending value.

@@ -81,4 +81,22 @@ void DraftLayerSwiGlu(const DraftLayerParams<T>& p, int64_t row_begin, int64_t r
 template <typename T>
 void DraftLayerResidual(const DraftLayerParams<T>& p, int64_t row_begin, int64_t row_end);
 
+// The recurrent tree ops (recurrent_params.h): tasks as documented there (rows x heads, or rows x channel blocks).
+template <typename T>
+void TreeLinearAttention(const TreeLinearAttentionParams<T>& p, int64_t task_begin, int64_t task_end);
+template <typename T>
+void CommitLinearState(const CommitLinearStateParams<T>& p, int64_t task_begin, int64_t task_end);
+template <typename T>
+void TreeCausalConv1d(const TreeCausalConv1dParams<T>& p, int64_t task_begin, int64_t task_end);
+template <typename T>
+void CommitConvState(const CommitConvStateParams<T>& p, int64_t task_begin, int64_t task_end);
+template <typename T>
+void TreeGatedDelta(const TreeGatedDeltaParams<T>& p, int64_t task_begin, int64_t task_end);
+template <typename T>
+void CommitGatedDelta(const CommitGatedDeltaParams<T>& p, int64_t task_begin, int64_t task_end);
+template <typename T>
+void TreeSelectiveState(const TreeSelectiveStateParams<T>& p, int64_t task_begin, int64_t task_end);
+template <typename T>
+void CommitSelectiveState(const CommitSelectiveStateParams<T>& p, int64_t task_begin, int64_t task_end);
+
 }  // namespace specdec::cpu

@@ -68,4 +68,23 @@ void LaunchDraftLayerSwiGlu(const DraftLayerParams<T>& p, cudaStream_t stream);
 template <typename T>
 void LaunchDraftLayerResidual(const DraftLayerParams<T>& p, cudaStream_t stream);
 
+// The recurrent tree ops (recurrent_params.h; csrc/kernels/cuda/recurrent.cu). A state too large for one block's
+// shared memory (tree_gated_delta_rule: Dk * Dv floats; tree_selective_state: P * Ds) throws std::invalid_argument.
+template <typename T>
+void LaunchTreeLinearAttention(const TreeLinearAttentionParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchCommitLinearState(const CommitLinearStateParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchTreeCausalConv1d(const TreeCausalConv1dParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchCommitConvState(const CommitConvStateParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchTreeGatedDelta(const TreeGatedDeltaParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchCommitGatedDelta(const CommitGatedDeltaParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchTreeSelectiveState(const TreeSelectiveStateParams<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchCommitSelectiveState(const CommitSelectiveStateParams<T>& p, cudaStream_t stream);
+
 }  // namespace specdec::cuda
