@@ -423,6 +423,7 @@ def test_e2e_bench_self_spec_row(tmp_path):
     rows = {r["method"]: r for r in res["runs"]}
     assert set(rows) == {"plain", SELF_SPEC} and rows[SELF_SPEC]["tokens_per_s"] > 0
     assert rows[SELF_SPEC]["mean_accepted_length"] >= 1.0 and "error" not in rows[SELF_SPEC]
+    assert rows[SELF_SPEC]["drafter_weight_mb"] == 0  # no weights of its own
     assert [c["equal"] for c in res["greedy_checks"]] == [True]
     with pytest.raises(ValueError, match="self-spec drafts with the target's own weights"):
         with_self_spec(models, str(path)).build_drafter(SELF_SPEC + "-int8")

@@ -384,7 +384,8 @@ def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], t
 
 def drafter_weight_bytes(drafter) -> int | None:
     """Bytes of a drafter's own weights: the draft model, the EAGLE draft (with its draft-vocabulary rows of the
-    target's lm_head, a copy it holds) or the Medusa heads; None for drafters without a network."""
+    target's lm_head, a copy it holds) or the Medusa heads; 0 for self-speculation (the target's own layers); None
+    for drafters without a network."""
     if isinstance(drafter, DraftModelDrafter):
         return module_bytes(drafter.model)
     if isinstance(drafter, EagleDrafter):
@@ -392,6 +393,8 @@ def drafter_weight_bytes(drafter) -> int | None:
         return module_bytes(drafter.model) + (module_bytes(head) if head is not None else 0)
     if isinstance(drafter, MedusaDrafter):
         return module_bytes(drafter.heads)
+    if isinstance(drafter, SelfSpecDrafter):
+        return 0  # (its network is the target's own layers)
     return None
 
 
