@@ -4,15 +4,16 @@
 with accepted draft tokens marked, then plain decoding vs every drafter measured side by side
 (:mod:`specdec_ext.demo`). ``specdec ops-tour``: the kernels on random data (:mod:`specdec_ext.ops_tour`).
 
-``specdec generate --model DIR [--ngram | --draft-model DIR | --medusa DIR | --eagle DIR] (--prompt TEXT [--chat] |
---prompt-ids "1 2 3")``
+``specdec generate --model DIR [--ngram | --draft-model DIR | --medusa DIR | --eagle DIR | --self-spec FILE]
+(--prompt TEXT [--chat] | --prompt-ids "1 2 3")``
 generates from a local Hugging Face model (plain decoding without a drafter), streams the output and ends with a
 summary line (tokens/s, mean accepted length, target forwards, time split).
 
 ``specdec serve --model DIR [drafter flags] | --zoo``: an OpenAI-compatible HTTP server on the engine
 (:mod:`specdec_ext.serve`).
 
-``specdec train-medusa | train-eagle | train-draft`` (:mod:`specdec_ext.train.cli`), ``specdec zoo build``
+``specdec train-medusa | train-eagle | train-draft`` (:mod:`specdec_ext.train.cli`), ``specdec tune-self-spec``
+(:mod:`specdec_ext.train.self_spec_tune`), ``specdec zoo build``
 (:mod:`specdec_ext.zoo.cli`), ``specdec bench`` (:mod:`specdec_ext.bench.cli`).
 
 Errors: one line ``specdec <command>: ...`` on stderr and a non-zero status (2: a bad command line, 130: Ctrl-C),
@@ -182,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_ext.train.cli import add_train_commands
 
     add_train_commands(sub)
+    from specdec_ext.train.self_spec_tune import add_tune_self_spec_command
+
+    add_tune_self_spec_command(sub)
     from specdec_ext.bench.cli import add_bench_command
 
     add_bench_command(sub)

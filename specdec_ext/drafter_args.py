@@ -1,5 +1,5 @@
-"""The drafter flags of the command line (``--draft-model DIR | --ngram | --suffix | --medusa DIR | --eagle DIR``
-and their shapes), shared by ``specdec generate`` and ``specdec serve``: :func:`add_drafter_arguments` declares them,
+"""The drafter flags of the command line (``--draft-model DIR | --ngram | --suffix | --medusa DIR | --eagle DIR |
+--self-spec FILE`` and their shapes), shared by ``specdec generate`` and ``specdec serve``: :func:`add_drafter_arguments` declares them,
 :func:`drafter_from_args` builds the drafter they choose (None: plain decoding).
 """
 
@@ -44,6 +44,10 @@ def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suffix-spec-factor", type=float, default=3.0,
                    help="--suffix: drafts per matched context token (the tree follows the match's length)")
     p.add_argument("--suffix-min-prob", type=float, default=0.1, help="--suffix: least estimated draft probability")
+    p.add_argument("--self-spec", metavar="FILE",
+                   help="self-speculation: the target drafts with the layers of FILE (specdec tune-self-spec) skipped, "
+                        "a chain of the file's length (with --tree-width > 1 and --tree-total-tokens: an EAGLE-2 "
+                        "tree of depth --num-draft-tokens)")
     p.add_argument("--suffix-corpus-tokens", type=int, default=1 << 18,
                    help="--suffix: tokens of earlier outputs kept (oldest evicted first; 0: the context only)")
     p.add_argument("--draft-quant", choices=["none", "int8"], default="none",
@@ -52,10 +56,13 @@ def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_one_drafter(args: argparse.Namespace) -> None:
-    if sum(map(bool, (args.ngram, args.suffix, args.draft_model, args.medusa, args.eagle))) > 1:
-        raise ValueError("choose one drafter (--ngram, --suffix, --draft-model, --medusa or --eagle)")
+    if sum(map(bool, (args.ngram, args.suffix, args.draft_model, args.medusa, args.eagle, args.self_spec))) > 1:
+        raise ValueError("choose one drafter (--ngram, --suffix, --draft-model, --medusa, --eagle or --self-spec)")
     if draft_quant(args) is not None and (args.ngram or args.suffix):
         raise ValueError("--draft-quant quantises a drafter's network; --ngram and --suffix have none")
+    if draft_quant(args) is not None and args.self_spec:
+        raise ValueError("--draft-quant: --self-spec drafts with the target's own weights (the target on int8 weights "
+                         "as its own draft is DraftModelDrafter.from_target)")
 
 
 def draft_quant(args: argparse.Namespace) -> str | None:
@@ -66,7 +73,8 @@ def draft_quant(args: argparse.Namespace) -> str | None:
 def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
     """The drafter the flags choose for ``target`` (None: no drafter flag). Reads ``args.device``, ``args.dtype``
     and ``args.no_packed_linears`` besides the drafter flags."""
-    from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter, SuffixDrafter
+    from specdec_ext.drafters import (DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter, SelfSpecDrafter,
+                                      SuffixDrafter)
     from specdec_ext.generate import load_model
     from specdec_ext.models.checkpoints import resolve_eagle_dtype
 
@@ -93,4 +101,8 @@ def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
                                             top_k=args.eagle_top_k, total_tokens=args.eagle_total_tokens,
                                             dtype=resolve_eagle_dtype(args.eagle_dtype, tdtype, args.device),
                                             draft_quant=draft_quant(args))
+    if args.self_spec:
+        tree = {"num_draft_tokens": args.num_draft_tokens, "tree_width": args.tree_width,
+                "total_tokens": args.tree_total_tokens} if args.tree_width > 1 else {}
+        return SelfSpecDrafter.from_file(args.self_spec, target=target, **tree)
     return None

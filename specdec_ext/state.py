@@ -133,13 +133,18 @@ class DecodeState:
     generators: list[torch.Generator | None]
     vocab_size: int
     step: int = 0
+    # The target's KV cache, which the engine owns (None: a state made outside an engine). It holds every row's
+    # ``prefix_lens`` context tokens; a drafter that drafts with the target itself (self-speculation) reads it and
+    # writes scratch K/V at and after ``prefix_lens``, which the verification forward overwrites.
+    target_cache: object | None = None
 
     @classmethod
     def of_prompts(cls, prompts: list[list[int]], max_len: int, vocab_size: int, device="cpu",
                    sampling: SamplingParams | None = None,
-                   generators: list[torch.Generator | None] | None = None) -> "DecodeState":
+                   generators: list[torch.Generator | None] | None = None,
+                   target_cache=None) -> "DecodeState":
         """The state of rows that start with ``prompts`` (nothing emitted yet): greedy unless ``sampling`` says
-        otherwise, with ``generators`` (default: none)."""
+        otherwise, with ``generators`` (default: none) and the engine's ``target_cache``."""
         B = len(prompts)
         buf = torch.zeros(B, max_len, dtype=torch.int64)
         for b, p in enumerate(prompts):
@@ -149,7 +154,8 @@ class DecodeState:
         return cls(tokens=buf.to(dev), lengths=lengths.to(dev), host_tokens=[list(p) for p in prompts],
                    prompt_lens=[len(p) for p in prompts], done=[False] * B, max_len=max_len,
                    sampling=sampling if sampling is not None else SamplingParams.greedy_rows_of(B, dev),
-                   generators=list(generators) if generators is not None else [None] * B, vocab_size=vocab_size)
+                   generators=list(generators) if generators is not None else [None] * B, vocab_size=vocab_size,
+                   target_cache=target_cache)
 
     @property
     def batch_size(self) -> int:

@@ -55,16 +55,17 @@ import contextlib
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
 from specdec_ext.bench.models import BenchModels
-from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter
+from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, SelfSpecDrafter
 from specdec_ext.models.fast_linear import PackableLinear, packed_linears
 from specdec_ext.models.quantized import module_bytes
 
-__all__ = ["E2EConfig", "compare_outputs", "run_e2e", "measure", "MemoryMeter", "HF_METHODS"]
+__all__ = ["E2EConfig", "compare_outputs", "run_e2e", "measure", "MemoryMeter", "HF_METHODS", "SELF_SPEC",
+           "with_self_spec"]
 
 HF_METHODS = ("hf-plain", "hf-assisted", "hf-prompt-lookup")
 HF_COUNTERPART = {"hf-plain": "plain", "hf-assisted": "draft-model", "hf-prompt-lookup": "ngram"}
@@ -84,6 +85,9 @@ class E2EConfig:
     # Hugging Face's methods multiply with the packed weights too (inside fast_linear.packed_linears): a comparison
     # of decoding algorithms on the same products. False (default): Hugging Face as its users run it (aten).
     hf_packed_linears: bool = False
+    # a `specdec tune-self-spec` file: adds the method "self-spec" (the target drafting for itself, those layers
+    # skipped; with_self_spec)
+    self_spec: str | None = None
 
 
 # ---- memory ------------------------------------------------------------------------------------------------------
@@ -380,7 +384,8 @@ def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], t
 
 def drafter_weight_bytes(drafter) -> int | None:
     """Bytes of a drafter's own weights: the draft model, the EAGLE draft (with its draft-vocabulary rows of the
-    target's lm_head, a copy it holds) or the Medusa heads; None for drafters without a network."""
+    target's lm_head, a copy it holds) or the Medusa heads; 0 for self-speculation (the target's own layers); None
+    for drafters without a network."""
     if isinstance(drafter, DraftModelDrafter):
         return module_bytes(drafter.model)
     if isinstance(drafter, EagleDrafter):
@@ -388,6 +393,8 @@ def drafter_weight_bytes(drafter) -> int | None:
         return module_bytes(drafter.model) + (module_bytes(head) if head is not None else 0)
     if isinstance(drafter, MedusaDrafter):
         return module_bytes(drafter.heads)
+    if isinstance(drafter, SelfSpecDrafter):
+        return 0  # (its network is the target's own layers)
     return None
 
 
@@ -464,6 +471,26 @@ def greedy_checks(accs: dict[str, _Acc]) -> list[dict]:
     return checks
 
 
+SELF_SPEC = "self-spec"
+
+
+def with_self_spec(models: BenchModels, path: str) -> BenchModels:
+    """``models`` with one more drafter, :data:`SELF_SPEC`: the target drafting for itself with the layers of the
+    self-speculation file ``path`` skipped (checked against the target now)."""
+    SelfSpecDrafter.from_file(path, target=models.target)
+
+    def make(name: str, **kw):
+        if name != SELF_SPEC:
+            return models.make_drafter(name, **kw)
+        if kw:
+            raise ValueError(f"{SELF_SPEC} drafts with the target's own weights ({', '.join(kw)} does not apply); the "
+                             "target on int8 weights drafting for itself is the method self-int8")
+        return SelfSpecDrafter.from_file(path, target=models.target)
+
+    return replace(models, drafter_names=[*models.drafter_names, SELF_SPEC], make_drafter=make,
+                   info={**models.info, "self_spec_file": path})
+
+
 def available_methods(models: BenchModels, cfg: E2EConfig) -> list[str]:
     ours = ["plain"] + list(models.drafter_names)
     quantized = models.quantized_methods()  # (on request only)
@@ -485,6 +512,8 @@ def available_methods(models: BenchModels, cfg: E2EConfig) -> list[str]:
 def run_e2e(models: BenchModels, cfg: E2EConfig | None = None, log=print) -> dict:
     """The end-to-end table (see the module doc). Returns a JSON-able dict."""
     cfg = cfg or E2EConfig()
+    if cfg.self_spec:
+        models = with_self_spec(models, cfg.self_spec)
     methods = available_methods(models, cfg)
     limit = models.max_positions
     if limit is not None and cfg.prompt_len + cfg.max_new_tokens > limit:

@@ -28,6 +28,12 @@ and :meth:`Drafter.observe` (every tree node, ``[B, N, H]`` each; gather with ``
 Lengths. ``state.lengths[b]`` counts the row's context tokens (prompt + emitted, root included); the target cache
 holds ``state.prefix_lens = lengths - 1`` of them.
 
+The target's cache. ``state.target_cache`` is the engine's KV cache of the target (the same object for the
+batch's whole life; rows join and leave it before the drafter hears of them), holding ``prefix_lens`` tokens of each
+row. A drafter that drafts with the target's own layers (:class:`~specdec_ext.drafters.SelfSpecDrafter`) reads it
+and writes scratch K/V at and after ``prefix_lens`` only, which the verification forward overwrites, leaving the
+lengths at ``prefix_lens``; other drafters ignore it.
+
 Rows join and leave. The engine (:class:`~specdec_ext.Engine`) runs a changing batch. The first rows of a batch
 come through :meth:`Drafter.begin`; rows that join a running batch through :meth:`Drafter.add_rows`, which does for
 them what ``begin`` does for its rows (the drafter's prefill over their prompts, with their prefill hidden states)
@@ -67,10 +73,12 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from specdec_ext import ops
 from specdec_ext.state import DecodeState, DraftTree, SamplingParams, StepResult, plain_tree
 
 __all__ = ["DecodeState", "DraftTree", "Drafter", "REQUIRED_MEMBERS", "SamplingParams", "StepResult", "check_drafter",
-           "check_vocab", "pad_chains", "pad_trees", "plain_tree", "serving", "to_device"]
+           "check_vocab", "pad_chains", "pad_trees", "plain_tree", "sample_drafts", "serving",
+           "to_device"]
 
 
 @runtime_checkable
@@ -179,6 +187,17 @@ def to_device(values, device: torch.device, dtype: torch.dtype = torch.int64) ->
     pageable memory the asynchronous copy stages the data at once, so the host list may go away)."""
     t = torch.tensor(values, dtype=dtype)
     return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
+
+
+def sample_drafts(logits: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One draft token per row from ``logits[B, V]`` under each row's temperature / top-k / top-p, and the
+    distributions they were drawn from (float32 ``[B, V]``, for lossless verification); the argmax and None when
+    every row is greedy (a greedy row of a mixed batch gets temperature 0, which samples its argmax)."""
+    s = state.sampling
+    if s.greedy:
+        return logits.argmax(-1), None
+    return ops.sample_tokens(logits, state.uniforms(logits.shape[0]), s.temperature, s.top_k, s.top_p,
+                             validate=False)
 
 
 def check_vocab(name: str, drafter_vocab: int, target_vocab: int) -> None:

@@ -357,7 +357,7 @@ class Engine:
         sampling = SamplingParams.rows([x.temperature for x in s], [x.top_k for x in s], [x.top_p for x in s],
                                        self.device)
         return DecodeState.of_prompts([r.prompt for r in requests], self.max_len, self.vocab_size, self.device,
-                                      sampling, [r.generator for r in requests])
+                                      sampling, [r.generator for r in requests], target_cache=self.cache)
 
     def _leave(self) -> None:
         """Finished and aborted rows leave the cache, the state and the drafter (see the module doc)."""
