@@ -76,6 +76,7 @@ def test_speculative_config_errors(config, words):
     (["--model", "/nonexistent", "--ngram", "--eagle", "E"], "choose one drafter"),
     (["--model", "/nonexistent", "--suffix", "--ngram"], "choose one drafter"),
     (["--zoo", "--suffix", "--zoo-drafter", "eagle2"], "--suffix chooses the drafter: drop --zoo-drafter"),
+    (["--zoo", "--self-spec", "skip.json", "--zoo-drafter", "eagle2"], "--self-spec chooses the drafter: drop --zoo-drafter"),
     (["--model", "/nonexistent", "--speculative-config", '{"method": "ngram"}', "--ngram"], "drop --ngram"),
     (["--model", "/nonexistent"], "is not a local directory"),
     (["--zoo", "--zoo-drafter", "eagle9"], "--zoo-drafter must be"),
