@@ -17,7 +17,7 @@ lossless; the generated tokens are the target's either way.
 reproduces: a Llama, Mistral or Qwen2 decoder (``model_type``) with SiLU MLPs, default RoPE, no sliding window
 shorter than the cache, one RMSNorm eps, a head size the op is compiled for, weights of one dtype on a CPU with the
 packed kernel (or int8 weights: :func:`~specdec_ext.models.quantized.quantize_weights`), no forward hooks on any of
-its modules (or global ones), eval mode and no gradients.
+its modules (or global ones; transformers' own output-capturing hooks aside), eval mode and no gradients.
 """
 
 from __future__ import annotations
@@ -58,6 +58,17 @@ def _draft_layer(layer: nn.Module, eps: float, dtype: torch.dtype, device: torch
                          inv_freq=inv_freq, input_norm_weight=norms[0].weight)
 
 
+# transformers' output-capturing hooks (installed on the decoder layers by a forward with output_hidden_states and
+# left there) record only inside that forward's own collector, which the op calls never open: they do not count.
+_CAPTURE_HOOK_MODULE = "transformers.utils.output_capturing"
+
+
+def _foreign_hooks(module: nn.Module) -> bool:
+    """Whether ``module`` has forward hooks the op calls would skip (any but transformers' output capturing)."""
+    return any(getattr(h, "__module__", None) != _CAPTURE_HOOK_MODULE
+               for h in (*module._forward_hooks.values(), *module._forward_pre_hooks.values()))
+
+
 class LlamaStepOps:
     """The model as op calls (see the module doc). Build with :meth:`build`; it serves the weights and the cache
     object it was built with (the cache's tensors are read at each call) and the hooks present then."""
@@ -78,7 +89,7 @@ class LlamaStepOps:
             return None
         if cache.sliding_window is not None and cache.sliding_window < cache.max_len:
             return None
-        if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+        if any(_foreign_hooks(m) for m in model.modules()):
             return None
         base = getattr(model, "model", None)
         lm_head = getattr(model, "lm_head", None)
