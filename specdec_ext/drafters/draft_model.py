@@ -48,7 +48,7 @@ import copy
 import torch
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import check_vocab, to_device
+from specdec_ext.drafters.base import check_vocab, sample_drafts, to_device
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
 from specdec_ext.models import TreeKVCache, masked_forward, tree_forward, use_tree_attention
 from specdec_ext.models.config import check_window, text_config
@@ -207,14 +207,6 @@ class DraftModelDrafter:
         self.forwards += 1
         return logits
 
-    def _sample(self, logits: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
-        s = state.sampling
-        if s.greedy:
-            return logits.argmax(-1), None
-        # (per row: a greedy row of a mixed batch gets temperature 0, which samples its argmax)
-        return ops.sample_tokens(logits, state.uniforms(logits.shape[0]), s.temperature, s.top_k, s.top_p,
-                                 validate=False)
-
     def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
         if not self._ops_built and self.cache is not None:
             self._ops = LlamaStepOps.build(self.model, self.cache) if self.packed_linears else None
@@ -256,7 +248,7 @@ class DraftModelDrafter:
         drafts, probs = [], []
         pos = state.lengths
         for i in range(k):
-            tok, p = self._sample(last, state)
+            tok, p = sample_drafts(last, state)
             drafts.append(tok)
             probs.append(p)
             if i == k - 1 or (self.confidence_threshold and self._unsure(last, tok, p)):
