@@ -114,6 +114,11 @@ class Int8Embedding(nn.Module):
         if ids.numel() and bool(((ids < 0) | (ids >= self.num_embeddings)).any()):
             raise ValueError(f"Int8Embedding: ids must be in [0, {self.num_embeddings}), got values in "
                              f"[{int(ids.min())}, {int(ids.max())}]")
+        return self.lookup(ids)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` without its range check (a read back from the device): for ids already checked, as a
+        drafting step's are."""
         rows = self.packed[ids // _PANEL, :, ids % _PANEL]  # [..., ceil(E / 4), 4]: row ids' values, 4 at a time
         q = rows.reshape(*ids.shape, -1)[..., :self.embedding_dim]
         return (q.float() * self.scales[ids].unsqueeze(-1)).to(self.dtype)
@@ -176,16 +181,11 @@ def module_bytes(module: nn.Module) -> int:
     return sum(seen.values())
 
 
-def _quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    packed, scales = ops.pack_linear_weight_int8(weight.detach())
-    return packed, scales
-
-
 def _int8_linear(layer: nn.Module, packed=None, scales=None, group: _Group | None = None,
                  position: int = 0) -> Int8Linear:
     w = layer.weight
     if packed is None:
-        packed, scales = _quantized(w)
+        packed, scales = ops.pack_linear_weight_int8(w.detach())
     bias = layer.bias.detach().clone() if layer.bias is not None else None
     return Int8Linear(packed, scales, bias, w.shape[1], w.dtype, group, position)
 
@@ -194,7 +194,7 @@ def _quantize_group(parent: nn.Module, names: tuple[str, ...]) -> None:
     """The sibling projections ``names`` of ``parent`` quantised as one weight (see the module doc)."""
     layers = [parent._modules[n] for n in names]
     weight = torch.cat([m.weight.detach() for m in layers])
-    packed, scales = _quantized(weight)
+    packed, scales = ops.pack_linear_weight_int8(weight)
     biases = [m.bias for m in layers]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else m.weight.new_zeros(m.weight.shape[0]) for b, m in zip(biases, layers)])
@@ -249,7 +249,7 @@ def quantize_weights(module: nn.Module, scheme: str = "int8") -> nn.Module:
             if tied is not None and tied.in_features == child.embedding_dim:
                 packed, scales = tied.packed, tied.scales
             else:
-                packed, scales = _quantized(child.weight)
+                packed, scales = ops.pack_linear_weight_int8(child.weight.detach())
             setattr(parent, name, Int8Embedding(packed, scales, child.embedding_dim, child.weight.dtype,
                                                 child.padding_idx))
     return module
@@ -263,4 +263,4 @@ def embedding_lookup(embed: nn.Module):
     if type(embed) is nn.Embedding and embed.max_norm is None:
         weight = embed.weight
         return lambda ids: F.embedding(ids, weight)
-    return embed.forward if type(embed) is Int8Embedding else None
+    return embed.lookup if type(embed) is Int8Embedding else None  # (the step's ids are the engine's, checked)
