@@ -8,6 +8,11 @@
 #include "../common/dtype.h"
 #include "../common/params.h"
 
+// Fully unrolls a loop over a register tile's rows or vectors (compile-time bounds). Without it GCC keeps a tile's
+// accumulator array in memory as well and stores every accumulator to the stack on every K step, which made the
+// store port the bound of the AVX2 products (2-3x slower at 3-12 rows; docs/ARCHITECTURE.md).
+#define SPECDEC_UNROLL _Pragma("GCC unroll 64")
+
 namespace specdec::cpu {
 
 void BuildTree(const BuildTreeParams& p, int64_t row_begin, int64_t row_end);

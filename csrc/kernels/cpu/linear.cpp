@@ -95,28 +95,29 @@ SPECDEC_AVX512 void tile_f32(const PackedLinearParams<float>& p, int64_t m0, int
   const float* x = p.x + m0 * K;
   const float* w = p.packed + panel * stride;
   __m512 acc[MR][2 * NP];
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < 2 * NP; ++v) acc[m][v] = _mm512_setzero_ps();
+  SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
+    SPECDEC_UNROLL for (int v = 0; v < 2 * NP; ++v) acc[m][v] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     __m512 wv[2 * NP];
-    for (int q = 0; q < NP; ++q) {
+    SPECDEC_UNROLL for (int q = 0; q < NP; ++q) {
       const float* wk = w + q * stride + k * kPanel;
       _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes + 64, _MM_HINT_T0);
       wv[2 * q] = _mm512_loadu_ps(wk);
       wv[2 * q + 1] = _mm512_loadu_ps(wk + 16);
     }
-    for (int m = 0; m < MR; ++m) {
+    SPECDEC_UNROLL for (int m = 0; m < MR; ++m) {
       const __m512 xm = _mm512_set1_ps(x[m * K + k]);
-      for (int v = 0; v < 2 * NP; ++v) acc[m][v] = _mm512_fmadd_ps(xm, wv[v], acc[m][v]);
+      SPECDEC_UNROLL for (int v = 0; v < 2 * NP; ++v) acc[m][v] = _mm512_fmadd_ps(xm, wv[v], acc[m][v]);
     }
   }
-  for (int v = 0; v < 2 * NP; ++v) {
+  SPECDEC_UNROLL for (int v = 0; v < 2 * NP; ++v) {
     const int64_t n = panel * kPanel + v * 16;
     const __mmask16 mask = lanes(N - n);
     if (mask == 0) continue;
     const __m512 b = p.bias != nullptr ? _mm512_maskz_loadu_ps(mask, p.bias + n) : _mm512_setzero_ps();
-    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(p.y + (m0 + m) * N + n, mask, _mm512_add_ps(acc[m][v], b));
+    SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
+      _mm512_mask_storeu_ps(p.y + (m0 + m) * N + n, mask, _mm512_add_ps(acc[m][v], b));
   }
 }
 
@@ -128,22 +129,22 @@ SPECDEC_AVX512_BF16 void tile_bf16(const PackedLinearParams<bf16>& p, int64_t m0
   const uint16_t* x = reinterpret_cast<const uint16_t*>(p.x) + m0 * K;
   const uint16_t* w = reinterpret_cast<const uint16_t*>(p.packed) + panel * stride;
   __m512 acc[MR][2 * NP];
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < 2 * NP; ++v) acc[m][v] = _mm512_setzero_ps();
+  SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
+    SPECDEC_UNROLL for (int v = 0; v < 2 * NP; ++v) acc[m][v] = _mm512_setzero_ps();
   const int64_t full_pairs = K / 2;
   for (int64_t kp = 0; kp < KP; ++kp) {
     // Past an odd K the pair's high half is the packing's padding: it must not reach the sum, whatever it holds
     // (0 * NaN would), so it is masked out of the weights as well as the inputs.
     const __m512i pair_mask = _mm512_set1_epi32(kp < full_pairs ? -1 : 0xffff);
     __m512bh wv[2 * NP];
-    for (int q = 0; q < NP; ++q) {
+    SPECDEC_UNROLL for (int q = 0; q < NP; ++q) {
       const uint16_t* wk = w + q * stride + kp * kPanel * 2;
       _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes + 64, _MM_HINT_T0);
       wv[2 * q] = reinterpret_cast<__m512bh>(_mm512_and_si512(_mm512_loadu_si512(wk), pair_mask));
       wv[2 * q + 1] = reinterpret_cast<__m512bh>(_mm512_and_si512(_mm512_loadu_si512(wk + 32), pair_mask));
     }
-    for (int m = 0; m < MR; ++m) {
+    SPECDEC_UNROLL for (int m = 0; m < MR; ++m) {
       uint32_t pair;  // x[2 kp] in the low half, x[2 kp + 1] (or 0 past an odd K) in the high half
       if (kp < full_pairs) {
         std::memcpy(&pair, x + m * K + 2 * kp, sizeof(pair));
@@ -151,10 +152,10 @@ SPECDEC_AVX512_BF16 void tile_bf16(const PackedLinearParams<bf16>& p, int64_t m0
         pair = x[m * K + 2 * kp];
       }
       const __m512bh xm = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
-      for (int v = 0; v < 2 * NP; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], xm, wv[v]);
+      SPECDEC_UNROLL for (int v = 0; v < 2 * NP; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], xm, wv[v]);
     }
   }
-  for (int v = 0; v < 2 * NP; ++v) {
+  SPECDEC_UNROLL for (int v = 0; v < 2 * NP; ++v) {
     const int64_t n = panel * kPanel + v * 16;
     const __mmask16 mask = lanes(N - n);
     if (mask == 0) continue;
@@ -164,7 +165,7 @@ SPECDEC_AVX512_BF16 void tile_bf16(const PackedLinearParams<bf16>& p, int64_t m0
       // (maskz forms: GCC 12 warns about the plain forms' undefined pass-through operand)
       b = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, raw), 16));
     }
-    for (int m = 0; m < MR; ++m) {
+    SPECDEC_UNROLL for (int m = 0; m < MR; ++m) {
       const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_add_ps(acc[m][v], b));
       _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(p.y) + (m0 + m) * N + n, mask,
                                reinterpret_cast<__m256i>(rounded));
@@ -237,34 +238,56 @@ SPECDEC_AVX2 inline void store8<float>(float* y, const float* bias, __m256 acc, 
   for (int64_t j = 0; j < valid; ++j) y[j] = v[j] + (bias != nullptr ? bias[j] : 0.0f);
 }
 
+// What a tile prefetches. A panel's K-step is 128 bytes (32 float32 outputs, or 32 bfloat16 K-pairs). With several
+// row blocks per panel only the first would read it from memory and the others from L2, leaving memory idle while
+// they compute. So the panel's B row blocks together prefetch the next panel into L2, spread evenly over their
+// B * K steps (`next`: one of its K-steps every B steps, from step `step` on), and none streams ahead (`ahead`).
+// One row block streams its own panel ahead, as the AVX-512 tiles do.
+struct PanelPrefetch {
+  bool ahead = true;
+  const char* next = nullptr;
+  int64_t blocks = 1, step = 0;  // (step: where this block's share of the next panel begins, in its K-steps)
+
+  SPECDEC_AVX2 inline void next_step(int64_t k) {
+    if (next == nullptr || (step + k) % blocks != 0) return;
+    const char* line = next + (step + k) / blocks * 128;
+    _mm_prefetch(line, _MM_HINT_T1);
+    _mm_prefetch(line + 64, _MM_HINT_T1);
+  }
+};
+
 // float32 tile: MR rows x NP panels, acc = fma(x[m, k], w[k, n], acc) for k = 0 .. K - 1 (the AVX-512 path's order,
 // so both give the same bits).
 template <int MR, int NP>
-SPECDEC_AVX2 void tile_f32_avx2(const PackedLinearParams<float>& p, int64_t m0, int64_t panel) {
+SPECDEC_AVX2 void tile_f32_avx2(const PackedLinearParams<float>& p, int64_t m0, int64_t panel, PanelPrefetch pf) {
   const int64_t K = p.in_features, N = p.out_features, stride = K * kPanel;
   const float* x = p.x + m0 * K;
   const float* w = p.packed + panel * stride;
   __m256 acc[MR][4 * NP];
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < 4 * NP; ++v) acc[m][v] = _mm256_setzero_ps();
+  SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
+    SPECDEC_UNROLL for (int v = 0; v < 4 * NP; ++v) acc[m][v] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
-    for (int q = 0; q < NP; ++q) {
-      const float* wk = w + q * stride + k * kPanel;
-      _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes + 64, _MM_HINT_T0);
-    }
-    for (int m = 0; m < MR; ++m) {
-      const __m256 xm = _mm256_broadcast_ss(x + m * K + k);
-      for (int q = 0; q < NP; ++q) {
+    if (pf.ahead) {
+      SPECDEC_UNROLL for (int q = 0; q < NP; ++q) {
         const float* wk = w + q * stride + k * kPanel;
-        for (int v = 0; v < 4; ++v) acc[m][4 * q + v] = _mm256_fmadd_ps(xm, _mm256_loadu_ps(wk + 8 * v), acc[m][4 * q + v]);
+        _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes + 64, _MM_HINT_T0);
+      }
+    }
+    pf.next_step(k);
+    SPECDEC_UNROLL for (int m = 0; m < MR; ++m) {
+      const __m256 xm = _mm256_broadcast_ss(x + m * K + k);
+      SPECDEC_UNROLL for (int q = 0; q < NP; ++q) {
+        const float* wk = w + q * stride + k * kPanel;
+        SPECDEC_UNROLL for (int v = 0; v < 4; ++v)
+          acc[m][4 * q + v] = _mm256_fmadd_ps(xm, _mm256_loadu_ps(wk + 8 * v), acc[m][4 * q + v]);
       }
     }
   }
-  for (int v = 0; v < 4 * NP; ++v) {
+  SPECDEC_UNROLL for (int v = 0; v < 4 * NP; ++v) {
     const int64_t n = panel * kPanel + v * 8, valid = std::min<int64_t>(8, N - n);
     if (valid <= 0) continue;
-    for (int m = 0; m < MR; ++m)
+    SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
       store8(p.y + (m0 + m) * N + n, p.bias != nullptr ? p.bias + n : nullptr, acc[m][v], valid);
   }
 }
@@ -274,58 +297,64 @@ SPECDEC_AVX2 void tile_f32_avx2(const PackedLinearParams<float>& p, int64_t m0, 
 // the even one: the products of two bfloat16 values are exact in float32, so this rounds as AVX512-BF16's dot
 // product does (odd element first), and the two paths agree apart from its flushing of denormals.
 template <int MR, int NP>
-SPECDEC_AVX2 void tile_bf16_avx2(const PackedLinearParams<bf16>& p, int64_t m0, int64_t panel) {
+SPECDEC_AVX2 void tile_bf16_avx2(const PackedLinearParams<bf16>& p, int64_t m0, int64_t panel, PanelPrefetch pf) {
   const int64_t K = p.in_features, N = p.out_features, KP = packed_k<bf16>(K), stride = KP * kPanel * 2;
   const uint16_t* x = reinterpret_cast<const uint16_t*>(p.x) + m0 * K;
   const uint16_t* w = reinterpret_cast<const uint16_t*>(p.packed) + panel * stride;
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   __m256 acc[MR][4 * NP];
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < 4 * NP; ++v) acc[m][v] = _mm256_setzero_ps();
+  SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
+    SPECDEC_UNROLL for (int v = 0; v < 4 * NP; ++v) acc[m][v] = _mm256_setzero_ps();
   const int64_t full_pairs = K / 2;
   for (int64_t kp = 0; kp < KP; ++kp) {
-    for (int q = 0; q < NP; ++q) {
-      const uint16_t* wk = w + q * stride + kp * kPanel * 2;
-      _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes + 64, _MM_HINT_T0);
+    if (pf.ahead) {
+      SPECDEC_UNROLL for (int q = 0; q < NP; ++q) {
+        const uint16_t* wk = w + q * stride + kp * kPanel * 2;
+        _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes + 64, _MM_HINT_T0);
+      }
     }
+    pf.next_step(kp);
     // past an odd K the pair's high half is padding: masked out of the weights too (0 * NaN would reach the sum)
     const __m256i odd = kp < full_pairs ? high : _mm256_setzero_si256();
     __m256 xe[MR], xo[MR];
-    for (int m = 0; m < MR; ++m) {
+    SPECDEC_UNROLL for (int m = 0; m < MR; ++m) {
       const uint32_t lo = x[m * K + 2 * kp], hi = kp < full_pairs ? x[m * K + 2 * kp + 1] : 0u;
       xe[m] = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(lo << 16)));
       xo[m] = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(hi << 16)));
     }
-    for (int q = 0; q < NP; ++q) {
+    SPECDEC_UNROLL for (int q = 0; q < NP; ++q) {
       const uint16_t* wk = w + q * stride + kp * kPanel * 2;
-      for (int v = 0; v < 4; ++v) {
+      SPECDEC_UNROLL for (int v = 0; v < 4; ++v) {
         const __m256i lanes8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 16 * v));
         const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(lanes8, 16));
         const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(lanes8, odd));
-        for (int m = 0; m < MR; ++m) {
+        SPECDEC_UNROLL for (int m = 0; m < MR; ++m) {
           acc[m][4 * q + v] = _mm256_fmadd_ps(xo[m], wo, acc[m][4 * q + v]);
           acc[m][4 * q + v] = _mm256_fmadd_ps(xe[m], we, acc[m][4 * q + v]);
         }
       }
     }
   }
-  for (int v = 0; v < 4 * NP; ++v) {
+  SPECDEC_UNROLL for (int v = 0; v < 4 * NP; ++v) {
     const int64_t n = panel * kPanel + v * 8, valid = std::min<int64_t>(8, N - n);
     if (valid <= 0) continue;
-    for (int m = 0; m < MR; ++m)
+    SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
       store8(p.y + (m0 + m) * N + n, p.bias != nullptr ? p.bias + n : nullptr, acc[m][v], valid);
   }
 }
 
 constexpr int kMaxRowsAvx2 = 3;
 
+template <typename T>
+using TileFnAvx2 = void (*)(const PackedLinearParams<T>&, int64_t, int64_t, PanelPrefetch);
+
 template <typename T, int... MR>
 constexpr auto make_tiles_avx2(std::integer_sequence<int, MR...>) {
   if constexpr (std::is_same_v<T, float>) {
-    return std::array<TileFn<T, 1>, sizeof...(MR)>{&tile_f32_avx2<MR + 1, 1>...};
+    return std::array<TileFnAvx2<T>, sizeof...(MR)>{&tile_f32_avx2<MR + 1, 1>...};
   } else {
-    return std::array<TileFn<T, 1>, sizeof...(MR)>{&tile_bf16_avx2<MR + 1, 1>...};
+    return std::array<TileFnAvx2<T>, sizeof...(MR)>{&tile_bf16_avx2<MR + 1, 1>...};
   }
 }
 
@@ -337,16 +366,22 @@ void avx2_panels(const PackedLinearParams<T>& p, int64_t panel_begin, int64_t pa
   if (M == 1) {
     for (; panel + 2 <= panel_end; panel += 2) {
       if constexpr (std::is_same_v<T, float>) {
-        tile_f32_avx2<1, 2>(p, 0, panel);
+        tile_f32_avx2<1, 2>(p, 0, panel, PanelPrefetch{});
       } else {
-        tile_bf16_avx2<1, 2>(p, 0, panel);
+        tile_bf16_avx2<1, 2>(p, 0, panel, PanelPrefetch{});
       }
     }
   }
+  const int64_t steps = packed_k<T>(p.in_features), panel_bytes = steps * 128;
+  const int64_t blocks = (M + kMaxRowsAvx2 - 1) / kMaxRowsAvx2;  // (row_block's count)
   for (; panel < panel_end; ++panel) {
-    for (int64_t m0 = 0; m0 < M;) {
+    const char* next = blocks > 1 && panel + 1 < panel_end
+                           ? reinterpret_cast<const char*>(p.packed) + (panel + 1) * panel_bytes
+                           : nullptr;
+    int64_t b = 0;
+    for (int64_t m0 = 0; m0 < M; ++b) {
       const int64_t mr = row_block(m0, M, kMaxRowsAvx2);
-      one[mr - 1](p, m0, panel);
+      one[mr - 1](p, m0, panel, PanelPrefetch{blocks == 1, next, blocks, b * steps});
       m0 += mr;
     }
   }

@@ -124,7 +124,7 @@ constexpr int64_t kPrefetchBytes = 2048;
 // Prefetches K-quad kq's 128 bytes kPrefetchBytes ahead in each of NP panels' streams.
 template <int NP>
 inline void prefetch_quads(const int8_t* w, int64_t stride, int64_t kq) {
-  for (int q = 0; q < NP; ++q) {
+  SPECDEC_UNROLL for (int q = 0; q < NP; ++q) {
     const char* wk = reinterpret_cast<const char*>(w + q * stride + kq * kPanelQuadBytes);
     _mm_prefetch(wk + kPrefetchBytes, _MM_HINT_T0);
     _mm_prefetch(wk + kPrefetchBytes + 64, _MM_HINT_T0);
@@ -201,15 +201,15 @@ SPECDEC_INT8_AVX2 void tile_avx2(const PackedLinearInt8Params<T>& p, int64_t m0,
   const int8_t* w = p.packed + panel * stride;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc[MR][4 * NP];
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < 4 * NP; ++v) acc[m][v] = _mm256_setzero_si256();
+  SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
+    SPECDEC_UNROLL for (int v = 0; v < 4 * NP; ++v) acc[m][v] = _mm256_setzero_si256();
   for (int64_t kq = 0; kq < KQ; ++kq) {
     prefetch_quads<NP>(w, stride, kq);
-    for (int m = 0; m < MR; ++m) {
+    SPECDEC_UNROLL for (int m = 0; m < MR; ++m) {
       const __m256i xb = _mm256_set1_epi32(quad(x + m * Kp, kq)), ax = _mm256_abs_epi8(xb);
-      for (int q = 0; q < NP; ++q) {
+      SPECDEC_UNROLL for (int q = 0; q < NP; ++q) {
         const int8_t* wk = w + q * stride + kq * kPanelQuadBytes;
-        for (int v = 0; v < 4; ++v) {
+        SPECDEC_UNROLL for (int v = 0; v < 4; ++v) {
           const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 32 * v));
           const __m256i pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv, xb));
           acc[m][4 * q + v] = _mm256_add_epi32(acc[m][4 * q + v], _mm256_madd_epi16(pairs, ones));
@@ -218,13 +218,13 @@ SPECDEC_INT8_AVX2 void tile_avx2(const PackedLinearInt8Params<T>& p, int64_t m0,
     }
   }
   alignas(32) int32_t out[MR][NP][kPanel];
-  for (int m = 0; m < MR; ++m)
-    for (int q = 0; q < NP; ++q)
-      for (int v = 0; v < 4; ++v)
+  SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
+    SPECDEC_UNROLL for (int q = 0; q < NP; ++q)
+      SPECDEC_UNROLL for (int v = 0; v < 4; ++v)
         _mm256_store_si256(reinterpret_cast<__m256i*>(out[m][q] + 8 * v), acc[m][4 * q + v]);
   leave_vector_state_clean();
-  for (int m = 0; m < MR; ++m)
-    for (int q = 0; q < NP; ++q) store_panel(p, m0 + m, panel + q, out[m][q]);
+  SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
+    SPECDEC_UNROLL for (int q = 0; q < NP; ++q) store_panel(p, m0 + m, panel + q, out[m][q]);
 }
 
 // AVX-512 VNNI tile: 2 vectors of 16 int32 sums per panel and row; vpdpbusd adds 4 products of unsigned by signed
@@ -236,16 +236,16 @@ SPECDEC_INT8_VNNI void tile_vnni(const PackedLinearInt8Params<T>& p, int64_t m0,
   const int8_t* w = p.packed + panel * stride;
   const __m512i zero = _mm512_setzero_si512();
   __m512i acc[MR][2 * NP];
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < 2 * NP; ++v) acc[m][v] = zero;
+  SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
+    SPECDEC_UNROLL for (int v = 0; v < 2 * NP; ++v) acc[m][v] = zero;
   for (int64_t kq = 0; kq < KQ; ++kq) {
     prefetch_quads<NP>(w, stride, kq);
-    for (int m = 0; m < MR; ++m) {
+    SPECDEC_UNROLL for (int m = 0; m < MR; ++m) {
       const __m512i xb = _mm512_set1_epi32(quad(x + m * Kp, kq)), ax = _mm512_abs_epi8(xb);
       const __mmask64 negative = _mm512_movepi8_mask(xb);
-      for (int q = 0; q < NP; ++q) {
+      SPECDEC_UNROLL for (int q = 0; q < NP; ++q) {
         const int8_t* wk = w + q * stride + kq * kPanelQuadBytes;
-        for (int v = 0; v < 2; ++v) {
+        SPECDEC_UNROLL for (int v = 0; v < 2; ++v) {
           const __m512i wv = _mm512_loadu_si512(wk + 64 * v);
           const __m512i signed_w = _mm512_mask_sub_epi8(wv, negative, zero, wv);
           acc[m][2 * q + v] = _mm512_dpbusd_epi32(acc[m][2 * q + v], ax, signed_w);
@@ -254,12 +254,12 @@ SPECDEC_INT8_VNNI void tile_vnni(const PackedLinearInt8Params<T>& p, int64_t m0,
     }
   }
   alignas(64) int32_t out[MR][NP][kPanel];
-  for (int m = 0; m < MR; ++m)
-    for (int q = 0; q < NP; ++q)
-      for (int v = 0; v < 2; ++v) _mm512_store_si512(out[m][q] + 16 * v, acc[m][2 * q + v]);
+  SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
+    SPECDEC_UNROLL for (int q = 0; q < NP; ++q)
+      SPECDEC_UNROLL for (int v = 0; v < 2; ++v) _mm512_store_si512(out[m][q] + 16 * v, acc[m][2 * q + v]);
   leave_vector_state_clean();
-  for (int m = 0; m < MR; ++m)
-    for (int q = 0; q < NP; ++q) store_panel(p, m0 + m, panel + q, out[m][q]);
+  SPECDEC_UNROLL for (int m = 0; m < MR; ++m)
+    SPECDEC_UNROLL for (int q = 0; q < NP; ++q) store_panel(p, m0 + m, panel + q, out[m][q]);
 }
 
 // Tile tables: index r - 1 is the tile of r rows. AVX2 has 16 vector registers: 2 rows of one panel or 1 row of
