@@ -265,7 +265,8 @@ def test_generate_packs_the_target_by_default_and_opts_out():
     out, _ = generate(packed, None, ids, max_new_tokens=6, eos_token_id=[])
     assert _linear_types(packed) == {fast_linear.PackableLinear}
     q = packed.model.layers[0].self_attn.q_proj
-    assert q._specdec_packed is not None and q._specdec_packed.kernel == "ours"  # the kernel ran, not F.linear
+    # the kernel ran, not F.linear: the engine's op calls multiply with q/k/v packed as one weight
+    assert q._specdec_fused is not None and q._specdec_fused.kernel == "ours"
     assert torch.equal(out, out_aten)  # greedy: the same tokens as aten's products
     # outside generate the model is nn.Linear exactly
     x = torch.randn(2, q.in_features)

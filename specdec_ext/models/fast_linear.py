@@ -269,7 +269,28 @@ def packed_operand(layers: Sequence[nn.Linear]) -> PackedLinear | None:
     record = PackedLinear(_OURS, pack_linear_weight(weight), bias, weight.shape[0], weight.dtype, key,
                           _fused_tensors(layers))
     first.__dict__["_specdec_fused"] = record
+    _share_panels(layers, record.packed)
     return record
+
+
+def _share_panels(layers: Sequence[nn.Linear], packed: torch.Tensor) -> None:
+    """Makes each layer's own packed weight (:func:`_packed`'s, for its products outside the fused call) a view of
+    its panels in the fused ``packed``, where its outputs start on a 32-row panel and fill whole panels (or end the
+    group, whose padding is its own): one packed copy of q/k/v or gate/up, not two. A layer packed already keeps
+    its copy."""
+    start = 0
+    for i, layer in enumerate(layers):
+        w = layer._parameters["weight"]
+        n = w.shape[0]
+        if start % 32:
+            return
+        if n % 32 and i < len(layers) - 1:
+            return
+        held = _PACKED.get(w)
+        if held is None or held.source != (tensor_version(w), w.data_ptr()):
+            view = packed[start // 32: start // 32 + (n + 31) // 32]
+            _PACKED[w] = PackedLinear(_OURS, view, None, n, w.dtype, (tensor_version(w), w.data_ptr()))
+        start += n
 
 
 def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> torch.Tensor:

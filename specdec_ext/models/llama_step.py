@@ -1,17 +1,22 @@
-"""A small Hugging Face Llama-family LM (a draft model) run as op calls: the draft-model drafter's hot path on CPUs.
+"""A Hugging Face Llama-family LM run as op calls: on CPUs the hot path of a draft LM's forwards and of the target's.
 
-A draft model drafts one token per forward, on 1-2 rows. For a small model the Hugging Face forward is mostly
-framework work: the family's 2-layer draft LM spent ~1 ms a forward in ~150 small calls around eight products, and
-its forwards were ~40% of a draft-model step. :class:`LlamaStepOps` runs the same network as one
-:func:`specdec_ext.ops.draft_decoder_layer` call per decoder layer (:class:`~specdec_ext.models.draft_layer.DraftLayer`) (input RMSNorm, the qkv product, RoPE, the cache
-write, masked GQA attention over the cache, the o product and residual, RMSNorm, SwiGLU, the down product and
-residual), then the final norm and one vocabulary product, writing K/V straight into the drafter's
-:class:`~specdec_ext.models.TreeKVCache` at explicit slots.
+For a small model the Hugging Face forward is mostly framework work: the family's 2-layer draft LM spent ~1 ms a
+forward in ~150 small calls around eight products (~40% of a draft-model step), and the family's 8-layer target
+~16 ms against ~8 for its layers as ops. :class:`LlamaStepOps` runs the same network as one
+:func:`specdec_ext.ops.draft_decoder_layer` call per decoder layer (:class:`~specdec_ext.models.draft_layer.DraftLayer`)
+(input RMSNorm, the qkv product, RoPE, the cache write, masked GQA attention over the cache, the o product and
+residual, RMSNorm, SwiGLU, the down product and residual), then the final norm and one vocabulary product, writing
+K/V straight into a :class:`~specdec_ext.models.TreeKVCache` at explicit slots. The drafters call it directly;
+the target's verification forward goes through it inside :func:`~specdec_ext.models.tree_forward` (``step_ops``,
+which the engine passes).
 
 The results agree with the Hugging Face forward to the dtype's rounding, not bit for bit (RoPE is computed in
-float32 and rounded once, where Hugging Face rotates in the model's dtype). That is enough for a drafter: drafts are
-proposals, and the probabilities a sampled draft was drawn from are the ones computed here, so verification stays
-lossless; the generated tokens are the target's either way.
+float32 and rounded once, where Hugging Face rotates in the model's dtype; the norms sum in another order). For a
+drafter that is all it needs: drafts are proposals, and the probabilities a sampled draft was drawn from are the
+ones computed here. For the target what matters is that its tokens do not depend on how they were batched: every
+stage computes a row on its own (the products accumulate each output in a fixed order, the attention softmax has
+two passes over the visible keys in slot order), so a tree node gets the bits of decoding its path one token at a
+time, and plain and speculative decoding through the engine give the same tokens.
 
 :meth:`LlamaStepOps.build` returns None (the drafter keeps the Hugging Face forward) unless the model is one it
 reproduces: a Llama, Mistral or Qwen2 decoder (``model_type``) with SiLU MLPs, default RoPE, no sliding window
@@ -22,6 +27,8 @@ its modules (or global ones; transformers' own output-capturing hooks aside), ev
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.nn.modules import module as _module_hooks
@@ -31,7 +38,7 @@ from specdec_ext.models.fast_linear import PackedLinear
 from specdec_ext.models.kv_cache import TreeKVCache
 from specdec_ext.models.quantized import Int8Embedding, embedding_lookup, linear_dtype, linear_operand
 
-__all__ = ["LlamaStepOps"]
+__all__ = ["LlamaStepOps", "StepOutput"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -39,6 +46,12 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 def _rope_is_default(config) -> bool:
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     return params.get("rope_type", params.get("type", "default")) == "default"
+
+
+def _serves_cache(cache: TreeKVCache) -> bool:
+    """Whether the op calls reproduce the model over ``cache``: no sliding window shorter than it (the op's mask
+    is the caller's, which knows no window)."""
+    return cache.sliding_window is None or cache.sliding_window >= cache.max_len
 
 
 _LINEARS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -69,12 +82,25 @@ def _foreign_hooks(module: nn.Module) -> bool:
                for h in (*module._forward_hooks.values(), *module._forward_pre_hooks.values()))
 
 
+@dataclass(slots=True, eq=False)
+class StepOutput:
+    """What :meth:`LlamaStepOps.run` computed, named as a Hugging Face model's output is: ``logits`` ``[B, T', V]``
+    (the last ``logits_to_keep`` tokens' when that was given) and, when asked for, ``hidden_states`` (the
+    embeddings, each decoder layer's output but the last, and the last one after the final norm: Hugging Face's
+    ``output_hidden_states`` tuple)."""
+
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
 class LlamaStepOps:
     """The model as op calls (see the module doc). Build with :meth:`build`; it serves the weights and the cache
-    object it was built with (the cache's tensors are read at each call) and the hooks present then."""
+    object it was built with (the cache's tensors are read at each call; :meth:`on` serves another cache) and the
+    hooks present then."""
 
-    def __init__(self, cache: TreeKVCache, embed, layers: list[DraftLayer], norm: nn.Module, lm: PackedLinear):
-        self.cache = cache
+    def __init__(self, cache: TreeKVCache, embed, vocab_size: int, layers: list[DraftLayer], norm: nn.Module,
+                 lm: PackedLinear):
+        self.cache, self.vocab_size = cache, vocab_size  # (vocab_size: the embedding's rows)
         self._embed, self._layers, self._norm, self._lm = embed, layers, norm, lm  # (embed: ids -> embeddings)
 
     @classmethod
@@ -87,7 +113,7 @@ class LlamaStepOps:
         if getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES or getattr(cfg, "hidden_act", None) != "silu" \
                 or not _rope_is_default(cfg) or getattr(cfg, "pretraining_tp", 1) != 1:
             return None
-        if cache.sliding_window is not None and cache.sliding_window < cache.max_len:
+        if not _serves_cache(cache):
             return None
         if any(_foreign_hooks(m) for m in model.modules()):
             return None
@@ -111,14 +137,36 @@ class LlamaStepOps:
         lm = linear_operand((lm_head,))
         if any(op is None for op in ops) or lm is None or linear_dtype(lm_head) is not dtype:
             return None
-        return cls(cache, lookup, ops, norm, lm)
+        return cls(cache, lookup, embed.num_embeddings, ops, norm, lm)
+
+    def on(self, cache: TreeKVCache) -> "LlamaStepOps | None":
+        """The same operands over ``cache`` (another cache of the same model: a prefill's own), or None where they
+        cannot serve it (another dtype, a sliding window shorter than it)."""
+        if cache is self.cache:
+            return self
+        if cache.dtype is not self.cache.dtype or not _serves_cache(cache):
+            return None
+        return LlamaStepOps(cache, self._embed, self.vocab_size, self._layers, self._norm, self._lm)
+
+    def run(self, tokens: torch.Tensor, position_ids: torch.Tensor, write_slots: torch.Tensor, mask: torch.Tensor,
+            *, hidden_states: bool = False, logits_to_keep: int = 0) -> StepOutput:
+        """``tokens[B, T]`` at ``position_ids[B, T]``; their K/V are written at cache slots ``write_slots[B, T]`` of
+        every layer and token t attends to the slots s < kv_len with ``mask[b, t, s]`` (bool ``[B, T, kv_len]``).
+        The cache's lengths are left to the caller. ``logits_to_keep`` > 0: the logits of the last that many tokens
+        only; ``hidden_states``: also Hugging Face's hidden-state tuple (:class:`StepOutput`)."""
+        h = self._embed(tokens)
+        states = [h] if hidden_states else None
+        for view, layer in zip(self.cache.layers, self._layers):
+            h = layer(h, h, position_ids, view.keys, view.values, write_slots, mask)
+            if states is not None:
+                states.append(h)
+        h = self._norm.forward(h)
+        if states is not None:
+            states[-1] = h
+        logits = self._lm(h[:, -logits_to_keep:] if logits_to_keep > 0 else h)
+        return StepOutput(logits, tuple(states) if states is not None else None)
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor, write_slots: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, T, V]`` of ``tokens[B, T]`` at ``position_ids[B, T]``; their K/V are written at cache slots
-        ``write_slots[B, T]`` of every layer and token t attends to the slots s < kv_len with ``mask[b, t, s]``
-        (bool ``[B, T, kv_len]``). The cache's lengths are left to the caller."""
-        h = self._embed(tokens)
-        for view, layer in zip(self.cache.layers, self._layers):
-            h = layer(h, h, position_ids, view.keys, view.values, write_slots, mask)
-        return self._lm(self._norm.forward(h))
+        """The logits ``[B, T, V]`` of :meth:`run`."""
+        return self.run(tokens, position_ids, write_slots, mask).logits

@@ -36,6 +36,7 @@ from specdec_ext.models.config import row_tensor, text_config
 from specdec_ext.models.hybrid_cache import HybridCache
 from specdec_ext.models.kv_cache import TreeKVCache
 from specdec_ext.models.linear_layers import prepare as prepare_linear_layers
+from specdec_ext.models.llama_step import LlamaStepOps, StepOutput
 from specdec_ext.state import TreeTables
 
 
@@ -105,11 +106,32 @@ def _check_tables(tables: TreeTables, B: int, N: int, device: torch.device) -> N
                          f"{tuple(mask.shape)} on {mask.device}")
 
 
+_OP_MODEL_KWARGS = frozenset({"output_hidden_states", "logits_to_keep"})
+
+
+def _op_forward(op_calls: LlamaStepOps, tokens: torch.Tensor, prefix: torch.Tensor, tables: TreeTables,
+                position_ids: torch.Tensor, model_kwargs: dict, validate: bool) -> StepOutput:
+    """The tree's forward as op calls: node j of row b written at slot ``prefix[b] + j``, attending to the row's
+    prefix and its ancestors (the kernel route's contract, as one bool mask over the slots in use)."""
+    B, N = tokens.shape
+    if validate:  # (the modules' embedding checks its ids; an int8 table's op-path lookup does not)
+        vocab = op_calls.vocab_size
+        if bool(((tokens < 0) | (tokens >= vocab)).any()):
+            raise ValueError(f"tree_forward: tokens must be token ids in [0, {vocab}), got values in "
+                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+    kv_len = int((prefix + N).max())  # (the op route runs on CPUs: a read, not a device synchronisation)
+    mask = tree_attention_mask(prefix, tables.mask, kv_len)[:, 0]
+    slots = prefix[:, None] + torch.arange(N, device=tokens.device)
+    return op_calls.run(tokens, position_ids, slots, mask, hidden_states=bool(model_kwargs.get("output_hidden_states")),
+                   logits_to_keep=int(model_kwargs.get("logits_to_keep") or 0))
+
+
 @torch.no_grad()  # a KV cache is inference state: writing K/V that require grad into it would fail in place
 def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch.Tensor | None,
                  prefix_lens: torch.Tensor | int | None = None, *, use_kernel: bool | None = None,
                  packed: bool = True, validate: bool = True, return_outputs: bool = False,
-                 tables: TreeTables | None = None, **model_kwargs) -> torch.Tensor:
+                 tables: TreeTables | None = None, step_ops: LlamaStepOps | None = None,
+                 **model_kwargs) -> torch.Tensor:
     """Verification forward of a draft tree per row; returns logits ``[B, N, V]``.
 
     ``tokens[B, N]`` / ``parents[B, N]`` (int64; node 0 the root, parents earlier than children; ``None``: a chain,
@@ -124,6 +146,10 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     max_len`` (one host sync).
     Extra ``model_kwargs`` go to the model's forward (e.g. ``output_hidden_states=True``); with
     ``return_outputs`` the model's whole output (logits, hidden states) is returned instead of the logits.
+    ``step_ops``: the model as op calls (:class:`~specdec_ext.models.llama_step.LlamaStepOps`, built for it by the
+    caller, who answers for its weights being the model's): the kernel route then runs them instead of the
+    model's modules, for trees of at most :func:`extend_kernel_max_tokens` nodes whose only model kwargs are
+    ``output_hidden_states`` and ``logits_to_keep``.
     """
     chain = parents is None
     if tokens.dim() != 2 or (not chain and parents.shape != tokens.shape):
@@ -176,6 +202,12 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
             else contextlib.nullcontext())
     if hybrid:
         prepare_linear_layers(model, cache)
+    op_calls = (step_ops.on(cache) if step_ops is not None and use_kernel and not hybrid
+                and N <= extend_kernel_max_tokens(device) and model_kwargs.keys() <= _OP_MODEL_KWARGS else None)
+    if op_calls is not None:
+        out = _op_forward(op_calls, tokens, prefix, tables, position_ids, model_kwargs, validate)
+        cache.rewind(prefix, validate=False)
+        return out if return_outputs else out.logits
     with step:
         if use_kernel:
             placeholder = torch.ones((), dtype=torch.bool, device=device).expand(B, 1, N, cache.max_len)
