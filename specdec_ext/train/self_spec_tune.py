@@ -42,6 +42,7 @@ from specdec_ext.generate import generate
 from specdec_ext.models import TreeKVCache, extend, tree_forward, use_tree_attention
 from specdec_ext.models.config import text_config
 from specdec_ext.models.fast_linear import pack_linears_where_fast, packed_linears
+from specdec_ext.models.llama_step import LlamaStepOps
 from specdec_ext.state import DecodeState
 from specdec_ext.threads import add_threads_argument
 
@@ -86,7 +87,8 @@ def measure_costs(target: torch.nn.Module, prompt: list[int], max_draft_tokens: 
     """The forward times of the module doc after ``prompt``, as the engine runs them (inside its packed-products
     block, on a cache holding the prompt but its last token, the root): a draft forward is a one-draft
     :meth:`~specdec_ext.drafters.SelfSpecDrafter.propose` (its own route: op calls or modules), a verification a
-    chain ``tree_forward`` of the target. Each the fastest of ``repeats``, taken in turns."""
+    chain ``tree_forward`` of the target (through its op calls where the engine takes them). Each the fastest of
+    ``repeats``, taken in turns."""
     cfg = text_config(target.config)
     L = cfg.num_hidden_layers
     p = next(q for q in target.parameters() if q.is_floating_point())
@@ -105,8 +107,11 @@ def measure_costs(target: torch.nn.Module, prompt: list[int], max_draft_tokens: 
         def draft(d):
             return lambda: d.propose(state, 1, 2)
 
+        step_ops = LlamaStepOps.build(target, cache)  # (the engine's route for its target: op calls on CPUs)
+
         def verify(n):
-            return lambda: tree_forward(target, cache, root.expand(1, n), None, prefix, validate=False)
+            return lambda: tree_forward(target, cache, root.expand(1, n), None, prefix, validate=False,
+                                        step_ops=step_ops)
 
         times = _fastest_times([draft(d) for d in drafters] + [verify(m) for m in range(1, max_draft_tokens + 2)],
                                repeats, clock)
