@@ -4,8 +4,12 @@
 ``prefix_lens + depth`` (``ops.build_tree``), each node attending to the row's cached prefix and to its own ancestors
 (``ops.tree_ancestor_mask``), and returns logits ``[B, N, V]``: row i of a row's logits is what the model predicts
 after the root-to-node-i path. A tree that carries its :class:`~specdec_ext.state.TreeTables` (a static tree's,
-made once) hands those two in; otherwise they are derived from ``parents`` here. Two routes, same results:
+made once) hands those two in; otherwise they are derived from ``parents`` here. Three routes, the same results to
+the dtype's rounding:
 
+* the op calls (``step_ops``, a :class:`~specdec_ext.models.llama_step.LlamaStepOps` of the model, which the engine
+  builds for a Llama-family target on a CPU): one ``draft_decoder_layer`` op per layer, the tree as one bool mask
+  over the cache slots in use, no module forward at all (the model must also be set to ``"specdec_tree"``);
 * the kernel: the model is set to ``"specdec_tree"`` (:func:`~specdec_ext.models.attention.use_tree_attention`);
   the metadata travels as forward kwargs (and a context variable) to the attention function, which calls
   ``ops.tree_attention``. The model's ``attention_mask`` argument is then a zero-stride placeholder (no [B, N, S]
@@ -113,7 +117,7 @@ def _op_forward(op_calls: LlamaStepOps, tokens: torch.Tensor, prefix: torch.Tens
                 position_ids: torch.Tensor, model_kwargs: dict, validate: bool) -> StepOutput:
     """The tree's forward as op calls: node j of row b written at slot ``prefix[b] + j``, attending to the row's
     prefix and its ancestors (the kernel route's contract, as one bool mask over the slots in use)."""
-    B, N = tokens.shape
+    N = tokens.shape[1]
     if validate:  # (the modules' embedding checks its ids; an int8 table's op-path lookup does not)
         vocab = op_calls.vocab_size
         if bool(((tokens < 0) | (tokens >= vocab)).any()):
@@ -122,8 +126,9 @@ def _op_forward(op_calls: LlamaStepOps, tokens: torch.Tensor, prefix: torch.Tens
     kv_len = int((prefix + N).max())  # (the op route runs on CPUs: a read, not a device synchronisation)
     mask = tree_attention_mask(prefix, tables.mask, kv_len)[:, 0]
     slots = prefix[:, None] + torch.arange(N, device=tokens.device)
-    return op_calls.run(tokens, position_ids, slots, mask, hidden_states=bool(model_kwargs.get("output_hidden_states")),
-                   logits_to_keep=int(model_kwargs.get("logits_to_keep") or 0))
+    return op_calls.run(tokens, position_ids, slots, mask,
+                        hidden_states=bool(model_kwargs.get("output_hidden_states")),
+                        logits_to_keep=int(model_kwargs.get("logits_to_keep") or 0))
 
 
 @torch.no_grad()  # a KV cache is inference state: writing K/V that require grad into it would fail in place
@@ -196,18 +201,18 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     kwargs[_cache_kwarg(model)] = cache
     tree_mask = tables.mask
     hybrid = isinstance(cache, HybridCache)
-    use_cache = _use_cache(model)
-    # (a hybrid's linear layers read the tree from the cache, inside its tree_step)
-    step = (cache.tree_step(prefix, tree_mask, N, chain, validate=validate) if hybrid
-            else contextlib.nullcontext())
-    if hybrid:
-        prepare_linear_layers(model, cache)
     op_calls = (step_ops.on(cache) if step_ops is not None and use_kernel and not hybrid
                 and N <= extend_kernel_max_tokens(device) and model_kwargs.keys() <= _OP_MODEL_KWARGS else None)
     if op_calls is not None:
         out = _op_forward(op_calls, tokens, prefix, tables, position_ids, model_kwargs, validate)
         cache.rewind(prefix, validate=False)
         return out if return_outputs else out.logits
+    use_cache = _use_cache(model)
+    # (a hybrid's linear layers read the tree from the cache, inside its tree_step)
+    step = (cache.tree_step(prefix, tree_mask, N, chain, validate=validate) if hybrid
+            else contextlib.nullcontext())
+    if hybrid:
+        prepare_linear_layers(model, cache)
     with step:
         if use_kernel:
             placeholder = torch.ones((), dtype=torch.bool, device=device).expand(B, 1, N, cache.max_len)
