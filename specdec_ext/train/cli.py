@@ -5,24 +5,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 
 import torch
 
 from specdec_ext.threads import add_threads_argument
+from specdec_ext.train.schedule import DEFAULT_STEPS
 
 __all__ = ["add_train_commands"]
 
 
-def _common(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
+def _common(p: argparse.ArgumentParser, lr: float) -> None:
     p.add_argument("--model", required=True, help="directory of the target model (save_pretrained layout)")
     p.add_argument("--data", nargs="+", required=True,
                    help="text files (or directories of them), JSONL with 'text' / 'input_ids' / chat 'messages' fields")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--steps", type=int, default=None, help=f"optimizer steps (default {DEFAULT_STEPS}; or --minutes)")
+    p.add_argument("--minutes", type=float, default=None, metavar="M",
+                   help="a training-time budget instead of --steps: the step count is fixed after timing the first "
+                        "steps, so that the schedule ends on time, at most --max-epochs passes over the data")
+    p.add_argument("--max-epochs", type=float, default=2.0, metavar="E",
+                   help="--minutes: at most E passes over the training sequences (more stopped paying on a small "
+                        "corpus)")
     p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
+                   help="after the warm-up: cosine decay to --min-lr-ratio * lr, or constant")
+    p.add_argument("--warmup", type=int, default=None, help="linear learning-rate warm-up steps (default 5%% of "
+                                                            "the steps)")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="--schedule cosine: the final rate over --lr")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=0, help="linear learning-rate warm-up steps")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--max-length", type=int, default=None,
                    help="tokens per training sequence (chunks; default min(256, the model's context))")
@@ -47,6 +59,27 @@ def _common(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     add_threads_argument(p)
 
 
+def _check_schedule_flags(args) -> None:
+    """The schedule's flags, checked before anything loads (each error names its flag)."""
+    if args.steps is not None and args.minutes is not None:
+        raise ValueError(f"give --steps ({args.steps}) or --minutes ({args.minutes:g}), not both: --minutes chooses "
+                         "the step count from the time it measures")
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    for flag, v in (("--minutes", args.minutes), ("--max-epochs", args.max_epochs), ("--lr", args.lr)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{flag} must be a finite number > 0, got {v:g}")
+    if not (math.isfinite(args.min_lr_ratio) and 0 <= args.min_lr_ratio <= 1):
+        raise ValueError(f"--min-lr-ratio must be in [0, 1], got {args.min_lr_ratio:g}")
+    if args.warmup is not None and args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    steps = DEFAULT_STEPS if args.steps is None and args.minutes is None else args.steps
+    if args.warmup is not None and steps is not None and args.warmup > steps:
+        raise ValueError(f"--warmup ({args.warmup}) exceeds --steps ({steps})")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+
+
 def _prepare(args, name: str):
     from specdec_ext.generate import load_model
     from specdec_ext.models.config import text_config
@@ -54,6 +87,7 @@ def _prepare(args, name: str):
     from specdec_ext.train.data import DataError, load_corpus, model_max_length, self_distill, split_heldout
     from specdec_ext.train.loop import TrainConfig, default_device
 
+    _check_schedule_flags(args)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     device = args.device or default_device()
     target = load_model(args.model, dtype=dtype, device=device)
@@ -72,8 +106,10 @@ def _prepare(args, name: str):
                                  max_length=args.max_length, progress=not args.no_progress)
     except DataError as err:
         raise SystemExit(f"specdec {name}: bad data: {err}") from None
-    cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed, device=device,
-                      warmup=args.warmup, weight_decay=args.weight_decay,
+    cfg = TrainConfig(steps=args.steps, minutes=args.minutes, max_epochs=args.max_epochs, lr=args.lr,
+                      batch_size=args.batch_size, seed=args.seed, device=device, schedule=args.schedule,
+                      warmup=args.warmup, warmup_fraction=0.05, min_lr_ratio=args.min_lr_ratio,
+                      weight_decay=args.weight_decay,
                       eval_every=args.eval_every, eval_new_tokens=args.eval_new_tokens,
                       checkpoint_dir=os.path.join(args.out, "checkpoint"), checkpoint_every=args.checkpoint_every,
                       checkpoint_minutes=args.checkpoint_minutes, resume=args.resume, progress=not args.no_progress)
@@ -105,17 +141,34 @@ def train_medusa_cmd(args) -> int:
 
 def train_eagle_cmd(args) -> int:
     from specdec_ext.models.checkpoints import save_eagle
+    from specdec_ext.models.config import text_config
+    from specdec_ext.train.draft_vocab import default_draft_vocab_size, draft_vocab_ids, write_draft_vocab
     from specdec_ext.train.eagle import train_eagle
 
     if args.version == 1 and args.draft_vocab:
         raise ValueError("--draft-vocab needs --version 3")
+    if args.version == 3 and args.fr_vocab:
+        raise ValueError("--fr-vocab is EAGLE-1's draft vocabulary file; an EAGLE-3 draft has its own (--draft-vocab)")
+    if args.fr_vocab is not None and args.fr_vocab < 0:
+        raise ValueError(f"--fr-vocab must be >= 0 (0 = no draft vocabulary), got {args.fr_vocab}")
+    if args.ttt_steps is not None and args.ttt_steps < 1:
+        raise ValueError(f"--ttt-steps must be >= 1, got {args.ttt_steps}")
     target, _, train, prompts, cfg = _prepare(args, "train-eagle")
+    fr_ids = None
+    if args.version == 1:
+        V = text_config(target.config).vocab_size
+        n = default_draft_vocab_size(V) if args.fr_vocab is None else (args.fr_vocab or None)
+        if n is not None and n > V:
+            raise ValueError(f"--fr-vocab {n} exceeds the target's vocabulary ({V} ids)")
+        fr_ids = draft_vocab_ids(train, V, n) if n is not None and n < V else None
     model, result = train_eagle(target, train, cfg, version=args.version, draft_vocab=args.draft_vocab,
                                 ttt_steps=args.ttt_steps, token_weight=args.token_weight,
-                                aux_layers=args.aux_layers,
-                                heldout_prompts=prompts)
+                                aux_layers=args.aux_layers, heldout_prompts=prompts, eval_draft_vocab=fr_ids)
     save_eagle(model, args.out, base_model_name_or_path=args.model, safetensors=True)
-    _report(args, "train-eagle", result, {"version": args.version, "draft_vocab": args.draft_vocab})
+    if fr_ids is not None:
+        write_draft_vocab(args.out, fr_ids.tolist())
+    _report(args, "train-eagle", result, {"version": args.version, "draft_vocab": args.draft_vocab,
+                                          "fr_vocab": None if fr_ids is None else fr_ids.numel()})
     return 0
 
 
@@ -135,29 +188,33 @@ def train_draft_cmd(args) -> int:
 
 def add_train_commands(sub) -> None:
     p = sub.add_parser("train-medusa", help="train Medusa-1 heads for a local target (official layout)")
-    _common(p, steps=1000, lr=1e-3)
+    _common(p, lr=1e-3)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=1, help="ResBlocks per head")
     p.add_argument("--decay", type=float, default=0.8, help="head h's loss weight is decay ** h")
     p.add_argument("--share-lm-head", action="store_true",
                    help="compact heads (ResBlocks only) that reuse the target's lm_head (legacy Medusa layout)")
-    p.add_argument("--soft-labels", action="store_true",
+    p.add_argument("--soft-labels", action=argparse.BooleanOptionalAction, default=True,
                    help="learn the target's own distribution of each future token (KL to it) instead of the text's "
-                        "token (cross-entropy); --self-distill instead replaces the text by the target's output")
+                        "token (cross-entropy; --no-soft-labels); on by default: it accepted more on the family")
     p.set_defaults(func=train_medusa_cmd)
     p = sub.add_parser("train-eagle", help="train an EAGLE-1 or EAGLE-3 draft for a local target (official layout)")
-    _common(p, steps=1000, lr=1e-3)
+    _common(p, lr=1e-3)
     p.add_argument("--version", type=int, choices=[1, 3], default=1)
     p.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3: keep the N most frequent tokens")
     p.add_argument("--ttt-steps", type=int, default=None,
-                   help="training-time-test steps: the draft continues from its own predictions (default: 1 for "
-                        "EAGLE-1, 3 for EAGLE-3, as published)")
+                   help="training-time-test steps: the draft continues from its own predictions (default 3: "
+                        "EAGLE-3's published recipe; for EAGLE-1, published with 1, 3 accepted more on the family)")
+    p.add_argument("--fr-vocab", type=int, default=None, metavar="N",
+                   help="EAGLE-1: write OUT/draft_vocab.json, the data's N most frequent ids, which the drafter "
+                        "scores instead of the whole lm_head (FR-Spec; default a quarter of the vocabulary, at least "
+                        "1024; 0 = none)")
     p.add_argument("--aux-layers", type=int, nargs=3, default=None, metavar="I",
                    help="EAGLE-3: the three target layers whose inputs are fused (default 2, L//2, L-3)")
     p.add_argument("--token-weight", type=float, default=0.1, help="EAGLE-1: weight of the token loss")
     p.set_defaults(func=train_eagle_cmd)
     p = sub.add_parser("train-draft", help="distil a small draft LM (LlamaForCausalLM) from a local target")
-    _common(p, steps=1000, lr=1e-3)
+    _common(p, lr=1e-3)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden-size", type=int, default=None, help="default: the target's")
     p.add_argument("--intermediate-size", type=int, default=None, help="default: 2 * hidden size")

@@ -1,6 +1,6 @@
 """Medusa-1 training: a frozen target, K heads on its last hidden state (after the final norm); head h at position
-t predicts token t + 2 + h; loss = sum_h w^h * CE (w = 0.8 by default), or with ``soft_labels`` the KL to the target's own
-distribution of that token; lr 1e-3 (anchors 1a). Heads start as
+t predicts token t + 2 + h; loss = sum_h w^h * CE (w = 0.8 by default), or with ``soft_labels`` (train_medusa's default) the KL to the
+target's own distribution of that token; lr 1e-3 (anchors 1a). Heads start as
 identity ResBlocks with the target's ``lm_head`` copied into their own ``lm_head`` (Medusa's initialisation), or
 (``share_lm_head``) reuse the target's frozen ``lm_head`` (legacy layout: ResBlocks only);
 saved with :func:`specdec_ext.models.checkpoints.save_medusa` (official layout, safetensors)."""
@@ -48,12 +48,13 @@ def medusa_loss(heads: MedusaHeads, target, toks: torch.Tensor, mask: torch.Tens
 
 def train_medusa(target, seqs: list[list[int]], cfg: TrainConfig, num_heads: int = 4, num_layers: int = 1,
                  decay: float = 0.8, heldout_prompts: list[list[int]] | None = None, heads: MedusaHeads | None = None,
-                 share_lm_head: bool = False, soft_labels: bool = False):
+                 share_lm_head: bool = False, soft_labels: bool = True):
     """``(heads, result)``: Medusa-1 heads trained on ``seqs`` (token lists) for the frozen ``target``.
     ``share_lm_head``: legacy heads (ResBlocks only) that reuse the target's frozen ``lm_head`` (compact: no
     ``[V, H]`` matrix per head). ``soft_labels``: head h learns the target's own distribution of token t + 2 + h
     given the text up to t + 1 + h (KL to it) instead of the corpus token (cross-entropy): what verification
-    accepts, as in Medusa's self-distillation, without generating a new corpus."""
+    accepts, as in Medusa's self-distillation, without generating a new corpus; the default, since on the family
+    it accepted more (mean accepted length 2.38 against 2.21, ``zoo/spec.py``)."""
     freeze(target)
     device = first_param(target).device
     cfg.device = str(device)
