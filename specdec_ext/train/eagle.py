@@ -17,19 +17,17 @@ distribution is renormalised over it (positions whose target argmax is outside i
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 
 from specdec_ext.drafters.eagle import EagleDrafter
 from specdec_ext.models.config import text_config
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig, default_eagle3_layers
-from specdec_ext.train.common import first_param, freeze, target_hidden
+from specdec_ext.train.common import first_param, freeze, in_target_dtype, target_hidden
 from specdec_ext.train.draft_vocab import draft_vocab_ids
 from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
 
-__all__ = ["DEFAULT_TTT_STEPS", "eagle_config_for", "train_eagle"]
+__all__ = ["DEFAULT_TTT_STEPS", "EVAL_TREE", "eagle_config_for", "eagle_drafter", "train_eagle"]
 
 
 def eagle_config_for(target, draft_vocab: int | None = None, aux_layers=None) -> EagleConfig:
@@ -105,6 +103,16 @@ def _eagle3_loss(m, target, toks, mask, ttt_steps, decay):
     return total, int(valid.sum())
 
 
+EVAL_TREE = {"depth": 5, "top_k": 4, "total_tokens": 16}  # the held-out evaluation's EAGLE-2 tree
+
+
+def eagle_drafter(model, target, draft_vocab: torch.Tensor | None = None, tree: dict | None = None) -> EagleDrafter:
+    """The drafter that decodes with a trained draft (the held-out evaluation's and the report's): an EAGLE-2 tree
+    (``EVAL_TREE``, ``tree`` applied), over ``draft_vocab`` (EAGLE-1's FR-Spec ids) when given."""
+    return EagleDrafter(in_target_dtype(model, target), target=target, draft_vocab=draft_vocab,
+                        **{**EVAL_TREE, **(tree or {})})
+
+
 DEFAULT_TTT_STEPS = 3  # EAGLE-3's published recipe; for EAGLE-1 the family's (1 step accepted 1-4% less)
 
 
@@ -152,13 +160,9 @@ def train_eagle(target, seqs: list[list[int]], cfg: TrainConfig, version: int = 
 
     eval_fn = None
     if heldout_prompts:
-        tree = dict(depth=5, top_k=4, total_tokens=16, **(eval_tree or {}))
-
         def eval_fn(step):
-            dt = first_param(target).dtype
-            m = model if dt == torch.float32 else copy.deepcopy(model).to(dt)
-            drafter = EagleDrafter(m, target=target, draft_vocab=eval_draft_vocab, **tree)
-            return evaluate_acceptance(target, drafter, heldout_prompts, cfg.eval_new_tokens)
+            return evaluate_acceptance(target, eagle_drafter(model, target, eval_draft_vocab, eval_tree),
+                                       heldout_prompts, cfg.eval_new_tokens)
 
     signature = {"version": version, "hidden_size": model.config.hidden_size}
     if version == 3:

@@ -7,18 +7,16 @@ saved with :func:`specdec_ext.models.checkpoints.save_medusa` (official layout, 
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 
 from specdec_ext.drafters.medusa import MedusaDrafter
 from specdec_ext.models.config import text_config
 from specdec_ext.models.medusa import MedusaHeads
-from specdec_ext.train.common import first_param, freeze, target_hidden
+from specdec_ext.train.common import first_param, freeze, in_target_dtype, target_hidden
 from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
 
-__all__ = ["medusa_loss", "train_medusa"]
+__all__ = ["medusa_drafter", "medusa_loss", "train_medusa"]
 
 
 def medusa_loss(heads: MedusaHeads, target, toks: torch.Tensor, mask: torch.Tensor, decay: float = 0.8,
@@ -44,6 +42,11 @@ def medusa_loss(heads: MedusaHeads, target, toks: torch.Tensor, mask: torch.Tens
         total = total + decay ** h * loss
         n += int(mask[:, off:].sum()) if h == 0 else 0
     return total, n
+
+
+def medusa_drafter(heads: MedusaHeads, target) -> MedusaDrafter:
+    """The drafter that decodes with trained heads (the held-out evaluation's and the report's)."""
+    return MedusaDrafter(in_target_dtype(heads, target))
 
 
 def train_medusa(target, seqs: list[list[int]], cfg: TrainConfig, num_heads: int = 4, num_layers: int = 1,
@@ -74,9 +77,7 @@ def train_medusa(target, seqs: list[list[int]], cfg: TrainConfig, num_heads: int
     eval_fn = None
     if heldout_prompts:
         def eval_fn(step):
-            dt = first_param(target).dtype
-            h = heads if dt == torch.float32 else copy.deepcopy(heads).to(dt)
-            return evaluate_acceptance(target, MedusaDrafter(h), heldout_prompts, cfg.eval_new_tokens)
+            return evaluate_acceptance(target, medusa_drafter(heads, target), heldout_prompts, cfg.eval_new_tokens)
 
     signature = {"heads": heads.num_heads, "layers": heads.num_layers,
                  "lm_head": "own" if heads.has_lm_head else "the target's"}
