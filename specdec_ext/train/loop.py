@@ -258,19 +258,23 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
         tok_window += ntok
         now = time.perf_counter()
         if not fixed:
+            elapsed = seconds_before + now - t0
             if timed_from is None:
                 timed_from = now
             else:
                 timed_steps += 1
-            if result.step >= plan.probe_steps and timed_steps:
-                plan.step_seconds = (now - timed_from) / timed_steps
-                plan.steps = steps_for_budget(plan.budget_seconds, seconds_before + now - t0, plan.step_seconds,
-                                              result.step, plan.probe_total)
+            step_s = (now - timed_from) / timed_steps if timed_steps else elapsed / max(1, result.step)
+            # the probe ends after probe_steps, or sooner when finishing it would overrun the budget
+            if (timed_steps and result.step >= plan.probe_steps
+                    or elapsed + (plan.probe_steps - result.step) * step_s >= plan.budget_seconds):
+                plan.step_seconds = step_s
+                plan.steps = steps_for_budget(plan.budget_seconds, elapsed, step_s, result.step, plan.probe_total)
                 plan.warmup = resolve_warmup(cfg.warmup, cfg.warmup_fraction, plan.steps)
                 fixed = True
                 bar.set_total(plan.steps)
-                bar.write(f"{name}: {plan.step_seconds:.3f} s a step: {plan.steps} steps fit in {cfg.minutes:g} "
-                          f"minutes (at most {plan.probe_total}: {cfg.max_epochs:g} passes over the data)")
+                bar.write(f"{name}: {plan.step_seconds:.3f} s a step: {plan.steps} steps fit in "
+                          f"{plan.budget_seconds / 60:g} minutes (at most {plan.probe_total}: {cfg.max_epochs:g} "
+                          "passes over the data)")
         bar.update(1, loss=f"{result.losses[-1]:.4f}", tok_s=f"{tok_window / max(now - t_window, 1e-9):.0f}")
         if now - t_window > 5:
             tok_window, t_window = 0, now

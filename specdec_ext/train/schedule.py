@@ -1,13 +1,15 @@
-"""The learning-rate schedule of a training run and its length: linear warm-up, then constant or cosine decay towards
-``min_lr_ratio * lr`` (reached just after the last step); the step count given, or chosen from a time budget and the corpus size.
+"""The learning-rate schedule of a training run and its length: linear warm-up, then constant or cosine decay
+towards ``min_lr_ratio * lr`` (reached just after the last step); the step count given, or chosen from a time
+budget and the corpus size.
 
-A time budget (``minutes``) fixes the step count after the first ``probe_steps`` steps have been timed:
-``steps = probe + (budget - time so far) / (mean step time)``, capped at ``max_epochs`` passes over the training
-sequences. The cap exists because more passes stop paying on a small corpus (the family's EAGLE-1 accepted less
-after 3.5 passes than after 1.6: README, "Training drafters"), so a generous budget on little data stops early
-rather than over-fitting. The probe steps run at the rates of the longest run the cap allows (its warm-up is the
-longest, so their rates are the lowest the run could have); from the probe's end on, the rates are those of the
-chosen step count. The plan (:class:`SchedulePlan`) is saved in the checkpoint, so a resumed run keeps it.
+A time budget (``minutes``) fixes the step count after the first ``probe_steps`` steps have been timed (sooner
+when finishing the probe would overrun the budget): ``steps = done + (budget - time so far) / (mean step time)``,
+capped at ``max_epochs`` passes over the training sequences. The cap, because more passes stop paying on a small
+corpus (the family's EAGLE-1 accepted less after 3.5 passes than after 1.6: README, "Training drafters"): a
+generous budget on little data stops early rather than over-fitting. The probe steps run at the rates of the
+longest run the cap allows (its warm-up is the longest, so their rates are the lowest the run could have); from
+the probe's end on, the rates are those of the chosen step count. The plan (:class:`SchedulePlan`) is saved in the
+checkpoint, so a resumed run keeps it.
 """
 
 from __future__ import annotations
