@@ -102,6 +102,12 @@ def test_minutes_fixes_the_step_count_from_the_timed_steps():
     assert result.step == result.plan.steps == 20
 
 
+def test_the_probe_ends_early_when_it_would_overrun_the_budget():
+    # 0.1 s a step and a 0.35 s budget: a probe of 10 steps would take 1 s; it stops at 3 or 4 steps
+    _, result, _ = tiny_run(minutes=0.35 / 60, sleep=0.1, max_epochs=100.0, probe_steps=10)
+    assert result.step == result.plan.steps <= 4 and result.seconds < 0.7
+
+
 def test_a_resumed_budget_run_keeps_its_step_count_and_rates(tmp_path):
     d = str(tmp_path / "ckpt")
     with pytest.raises(KeyboardInterrupt):
@@ -194,6 +200,26 @@ def test_train_eagle_writes_the_fr_spec_vocabulary_and_the_drafter_reads_it(mode
                                                                                                     target).max_nodes
     log = json.loads((out / "training_log.json").read_text())
     assert log["fr_vocab"] == 20 and log["schedule"]["steps"] == 6 and log["report"] == report
+
+
+def test_cli_minutes_chooses_and_reports_the_step_count(model_dir, tmp_path, capsys):
+    out = tmp_path / "draft"
+    assert main(["train-draft", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), "--out",
+                 str(out), "--layers", "1", "--hidden-size", "64", "--minutes", "0.05", "--max-epochs", "3",
+                 "--no-report", *COMMON]) == 0
+    text = capsys.readouterr().out
+    log = json.loads((out / "training_log.json").read_text())
+    plan = log["schedule"]
+    # the cap: 3 passes over the training sequences in batches of 4
+    assert plan["budget_seconds"] == pytest.approx(3.0) and plan["probe_total"] == math.ceil(3 * log_sequences(
+        model_dir) / 4)
+    assert log["steps"] == plan["steps"] <= plan["probe_total"]
+    assert f"{log['steps']} steps (the count 0.05 minutes fit at" in text
+
+
+def log_sequences(model_dir) -> int:
+    train, _ = split_heldout(load_corpus([str(model_dir / "corpus.txt")], word_tokenizer(), max_length=16), 2, 0)
+    return len(train)
 
 
 def test_default_fr_spec_vocabulary_size():
@@ -308,7 +334,8 @@ def test_report_acceptance_matches_a_hand_count():
     tgt = target()
     draft = make_model("llama", seed=3, num_hidden_layers=2)
     with torch.no_grad():  # the target with its second layer's MLP perturbed: drafts that are often, not always, right
-        draft.model.layers[1].mlp.down_proj.weight.add_(0.02 * torch.randn_like(draft.model.layers[1].mlp.down_proj.weight))
+        w = draft.model.layers[1].mlp.down_proj.weight
+        w.add_(0.02 * torch.randn_like(w))
     prompts = [s[:6] for s in seqs_of([6, 6, 6], seed=4)]
     k, new = 3, 20
     hist = [0] * (k + 1)

@@ -43,7 +43,8 @@ def _common(p: argparse.ArgumentParser, lr: float) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
-                   help="the frozen target's dtype (the trained module stays float32)")
+                   help="the frozen target's dtype (the trained module stays float32; default: the files', but "
+                        "float32 for half-precision files on a CPU without fast bfloat16 products)")
     p.add_argument("--self-distill", type=int, default=0, metavar="N",
                    help="replace the data by the target's own continuations: N new tokens after each sequence's "
                         "first --prompt-len tokens (0 = train on the data as is)")
@@ -108,12 +109,18 @@ def _corpus(args, target, tok, name: str) -> tuple[list[list[int]], list[list[in
 
 def _target(args):
     from specdec_ext.generate import load_model
+    from specdec_ext.models.fast_linear import bfloat16_is_fast
     from specdec_ext.train.common import load_tokenizer
     from specdec_ext.train.loop import default_device
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
     args.device = args.device or default_device()
-    return load_model(args.model, dtype=dtype, device=args.device), load_tokenizer(args.model)
+    target = load_model(args.model, dtype=dtype, device=args.device)
+    p = next(q for q in target.parameters() if q.is_floating_point())
+    if (dtype is None and p.device.type == "cpu" and p.dtype in (torch.bfloat16, torch.float16)
+            and not (p.dtype is torch.bfloat16 and bfloat16_is_fast("cpu"))):
+        target = target.float()  # (such a CPU multiplies half precision through float32 conversions: slower)
+    return target, load_tokenizer(args.model)
 
 
 def _prepare(args, name: str):
@@ -159,7 +166,10 @@ def _report(args, name: str, result, extra: dict, target=None, drafter=None, pro
         json.dump({**info, "losses": result.losses}, f, indent=1)
     s = result.summary()
     acc = f", mean accepted length {s['evals'][-1][1]:.3f}" if s["evals"] else ""
-    print(f"specdec {name}: {s['steps']} steps, loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}{acc}; "
+    plan = result.plan
+    budget = (f" (the count {plan.budget_seconds / 60:g} minutes fit at {plan.step_seconds:.3f} s a step, at most "
+              f"{plan.probe_total})" if plan and plan.step_seconds is not None else "")
+    print(f"specdec {name}: {s['steps']} steps{budget}, loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}{acc}; "
           f"saved to {args.out}")
     if report is not None:
         _print_report(name, report, report.save(args.out))
@@ -281,7 +291,9 @@ def add_evaluate_command(sub) -> None:
     p.add_argument("--out", default=None,
                    help="the report's JSON file (default: drafter_report.json in the drafter's directory)")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None)
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="the target's dtype (default as train-*: the files', float32 for half-precision files on a "
+                        "CPU without fast bfloat16 products)")
     add_drafter_arguments(p)
     add_threads_argument(p)
     p.set_defaults(func=evaluate_drafter_cmd, no_packed_linears=False)

@@ -1,9 +1,9 @@
 """Medusa-1 training: a frozen target, K heads on its last hidden state (after the final norm); head h at position
-t predicts token t + 2 + h; loss = sum_h w^h * CE (w = 0.8 by default), or with ``soft_labels`` (train_medusa's default) the KL to the
-target's own distribution of that token; lr 1e-3 (anchors 1a). Heads start as
-identity ResBlocks with the target's ``lm_head`` copied into their own ``lm_head`` (Medusa's initialisation), or
-(``share_lm_head``) reuse the target's frozen ``lm_head`` (legacy layout: ResBlocks only);
-saved with :func:`specdec_ext.models.checkpoints.save_medusa` (official layout, safetensors)."""
+t predicts token t + 2 + h; loss = sum_h w^h * CE (w = 0.8 by default), or with ``soft_labels`` (train_medusa's
+default) the KL to the target's own distribution of that token; lr 1e-3 (anchors 1a). Heads start as identity
+ResBlocks with the target's ``lm_head`` copied into their own ``lm_head`` (Medusa's initialisation), or
+(``share_lm_head``) reuse the target's frozen ``lm_head`` (legacy layout: ResBlocks only); saved with
+:func:`specdec_ext.models.checkpoints.save_medusa` (official layout, safetensors)."""
 
 from __future__ import annotations
 

@@ -146,7 +146,8 @@ class DrafterReport:
 def evaluate_drafter(target: torch.nn.Module, drafter, prompts: list[list[int]], new_tokens: int = 64,
                      repeats: int = 10) -> DrafterReport:
     """The report of ``drafter`` on ``prompts``: one greedy generation per prompt (batch 1, no EOS), then the
-    target's cost curve up to the drafter's tree size, measured after the first prompt."""
+    target's cost curve up to the drafter's tree size, measured after the first prompt. Acceptance is reported for
+    the depths 1 .. ``drafter.max_depth`` (no step can accept deeper)."""
     if not prompts:
         raise ValueError("evaluate_drafter: no held-out prompts (hold some out: --heldout N)")
     if new_tokens < 1:
@@ -166,7 +167,8 @@ def evaluate_drafter(target: torch.nn.Module, drafter, prompts: list[list[int]],
     curve = target_cost_curve(target, prompts[0], drafter.max_nodes, repeats)
     tau = new / max(row_steps, 1)
     per_step = draft_s / max(steps, 1)
+    by_depth = acceptance_by_depth(hist[: drafter.max_depth + 1])
     return DrafterReport(prompts=len(prompts), new_tokens=new_tokens, steps=steps, mean_accepted_length=tau,
-                         acceptance_by_depth=acceptance_by_depth(hist), nodes_per_step=nodes,
+                         acceptance_by_depth=by_depth, nodes_per_step=nodes,
                          draft_seconds_per_step=per_step, target_seconds=curve,
                          predicted_speedup=predicted_speedup(tau, curve, nodes, per_step))
