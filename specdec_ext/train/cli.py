@@ -1,40 +1,57 @@
 """``specdec train-medusa`` / ``train-eagle`` / ``train-draft``: argument parsing and the shared pipeline (load the
-target and its tokenizer, read the corpus, optionally self-distill, hold out evaluation prompts, train, save)."""
+target and its tokenizer, read the corpus, optionally self-distill, hold out evaluation prompts, train, save, report:
+:mod:`specdec_ext.train.report`); ``specdec evaluate-drafter``: that report for any drafter."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 
 import torch
 
 from specdec_ext.threads import add_threads_argument
+from specdec_ext.train.data import DISTILL_BATCH
+from specdec_ext.train.schedule import DEFAULT_STEPS
 
-__all__ = ["add_train_commands"]
+__all__ = ["add_evaluate_command", "add_train_commands"]
 
 
-def _common(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
+def _common(p: argparse.ArgumentParser, lr: float) -> None:
     p.add_argument("--model", required=True, help="directory of the target model (save_pretrained layout)")
     p.add_argument("--data", nargs="+", required=True,
                    help="text files (or directories of them), JSONL with 'text' / 'input_ids' / chat 'messages' fields")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--steps", type=int, default=None, help=f"optimizer steps (default {DEFAULT_STEPS}; or --minutes)")
+    p.add_argument("--minutes", type=float, default=None, metavar="M",
+                   help="a training-time budget instead of --steps: the step count is fixed after timing the first "
+                        "steps, so that the schedule ends on time, at most --max-epochs passes over the data")
+    p.add_argument("--max-epochs", type=float, default=2.0, metavar="E",
+                   help="--minutes: at most E passes over the training sequences (more stopped paying on a small "
+                        "corpus)")
     p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
+                   help="after the warm-up: cosine decay to --min-lr-ratio * lr, or constant")
+    p.add_argument("--warmup", type=int, default=None, help="linear learning-rate warm-up steps (default 5%% of "
+                                                            "the steps)")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="--schedule cosine: the final rate over --lr")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=0, help="linear learning-rate warm-up steps")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--max-length", type=int, default=None,
                    help="tokens per training sequence (chunks; default min(256, the model's context))")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
-                   help="the frozen target's dtype (the trained module stays float32)")
+                   help="the frozen target's dtype (the trained module stays float32; default: the files', but "
+                        "float32 for half-precision files on a CPU without fast bfloat16 products)")
     p.add_argument("--self-distill", type=int, default=0, metavar="N",
                    help="replace the data by the target's own continuations: N new tokens after each sequence's "
                         "first --prompt-len tokens (0 = train on the data as is)")
     p.add_argument("--prompt-len", type=int, default=16, help="--self-distill: prompt tokens per sequence")
     p.add_argument("--distill-temperature", type=float, default=0.0, help="--self-distill: 0 = greedy")
+    p.add_argument("--distill-batch", type=int, default=DISTILL_BATCH, metavar="B",
+                   help="--self-distill: sequences decoded together (one engine; a finished one's row is refilled)")
     p.add_argument("--heldout", type=int, default=4, help="sequences held out to evaluate acceptance (0 = none)")
     p.add_argument("--eval-every", type=int, default=0, help="evaluate acceptance every N steps (0 = at the end)")
     p.add_argument("--eval-new-tokens", type=int, default=32)
@@ -44,83 +61,170 @@ def _common(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
                    help="also save it after every M minutes of training (0 = off); always at the end")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/trainer_state.pt")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-report", action="store_true",
+                   help="skip the end-of-training report (acceptance by depth, predicted speedup: OUT/"
+                        "drafter_report.json)")
     add_threads_argument(p)
 
 
-def _prepare(args, name: str):
-    from specdec_ext.generate import load_model
-    from specdec_ext.models.config import text_config
-    from specdec_ext.train.common import load_tokenizer
-    from specdec_ext.train.data import DataError, load_corpus, model_max_length, self_distill, split_heldout
-    from specdec_ext.train.loop import TrainConfig, default_device
+def _check_schedule_flags(args) -> None:
+    """The schedule's flags, checked before anything loads (each error names its flag)."""
+    if args.steps is not None and args.minutes is not None:
+        raise ValueError(f"give --steps ({args.steps}) or --minutes ({args.minutes:g}), not both: --minutes chooses "
+                         "the step count from the time it measures")
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    for flag, v in (("--minutes", args.minutes), ("--max-epochs", args.max_epochs), ("--lr", args.lr)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{flag} must be a finite number > 0, got {v:g}")
+    if not (math.isfinite(args.min_lr_ratio) and 0 <= args.min_lr_ratio <= 1):
+        raise ValueError(f"--min-lr-ratio must be in [0, 1], got {args.min_lr_ratio:g}")
+    if args.warmup is not None and args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    steps = DEFAULT_STEPS if args.steps is None and args.minutes is None else args.steps
+    if args.warmup is not None and steps is not None and args.warmup > steps:
+        raise ValueError(f"--warmup ({args.warmup}) exceeds --steps ({steps})")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
 
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    device = args.device or default_device()
-    target = load_model(args.model, dtype=dtype, device=device)
-    tok = load_tokenizer(args.model)
+
+def _corpus(args, target, tok, name: str) -> tuple[list[list[int]], list[list[int]]]:
+    """``(training sequences, held-out prompts)`` of ``--data``: ``--heldout`` sequences chosen by ``--seed`` (the
+    same ones for train-* and evaluate-drafter given the same flags), each prompt its first ``--prompt-len``
+    tokens (at most half of it)."""
+    from specdec_ext.models.config import text_config
+    from specdec_ext.train.data import DataError, load_corpus, model_max_length, split_heldout
+
     context = model_max_length(target)
     if args.max_length is None:
         args.max_length = min(256, context or 256)
     try:
         seqs = load_corpus(args.data, tok, max_length=args.max_length, context=context,
                            vocab_size=text_config(target.config).vocab_size)
-        train, held = split_heldout(seqs, args.heldout, args.seed)
-        prompts = [s[: max(1, min(args.prompt_len, len(s) // 2))] for s in held]
-        if args.self_distill:
-            train = self_distill(target, train, prompt_len=args.prompt_len, new_tokens=args.self_distill,
-                                 temperature=args.distill_temperature, seed=args.seed,
-                                 max_length=args.max_length, progress=not args.no_progress)
     except DataError as err:
         raise SystemExit(f"specdec {name}: bad data: {err}") from None
-    cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed, device=device,
-                      warmup=args.warmup, weight_decay=args.weight_decay,
+    train, held = split_heldout(seqs, args.heldout, args.seed)
+    return train, [s[: max(1, min(args.prompt_len, len(s) // 2))] for s in held]
+
+
+def _target(args):
+    from specdec_ext.generate import load_model
+    from specdec_ext.models.fast_linear import bfloat16_is_fast
+    from specdec_ext.train.common import load_tokenizer
+    from specdec_ext.train.loop import default_device
+
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    args.device = args.device or default_device()
+    target = load_model(args.model, dtype=dtype, device=args.device)
+    p = next(q for q in target.parameters() if q.is_floating_point())
+    if (dtype is None and p.device.type == "cpu" and p.dtype in (torch.bfloat16, torch.float16)
+            and not (p.dtype is torch.bfloat16 and bfloat16_is_fast("cpu"))):
+        target = target.float()  # (such a CPU multiplies half precision through float32 conversions: slower)
+    return target, load_tokenizer(args.model)
+
+
+def _prepare(args, name: str):
+    from specdec_ext.train.data import self_distill
+    from specdec_ext.train.loop import TrainConfig
+
+    _check_schedule_flags(args)
+    if args.distill_batch < 1:
+        raise ValueError(f"--distill-batch must be >= 1, got {args.distill_batch}")
+    target, tok = _target(args)
+    train, prompts = _corpus(args, target, tok, name)
+    if args.self_distill:
+        train = self_distill(target, train, prompt_len=args.prompt_len, new_tokens=args.self_distill,
+                             temperature=args.distill_temperature, seed=args.seed, batch_size=args.distill_batch,
+                             max_length=args.max_length, progress=not args.no_progress)
+    cfg = TrainConfig(steps=args.steps, minutes=args.minutes, max_epochs=args.max_epochs, lr=args.lr,
+                      batch_size=args.batch_size, seed=args.seed, device=args.device, schedule=args.schedule,
+                      warmup=args.warmup, warmup_fraction=0.05, min_lr_ratio=args.min_lr_ratio,
+                      weight_decay=args.weight_decay,
                       eval_every=args.eval_every, eval_new_tokens=args.eval_new_tokens,
                       checkpoint_dir=os.path.join(args.out, "checkpoint"), checkpoint_every=args.checkpoint_every,
                       checkpoint_minutes=args.checkpoint_minutes, resume=args.resume, progress=not args.no_progress)
     return target, tok, train, prompts, cfg
 
 
-def _report(args, name: str, result, extra: dict) -> None:
-    info = {"command": name, "model": args.model, "data": args.data, **extra, **result.summary()}
+def _print_report(name: str, report, path: str) -> None:
+    for line in report.lines():
+        print(f"specdec {name}: {line}")
+    print(f"specdec {name}: report saved to {path}")
+
+
+def _report(args, name: str, result, extra: dict, target=None, drafter=None, prompts=()) -> None:
+    """The training log (OUT/training_log.json), the summary line, and the drafter's report on the held-out
+    prompts (OUT/drafter_report.json; not with --no-report or without held-out prompts)."""
+    from specdec_ext.train.report import evaluate_drafter
+
+    report = None
+    if drafter is not None and prompts and not args.no_report:
+        report = evaluate_drafter(target, drafter, prompts, new_tokens=args.eval_new_tokens)
+    info = {"command": name, "model": args.model, "data": args.data, **extra, **result.summary(),
+            "report": report.to_dict() if report else None}
     with open(os.path.join(args.out, "training_log.json"), "w") as f:
         json.dump({**info, "losses": result.losses}, f, indent=1)
     s = result.summary()
     acc = f", mean accepted length {s['evals'][-1][1]:.3f}" if s["evals"] else ""
-    print(f"specdec {name}: {s['steps']} steps, loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}{acc}; "
+    plan = result.plan
+    budget = (f" (the count {plan.budget_seconds / 60:g} minutes fit at {plan.step_seconds:.3f} s a step, at most "
+              f"{plan.probe_total})" if plan and plan.step_seconds is not None else "")
+    print(f"specdec {name}: {s['steps']} steps{budget}, loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}{acc}; "
           f"saved to {args.out}")
+    if report is not None:
+        _print_report(name, report, report.save(args.out))
 
 
 def train_medusa_cmd(args) -> int:
     from specdec_ext.models.checkpoints import save_medusa
-    from specdec_ext.train.medusa import train_medusa
+    from specdec_ext.train.medusa import medusa_drafter, train_medusa
 
     target, _, train, prompts, cfg = _prepare(args, "train-medusa")
     heads, result = train_medusa(target, train, cfg, num_heads=args.heads, num_layers=args.layers,
                                  decay=args.decay, heldout_prompts=prompts, share_lm_head=args.share_lm_head,
                                  soft_labels=args.soft_labels)
     save_medusa(heads, args.out, base_model_name_or_path=args.model, safetensors=True)
-    _report(args, "train-medusa", result, {"heads": args.heads, "layers": args.layers, "soft_labels": args.soft_labels})
+    _report(args, "train-medusa", result, {"heads": args.heads, "layers": args.layers, "soft_labels": args.soft_labels},
+            target, medusa_drafter(heads, target), prompts)
     return 0
 
 
 def train_eagle_cmd(args) -> int:
     from specdec_ext.models.checkpoints import save_eagle
-    from specdec_ext.train.eagle import train_eagle
+    from specdec_ext.models.config import text_config
+    from specdec_ext.train.draft_vocab import default_draft_vocab_size, draft_vocab_ids, write_draft_vocab
+    from specdec_ext.train.eagle import eagle_drafter, train_eagle
 
     if args.version == 1 and args.draft_vocab:
         raise ValueError("--draft-vocab needs --version 3")
+    if args.version == 3 and args.fr_vocab:
+        raise ValueError("--fr-vocab is EAGLE-1's draft vocabulary file; an EAGLE-3 draft has its own (--draft-vocab)")
+    if args.fr_vocab is not None and args.fr_vocab < 0:
+        raise ValueError(f"--fr-vocab must be >= 0 (0 = no draft vocabulary), got {args.fr_vocab}")
+    if args.ttt_steps is not None and args.ttt_steps < 1:
+        raise ValueError(f"--ttt-steps must be >= 1, got {args.ttt_steps}")
     target, _, train, prompts, cfg = _prepare(args, "train-eagle")
+    fr_ids = None
+    if args.version == 1:
+        V = text_config(target.config).vocab_size
+        n = default_draft_vocab_size(V) if args.fr_vocab is None else (args.fr_vocab or None)
+        if n is not None and n > V:
+            raise ValueError(f"--fr-vocab {n} exceeds the target's vocabulary ({V} ids)")
+        fr_ids = draft_vocab_ids(train, V, n) if n is not None and n < V else None
     model, result = train_eagle(target, train, cfg, version=args.version, draft_vocab=args.draft_vocab,
                                 ttt_steps=args.ttt_steps, token_weight=args.token_weight,
-                                aux_layers=args.aux_layers,
-                                heldout_prompts=prompts)
+                                aux_layers=args.aux_layers, heldout_prompts=prompts, eval_draft_vocab=fr_ids)
     save_eagle(model, args.out, base_model_name_or_path=args.model, safetensors=True)
-    _report(args, "train-eagle", result, {"version": args.version, "draft_vocab": args.draft_vocab})
+    if fr_ids is not None:
+        write_draft_vocab(args.out, fr_ids.tolist())
+    _report(args, "train-eagle", result, {"version": args.version, "draft_vocab": args.draft_vocab,
+                                          "fr_vocab": None if fr_ids is None else fr_ids.numel()},
+            target, eagle_drafter(model, target, fr_ids), prompts)
     return 0
 
 
 def train_draft_cmd(args) -> int:
-    from specdec_ext.train.draft_lm import train_draft_lm
+    from specdec_ext.train.draft_lm import draft_lm_drafter, train_draft_lm
 
     target, tok, train, prompts, cfg = _prepare(args, "train-draft")
     model, result = train_draft_lm(target, train, cfg, num_layers=args.layers, hidden_size=args.hidden_size,
@@ -129,39 +233,106 @@ def train_draft_cmd(args) -> int:
     model.save_pretrained(args.out)
     if tok is not None:
         tok.save_pretrained(args.out)
-    _report(args, "train-draft", result, {"layers": args.layers, "hidden_size": model.config.hidden_size})
+    _report(args, "train-draft", result, {"layers": args.layers, "hidden_size": model.config.hidden_size},
+            target, draft_lm_drafter(model, target, args.num_draft_tokens), prompts)
     return 0
+
+
+def evaluate_drafter_cmd(args) -> int:
+    from specdec_ext.drafter_args import check_one_drafter, drafter_from_args
+    from specdec_ext.train.report import REPORT_FILE, evaluate_drafter
+
+    check_one_drafter(args)
+    if args.heldout < 0:
+        raise ValueError(f"--heldout must be >= 0 (0 = every sequence of --data), got {args.heldout}")
+    if args.new_tokens < 1:
+        raise ValueError(f"--new-tokens must be >= 1, got {args.new_tokens}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if not any((args.eagle, args.medusa, args.draft_model, args.ngram, args.suffix, args.self_spec)):
+        raise ValueError("evaluate-drafter needs a drafter: --eagle DIR, --medusa DIR, --draft-model DIR, --ngram, "
+                         "--suffix or --self-spec FILE")
+    home = args.eagle or args.medusa or args.draft_model
+    out = args.out or (os.path.join(home, REPORT_FILE) if home else None)
+    target, tok = _target(args)
+    drafter = drafter_from_args(args, target)
+    train, prompts = _corpus(args, target, tok, "evaluate-drafter")
+    if args.heldout == 0:  # the data is held out as a whole (files the drafter never trained on)
+        prompts = [s[: max(1, min(args.prompt_len, len(s) // 2))] for s in train]
+    prompts = prompts[: args.prompts] if args.prompts else prompts
+    report = evaluate_drafter(target, drafter, prompts, new_tokens=args.new_tokens, repeats=args.repeats)
+    if out is None:
+        for line in report.lines():
+            print(f"specdec evaluate-drafter: {line}")
+        return 0
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(report.to_dict(), f, indent=1)
+    _print_report("evaluate-drafter", report, out)
+    return 0
+
+
+def add_evaluate_command(sub) -> None:
+    from specdec_ext.drafter_args import add_drafter_arguments
+
+    p = sub.add_parser("evaluate-drafter", help="acceptance by depth of a drafter on held-out data and the speedup "
+                                                "it predicts on this machine")
+    p.add_argument("--model", required=True, help="directory of the target model (save_pretrained layout)")
+    p.add_argument("--data", nargs="+", required=True, help="the data, read as train-* reads it (--data there)")
+    p.add_argument("--heldout", type=int, default=4,
+                   help="evaluate on the N sequences train-* held out of --data with the same --seed and "
+                        "--max-length (0 = every sequence: --data is held-out text)")
+    p.add_argument("--prompts", type=int, default=0, help="at most this many prompts (0 = all)")
+    p.add_argument("--max-length", type=int, default=None, help="tokens per sequence (as train-*)")
+    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt")
+    p.add_argument("--repeats", type=int, default=10, help="timed target forwards per size of the cost curve")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None,
+                   help="the report's JSON file (default: drafter_report.json in the drafter's directory)")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="the target's dtype (default as train-*: the files', float32 for half-precision files on a "
+                        "CPU without fast bfloat16 products)")
+    add_drafter_arguments(p)
+    add_threads_argument(p)
+    p.set_defaults(func=evaluate_drafter_cmd, no_packed_linears=False)
 
 
 def add_train_commands(sub) -> None:
     p = sub.add_parser("train-medusa", help="train Medusa-1 heads for a local target (official layout)")
-    _common(p, steps=1000, lr=1e-3)
+    _common(p, lr=1e-3)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=1, help="ResBlocks per head")
     p.add_argument("--decay", type=float, default=0.8, help="head h's loss weight is decay ** h")
     p.add_argument("--share-lm-head", action="store_true",
                    help="compact heads (ResBlocks only) that reuse the target's lm_head (legacy Medusa layout)")
-    p.add_argument("--soft-labels", action="store_true",
+    p.add_argument("--soft-labels", action=argparse.BooleanOptionalAction, default=True,
                    help="learn the target's own distribution of each future token (KL to it) instead of the text's "
-                        "token (cross-entropy); --self-distill instead replaces the text by the target's output")
+                        "token (cross-entropy; --no-soft-labels); on by default: it accepted more on the family")
     p.set_defaults(func=train_medusa_cmd)
     p = sub.add_parser("train-eagle", help="train an EAGLE-1 or EAGLE-3 draft for a local target (official layout)")
-    _common(p, steps=1000, lr=1e-3)
+    _common(p, lr=1e-3)
     p.add_argument("--version", type=int, choices=[1, 3], default=1)
     p.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3: keep the N most frequent tokens")
     p.add_argument("--ttt-steps", type=int, default=None,
-                   help="training-time-test steps: the draft continues from its own predictions (default: 1 for "
-                        "EAGLE-1, 3 for EAGLE-3, as published)")
+                   help="training-time-test steps: the draft continues from its own predictions (default 3: "
+                        "EAGLE-3's published recipe; for EAGLE-1, published with 1, 3 accepted more on the family)")
+    p.add_argument("--fr-vocab", type=int, default=None, metavar="N",
+                   help="EAGLE-1: write OUT/draft_vocab.json, the data's N most frequent ids, which the drafter "
+                        "scores instead of the whole lm_head (FR-Spec; default a quarter of the vocabulary, at least "
+                        "1024; 0 = none)")
     p.add_argument("--aux-layers", type=int, nargs=3, default=None, metavar="I",
                    help="EAGLE-3: the three target layers whose inputs are fused (default 2, L//2, L-3)")
     p.add_argument("--token-weight", type=float, default=0.1, help="EAGLE-1: weight of the token loss")
     p.set_defaults(func=train_eagle_cmd)
     p = sub.add_parser("train-draft", help="distil a small draft LM (LlamaForCausalLM) from a local target")
-    _common(p, steps=1000, lr=1e-3)
+    _common(p, lr=1e-3)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden-size", type=int, default=None, help="default: the target's")
     p.add_argument("--intermediate-size", type=int, default=None, help="default: 2 * hidden size")
     p.add_argument("--kl-weight", type=float, default=1.0, help="KL to the target's logits vs CE on the data")
     p.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length in the acceptance evaluation")
     p.set_defaults(func=train_draft_cmd)
+    add_evaluate_command(sub)
 

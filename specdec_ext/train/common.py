@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
 
-__all__ = ["freeze", "target_hidden", "load_tokenizer", "first_param"]
+__all__ = ["freeze", "target_hidden", "load_tokenizer", "first_param", "in_target_dtype"]
 
 
 def first_param(module):
     return next(p for p in module.parameters() if p.is_floating_point())
+
+
+def in_target_dtype(module, target):
+    """``module`` (trained in float32) in the target's dtype for decoding: itself, or a copy in that dtype."""
+    dt = first_param(target).dtype
+    return module if first_param(module).dtype == dt else copy.deepcopy(module).to(dt)
 
 
 def freeze(target):

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from specdec_ext.generate import generate
+from specdec_ext.engine import Engine
 from specdec_ext.models.config import text_config
 from specdec_ext.train.progress import Progress
 
@@ -181,23 +181,45 @@ def split_heldout(seqs: list[list[int]], n: int, seed: int = 0) -> tuple[list[li
     return [s for i, s in enumerate(seqs) if i not in held], [seqs[i] for i in sorted(held)]
 
 
+# rows decoded together: more rows share each weight read of a step (rate by rows: benchmarks/python/
+# bench_self_distill.py); 64 holds most of the gain at a modest cache (a row: its prompt + new tokens)
+DISTILL_BATCH = 64
+
+
 @torch.no_grad()
 def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens: int = 64, temperature: float = 0.0,
-                 seed: int = 0, batch_size: int = 8, eos_token_id=None, max_length: int | None = None,
-                 progress: bool = True) -> list[list[int]]:
+                 seed: int = 0, batch_size: int = DISTILL_BATCH, eos_token_id=None, max_length: int | None = None,
+                 progress: bool = True, drafter=None) -> list[list[int]]:
     """The target's own continuations: each sequence's first ``prompt_len`` tokens (at most half of it) followed by
-    ``new_tokens`` tokens the target generates (greedy at ``temperature`` 0, else sampled with ``seed``)."""
-    out: list[list[int]] = []
+    ``new_tokens`` tokens the target generates (greedy at ``temperature`` 0; else sampled, sequence i with its own
+    stream seeded ``seed + i``, so its tokens do not depend on ``batch_size`` or its neighbours), cut at
+    ``max_length`` tokens (no token past it is generated).
+
+    Decoded by one :class:`~specdec_ext.engine.Engine`, ``batch_size`` rows at a time, a finished row's place
+    taken by the next sequence (continuous batching); ``drafter``: speculative decoding of the rows (the output is
+    the same: greedy tokens are plain greedy's, sampled ones follow the target's distribution)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"self_distill: batch_size must be an integer >= 1, got {batch_size!r}")
     prompts = [s[: max(1, min(prompt_len, len(s) // 2))] for s in seqs]
+    budgets = [new_tokens if max_length is None else max(0, min(new_tokens, max_length - len(p))) for p in prompts]
+    out = [list(p) for p in prompts]
+    todo = [i for i, n in enumerate(budgets) if n > 0]
+    if not todo:
+        return out
+    max_nodes = drafter.max_nodes if drafter is not None else 1
+    max_len = max(len(prompts[i]) + budgets[i] for i in todo) + max_nodes
     bar = Progress(len(prompts), "self-distill", enabled=progress)
-    for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i: i + batch_size]
-        toks, _ = generate(target, None, [torch.tensor(p) for p in chunk], max_new_tokens=new_tokens,
-                           temperature=temperature, seed=seed + i, eos_token_id=eos_token_id)
-        for t in toks:
-            ids = [int(x) for x in t]
-            out.append(ids[:max_length] if max_length else ids)
-        bar.update(len(chunk))
+    bar.update(len(prompts) - len(todo))
+    sampled = temperature > 0
+    with Engine(target, drafter, max_batch=min(batch_size, len(todo)), max_len=max_len, eos_token_id=eos_token_id,
+                caller="self_distill") as engine:
+        row = {engine.add_request(prompts[i], max_new_tokens=budgets[i], temperature=float(temperature),
+                                  seed=seed + i if sampled else None): i for i in todo}
+        while engine.has_unfinished():
+            for rid, new, finish in engine.step():
+                out[row[rid]].extend(int(t) for t in new)
+                if finish is not None:
+                    bar.update(1)
     bar.close()
     return out
 

@@ -5,17 +5,15 @@ with KL(target || draft) on the target's logits at every position (``kl_weight``
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 
 from specdec_ext.drafters.draft_model import DraftModelDrafter
 from specdec_ext.models.config import text_config
-from specdec_ext.train.common import first_param, freeze
+from specdec_ext.train.common import first_param, freeze, in_target_dtype
 from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
 
-__all__ = ["draft_config_for", "train_draft_lm"]
+__all__ = ["draft_config_for", "draft_lm_drafter", "train_draft_lm"]
 
 
 def draft_config_for(target, num_layers: int = 2, hidden_size: int | None = None, intermediate_size: int | None = None):
@@ -41,6 +39,11 @@ def draft_config_for(target, num_layers: int = 2, hidden_size: int | None = None
     if theta:
         kw["rope_theta"] = theta
     return LlamaConfig(**kw)
+
+
+def draft_lm_drafter(model, target, num_draft_tokens: int = 4) -> DraftModelDrafter:
+    """The drafter that decodes with a trained draft LM (the held-out evaluation's and the report's)."""
+    return DraftModelDrafter(in_target_dtype(model, target), num_draft_tokens=num_draft_tokens)
 
 
 def train_draft_lm(target, seqs: list[list[int]], cfg: TrainConfig, num_layers: int = 2,
@@ -89,10 +92,8 @@ def train_draft_lm(target, seqs: list[list[int]], cfg: TrainConfig, num_layers: 
     eval_fn = None
     if heldout_prompts:
         def eval_fn(step):
-            dt = first_param(target).dtype
-            m = model if dt == torch.float32 else copy.deepcopy(model).to(dt)
-            return evaluate_acceptance(target, DraftModelDrafter(m, num_draft_tokens=num_draft_tokens),
-                                       heldout_prompts, cfg.eval_new_tokens)
+            return evaluate_acceptance(target, draft_lm_drafter(model, target, num_draft_tokens), heldout_prompts,
+                                       cfg.eval_new_tokens)
 
     c = model.config
     signature = {"layers": c.num_hidden_layers, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size}

@@ -4,8 +4,8 @@ EAGLE-1: at position t the draft reads the target's feature f_t (last hidden sta
 embedding of token t + 1, predicts f_{t+1}; loss = smooth-L1(f'_{t+1}, f_{t+1}) + w_tok * soft CE of
 ``lm_head(f'_{t+1})`` (the target's frozen ``lm_head``) against the target's distribution at t + 1 (reported as
 KL, i.e. less the target's entropy). With ``ttt_steps > 1`` (training-time test, as below; EAGLE-1's published
-recipe is 1 step) step k feeds the draft's own predicted features back in, as the deeper levels of a tree do at
-drafting time, so their errors stop compounding.
+recipe is 1 step, this library's default 3) step k feeds the draft's own predicted features back in, as the deeper
+levels of a tree do at drafting time, so their errors stop compounding.
 
 EAGLE-3: the features are the inputs of three target layers (default ``(2, L // 2, L - 3)``) concatenated and fused
 by ``fc``; the draft predicts the next token directly (its own ``norm`` + ``lm_head`` over a draft vocabulary).
@@ -17,18 +17,17 @@ distribution is renormalised over it (positions whose target argmax is outside i
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 
 from specdec_ext.drafters.eagle import EagleDrafter
 from specdec_ext.models.config import text_config
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig, default_eagle3_layers
-from specdec_ext.train.common import first_param, freeze, target_hidden
+from specdec_ext.train.common import first_param, freeze, in_target_dtype, target_hidden
+from specdec_ext.train.draft_vocab import draft_vocab_ids
 from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
 
-__all__ = ["eagle_config_for", "draft_vocab_ids", "train_eagle"]
+__all__ = ["DEFAULT_TTT_STEPS", "EVAL_TREE", "eagle_config_for", "eagle_drafter", "train_eagle"]
 
 
 def eagle_config_for(target, draft_vocab: int | None = None, aux_layers=None) -> EagleConfig:
@@ -44,17 +43,6 @@ def eagle_config_for(target, draft_vocab: int | None = None, aux_layers=None) ->
                        vocab_size=t.vocab_size, head_dim=getattr(t, "head_dim", None),
                        rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6), rope_theta=float(theta), rope_scaling=rope,
                        draft_vocab_size=draft_vocab, aux_layers=tuple(aux_layers) if aux_layers else None)
-
-
-def draft_vocab_ids(seqs: list[list[int]], vocab_size: int, n: int) -> torch.Tensor:
-    """The ``n`` most frequent token ids of ``seqs`` (ties by id; never-seen ids fill up), sorted."""
-    if not 0 < n <= vocab_size:
-        raise ValueError(f"draft vocabulary size must be in [1, {vocab_size}], got {n}")
-    counts = torch.zeros(vocab_size, dtype=torch.float64)
-    for s in seqs:
-        counts += torch.bincount(torch.tensor(s, dtype=torch.int64), minlength=vocab_size).double()
-    counts -= torch.arange(vocab_size, dtype=torch.float64) * 1e-9  # stable: lower ids first among ties
-    return counts.topk(n).indices.sort().values
 
 
 def _training_time_test(m, feats, embeds, pos, valid, steps):
@@ -115,17 +103,30 @@ def _eagle3_loss(m, target, toks, mask, ttt_steps, decay):
     return total, int(valid.sum())
 
 
+EVAL_TREE = {"depth": 5, "top_k": 4, "total_tokens": 16}  # the held-out evaluation's EAGLE-2 tree
+
+
+def eagle_drafter(model, target, draft_vocab: torch.Tensor | None = None, tree: dict | None = None) -> EagleDrafter:
+    """The drafter that decodes with a trained draft (the held-out evaluation's and the report's): an EAGLE-2 tree
+    (``EVAL_TREE``, ``tree`` applied), over ``draft_vocab`` (EAGLE-1's FR-Spec ids) when given."""
+    return EagleDrafter(in_target_dtype(model, target), target=target, draft_vocab=draft_vocab,
+                        **{**EVAL_TREE, **(tree or {})})
+
+
+DEFAULT_TTT_STEPS = 3  # EAGLE-3's published recipe; for EAGLE-1 the family's (1 step accepted 1-4% less)
+
+
 def train_eagle(target, seqs: list[list[int]], cfg: TrainConfig, version: int = 1, draft_vocab: int | None = None,
                 aux_layers=None, token_weight: float = 0.1, ttt_steps: int | None = None, decay: float = 0.8,
                 heldout_prompts: list[list[int]] | None = None, fc_bias: bool = True, model=None,
-                eval_tree: dict | None = None):
+                eval_tree: dict | None = None, eval_draft_vocab: torch.Tensor | None = None):
     """``(draft, result)``: an EAGLE-1 (``version=1``) or EAGLE-3 draft trained on ``seqs`` for ``target``.
-    ``ttt_steps``: training-time-test steps (None: 1 for EAGLE-1, 3 for EAGLE-3, as published), loss weights
-    ``decay ** k``."""
+    ``ttt_steps``: training-time-test steps (None: ``DEFAULT_TTT_STEPS``), loss weights ``decay ** k``.
+    ``eval_draft_vocab``: EAGLE-1: the FR-Spec ids the held-out evaluation drafts over (as the draft will be used)."""
     if version not in (1, 3):
         raise ValueError(f"train_eagle: version must be 1 or 3, got {version!r}")
     if ttt_steps is None:
-        ttt_steps = 1 if version == 1 else 3  # the published recipes
+        ttt_steps = DEFAULT_TTT_STEPS
     if isinstance(ttt_steps, bool) or not isinstance(ttt_steps, int) or ttt_steps < 1:
         raise ValueError(f"train_eagle: ttt_steps must be an integer >= 1, got {ttt_steps!r}")
     freeze(target)
@@ -159,13 +160,9 @@ def train_eagle(target, seqs: list[list[int]], cfg: TrainConfig, version: int = 
 
     eval_fn = None
     if heldout_prompts:
-        tree = dict(depth=5, top_k=4, total_tokens=16, **(eval_tree or {}))
-
         def eval_fn(step):
-            dt = first_param(target).dtype
-            m = model if dt == torch.float32 else copy.deepcopy(model).to(dt)
-            return evaluate_acceptance(target, EagleDrafter(m, target=target, **tree), heldout_prompts,
-                                       cfg.eval_new_tokens)
+            return evaluate_acceptance(target, eagle_drafter(model, target, eval_draft_vocab, eval_tree),
+                                       heldout_prompts, cfg.eval_new_tokens)
 
     signature = {"version": version, "hidden_size": model.config.hidden_size}
     if version == 3:

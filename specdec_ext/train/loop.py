@@ -16,6 +16,8 @@ from specdec_ext.generate import generate
 from specdec_ext.models.safe_files import read_weights_only
 from specdec_ext.train.data import BatchSampler, pad_batch
 from specdec_ext.train.progress import Progress
+from specdec_ext.train.schedule import (DEFAULT_STEPS, SchedulePlan, epoch_cap, lr_at, resolve_warmup,
+                                       steps_for_budget)
 
 __all__ = ["TrainConfig", "TrainResult", "train_loop", "evaluate_acceptance", "default_device",
            "read_checkpoint", "check_resumable", "CHECKPOINT_FILE"]
@@ -29,11 +31,15 @@ def default_device() -> str:
 
 @dataclass
 class TrainConfig:
-    steps: int = 1000
+    steps: int | None = None  # None: DEFAULT_STEPS, or chosen from ``minutes``
+    minutes: float | None = None  # a time budget instead of steps (train/schedule.py: how the count is chosen)
+    max_epochs: float = 2.0  # with ``minutes``: at most this many passes over the data
+    probe_steps: int = 10  # with ``minutes``: steps timed before the count is fixed
     lr: float = 1e-3
     batch_size: int = 8
     weight_decay: float = 0.0
-    warmup: int = 0
+    warmup: int | None = 0  # linear warm-up steps; None: ``warmup_fraction`` of the steps
+    warmup_fraction: float = 0.05
     schedule: str = "constant"  # after warm-up: "constant", or "cosine" decay to min_lr_ratio * lr at the last step
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
@@ -55,31 +61,67 @@ class TrainResult:
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, mean accepted length)
     seconds: float = 0.0
     tokens: int = 0
+    plan: SchedulePlan | None = None  # the step count and warm-up the run followed
 
     def summary(self) -> dict:
         k = max(1, min(10, len(self.losses) // 5))
         return {"steps": self.step, "first_loss": sum(self.losses[:k]) / k if self.losses else None,
                 "last_loss": sum(self.losses[-k:]) / k if self.losses else None, "evals": self.evals,
-                "seconds": round(self.seconds, 2), "tokens": self.tokens}
+                "seconds": round(self.seconds, 2), "tokens": self.tokens,
+                "schedule": self.plan.to_dict() if self.plan else None}
 
 
 def _check_config(cfg: TrainConfig, name: str) -> None:
     for key, low in (("steps", 0), ("batch_size", 1), ("warmup", 0), ("eval_every", 0), ("eval_new_tokens", 1),
-                     ("checkpoint_every", 0), ("seed", 0)):
+                     ("checkpoint_every", 0), ("seed", 0), ("probe_steps", 1)):
         v = getattr(cfg, key)
+        if v is None and key in ("steps", "warmup"):
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"{name}: {key} must be an integer >= {low}, got {v!r}")
     for key, positive in (("lr", True), ("weight_decay", False), ("grad_clip", False), ("min_lr_ratio", False),
-                          ("checkpoint_minutes", False)):
+                          ("checkpoint_minutes", False), ("minutes", True), ("max_epochs", True),
+                          ("warmup_fraction", False)):
         v = getattr(cfg, key)
+        if v is None and key == "minutes":
+            continue
         bad = isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
         if bad or positive and v == 0:
             raise ValueError(f"{name}: {key} must be a finite number {'> 0' if positive else '>= 0'}, got {v!r}")
+    for key in ("min_lr_ratio", "warmup_fraction"):
+        if getattr(cfg, key) > 1:
+            raise ValueError(f"{name}: {key} must be at most 1 (a fraction), got {getattr(cfg, key)!r}")
     if cfg.schedule not in ("constant", "cosine"):
         raise ValueError(f"{name}: schedule must be 'constant' or 'cosine', got {cfg.schedule!r}")
+    if cfg.steps is not None and cfg.minutes is not None:
+        raise ValueError(f"{name}: give steps ({cfg.steps}) or minutes ({cfg.minutes}), not both: a time budget "
+                         "chooses the step count itself")
+    if cfg.steps is not None and cfg.warmup is not None and cfg.warmup > cfg.steps:
+        raise ValueError(f"{name}: warmup ({cfg.warmup} steps) exceeds steps ({cfg.steps}): the rate would never "
+                         "reach lr")
 
 
-_STATE_KEYS = ("module", "optimizer", "sampler", "step", "losses", "evals", "rng")
+def _fresh_plan(cfg: TrainConfig, n_seqs: int) -> SchedulePlan:
+    if cfg.minutes is None:
+        steps = DEFAULT_STEPS if cfg.steps is None else cfg.steps
+        return SchedulePlan(steps=steps, warmup=resolve_warmup(cfg.warmup, cfg.warmup_fraction, steps))
+    cap = epoch_cap(n_seqs, cfg.batch_size, cfg.max_epochs)
+    warm = resolve_warmup(cfg.warmup, cfg.warmup_fraction, cap)  # (until the count is fixed: the longest run's)
+    return SchedulePlan(steps=cap, warmup=warm, probe_steps=min(cfg.probe_steps, cap), probe_total=cap,
+                        probe_warmup=warm, budget_seconds=60.0 * cfg.minutes)
+
+
+def _resumed_plan(cfg: TrainConfig, saved: SchedulePlan) -> SchedulePlan:
+    """The plan of a resumed run: the checkpoint's (a time budget's count stays what it chose); explicit other
+    ``steps`` re-plan the rest of the run over the new total (the steps done keep the rates they had). A
+    checkpoint from before plans were saved resumes with this run's fresh plan."""
+    if cfg.steps is None or cfg.steps == saved.steps:
+        return saved
+    return SchedulePlan(**{**saved.to_dict(), "steps": cfg.steps,
+                           "warmup": resolve_warmup(cfg.warmup, cfg.warmup_fraction, cfg.steps)})
+
+
+_STATE_KEYS = ("module", "optimizer", "sampler", "step", "losses", "evals", "rng")  # (and "plan", since plans)
 
 
 def read_checkpoint(path: str, name: str) -> dict:
@@ -141,14 +183,16 @@ def evaluate_acceptance(target, drafter, prompts: list[list[int]], max_new_token
 
 def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: TrainConfig, eval_fn=None,
                name: str = "train", params=None, signature: dict | None = None) -> TrainResult:
-    """Trains ``module``'s (or ``params``') parameters for ``cfg.steps`` AdamW steps on batches of ``seqs``.
+    """Trains ``module``'s (or ``params``') parameters for ``cfg.steps`` AdamW steps (or as many as fit in
+    ``cfg.minutes``: :mod:`specdec_ext.train.schedule`) on batches of ``seqs``.
 
     ``loss_fn(tokens[B, T], mask[B, T]) -> (loss, n_tokens)``; ``eval_fn(step) -> float`` (mean accepted length),
     called every ``cfg.eval_every`` steps and at the end. With ``cfg.checkpoint_dir``, ``trainer_state.pt`` there
-    holds the module's state, the optimizer, the step and the sampler, saved every ``cfg.checkpoint_every`` steps,
-    every ``cfg.checkpoint_minutes`` and at the end (``cfg.resume`` continues from it: the same result as an
-    uninterrupted run with the same seed). ``signature``: the options that shape the module (e.g. ``{"heads": 4}``),
-    stored in the checkpoint; resuming with other ones is refused, naming both."""
+    holds the module's state, the optimizer, the step, the sampler and the schedule plan, saved every
+    ``cfg.checkpoint_every`` steps, every ``cfg.checkpoint_minutes`` and at the end (``cfg.resume`` continues from
+    it: the same result as an uninterrupted run with the same seed; a time budget's step count is the one the
+    first run chose). ``signature``: the options that shape the module (e.g. ``{"heads": 4}``), stored in the
+    checkpoint; resuming with other ones is refused, naming both."""
     if not seqs:
         raise ValueError(f"{name}: no training sequences")
     _check_config(cfg, name)
@@ -156,18 +200,10 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
     torch.manual_seed(cfg.seed)
     params = [p for p in (module.parameters() if params is None else params) if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-
-    def lr_at(step: int) -> float:
-        if cfg.warmup and step < cfg.warmup:
-            return cfg.lr * (step + 1) / cfg.warmup
-        if cfg.schedule == "cosine":
-            frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-            return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
-        return cfg.lr
-
     sampler = BatchSampler(len(seqs), cfg.batch_size, cfg.seed)
     result = TrainResult()
     ckpt = os.path.join(cfg.checkpoint_dir, CHECKPOINT_FILE) if cfg.checkpoint_dir else None
+    plan = _fresh_plan(cfg, len(seqs))
     if cfg.resume and ckpt and os.path.isfile(ckpt):
         state = read_checkpoint(ckpt, name)
         check_resumable(state, module, signature, ckpt, name)
@@ -178,6 +214,11 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
         result.tokens = state.get("tokens", 0)
         result.seconds = state.get("seconds", 0.0)  # training time before the interruption
         torch.set_rng_state(state["rng"])
+        saved = state.get("plan")
+        if saved is not None:
+            plan = _resumed_plan(cfg, SchedulePlan.from_dict(saved, f"{name}: resume: {ckpt!r}"))
+    result.plan = plan
+    fixed = plan.budget_seconds is None or plan.step_seconds is not None  # the step count is known
 
     def save():
         if ckpt is None:
@@ -187,20 +228,21 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
         torch.save({"module": module.state_dict(), "optimizer": opt.state_dict(), "sampler": sampler.state_dict(),
                     "step": result.step, "losses": result.losses, "evals": result.evals, "tokens": result.tokens,
                     "rng": torch.get_rng_state(), "name": name, "signature": signature or {},
-                    "seconds": seconds_before + time.perf_counter() - t0}, tmp)
+                    "seconds": seconds_before + time.perf_counter() - t0, "plan": plan.to_dict()}, tmp)
         os.replace(tmp, ckpt)
         nonlocal saved_at
         saved_at = time.perf_counter()
 
-    bar = Progress(cfg.steps, name, enabled=cfg.progress, initial=result.step)
+    bar = Progress(plan.steps, name, enabled=cfg.progress, initial=result.step)
     t0 = saved_at = time.perf_counter()
     seconds_before = result.seconds
     tok_window, t_window = 0, t0
+    timed_from, timed_steps = None, 0  # the probe's clock starts after this process's first step (one-time costs)
     module.train()
-    while result.step < cfg.steps:
+    while result.step < plan.steps:
         toks, mask = pad_batch([seqs[i] for i in sampler.next()], device)
         for g in opt.param_groups:
-            g["lr"] = lr_at(result.step)
+            g["lr"] = lr_at(result.step, plan, cfg.lr, cfg.schedule, cfg.min_lr_ratio)
         loss, ntok = loss_fn(toks, mask)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"{name}: the loss became {loss.item()} at step {result.step}; lower --lr")
@@ -215,10 +257,29 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
         result.tokens += ntok
         tok_window += ntok
         now = time.perf_counter()
+        if not fixed:
+            elapsed = seconds_before + now - t0
+            if timed_from is None:
+                timed_from = now
+            else:
+                timed_steps += 1
+            step_s = (now - timed_from) / timed_steps if timed_steps else elapsed / max(1, result.step)
+            # the probe ends after probe_steps, or sooner when finishing it would overrun the budget
+            if (timed_steps and result.step >= plan.probe_steps
+                    or elapsed + (plan.probe_steps - result.step) * step_s >= plan.budget_seconds):
+                plan.step_seconds = step_s
+                plan.steps = steps_for_budget(plan.budget_seconds, elapsed, step_s, result.step, plan.probe_total)
+                plan.warmup = resolve_warmup(cfg.warmup, cfg.warmup_fraction, plan.steps)
+                fixed = True
+                bar.set_total(plan.steps)
+                bar.write(f"{name}: {plan.step_seconds:.3f} s a step: {plan.steps} steps fit in "
+                          f"{plan.budget_seconds / 60:g} minutes (at most {plan.probe_total}: {cfg.max_epochs:g} "
+                          "passes over the data)")
         bar.update(1, loss=f"{result.losses[-1]:.4f}", tok_s=f"{tok_window / max(now - t_window, 1e-9):.0f}")
         if now - t_window > 5:
             tok_window, t_window = 0, now
-        if eval_fn is not None and cfg.eval_every and result.step % cfg.eval_every == 0 and result.step < cfg.steps:
+        if (eval_fn is not None and cfg.eval_every and result.step % cfg.eval_every == 0
+                and result.step < plan.steps):
             module.eval()
             acc = eval_fn(result.step)
             module.train()

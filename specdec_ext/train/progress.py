@@ -40,6 +40,13 @@ class Progress:
             extra = " ".join(f"{k}={v}" for k, v in postfix.items())
             print(f"{self.desc}: {self.n}/{self.total} {extra}", file=sys.stderr, flush=True)
 
+    def set_total(self, total: int) -> None:
+        """A new total (a run whose length is fixed after it started: a time budget)."""
+        self.total = total
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.refresh()
+
     def write(self, msg: str) -> None:
         if not self.enabled:
             return

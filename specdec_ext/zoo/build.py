@@ -55,12 +55,6 @@ def target_config(spec: ZooSpec, tokenizer):
                        pad_token_id=eos)
 
 
-def write_draft_vocab(directory: str, ids: list[int]) -> None:
-    """``directory/draft_vocab.json``: the EAGLE-1 drafts' vocabulary (sorted target ids; see ``family.make_drafter``)."""
-    with open(os.path.join(directory, "draft_vocab.json"), "w") as f:
-        json.dump({"ids": sorted(ids), "source": "the most frequent token ids of the drafters' training chunks"}, f)
-
-
 def train_target(spec: ZooSpec, tokenizer, stream: list[int], cfg):
     """``(model, result)``: the target LM trained with next-token cross-entropy on windows of the stream."""
     import warnings
@@ -259,7 +253,7 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     stages.run("eagle1", eagle(1, spec.eagle1_steps, ttt_steps=spec.eagle1_ttt_steps))
 
     def eagle1_vocab():  # the drafts' vocabulary ("draft_vocab": "frequent" in the drafter shapes)
-        from specdec_ext.train.eagle import draft_vocab_ids
+        from specdec_ext.train.draft_vocab import draft_vocab_ids, write_draft_vocab
 
         ids = draft_vocab_ids(seqs, spec.vocab_size, spec.eagle1_vocab).tolist()
         write_draft_vocab(os.path.join(out, "eagle1"), ids)

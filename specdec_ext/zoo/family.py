@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec_ext.models.safe_files import read_json
+from specdec_ext.train.draft_vocab import DRAFT_VOCAB_FILE, read_draft_vocab
 from specdec_ext.zoo.spec import DEFAULT_DRAFTERS, DRAFTER_NAMES
 
 __all__ = ["Family", "family_dir", "load_family", "make_drafter", "SHIPPED_DIR"]
@@ -77,15 +78,11 @@ def make_drafter(family: Family, name: str, **overrides):
     if name == "medusa":
         return MedusaDrafter(own(family.medusa_heads), **kw)
     if name in ("eagle1", "eagle2"):
-        vocab_file = os.path.join(family.path, "eagle1", "draft_vocab.json")
-        if kw.get("draft_vocab") == "frequent" and not os.path.isfile(vocab_file):
+        eagle1_dir = os.path.join(family.path, "eagle1")
+        if kw.get("draft_vocab") == "frequent" and not os.path.isfile(os.path.join(eagle1_dir, DRAFT_VOCAB_FILE)):
             kw["draft_vocab"] = "eagle3"  # (a family built before the file existed)
         if kw.get("draft_vocab") == "frequent":  # the training data's most frequent ids (zoo build, FR-Spec)
-            ids = read_json(vocab_file, "make_drafter").get("ids")
-            if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                               for i in ids):
-                raise ValueError(f"make_drafter: {vocab_file!r} must hold {{\"ids\": [token ids]}}")
-            kw["draft_vocab"] = torch.tensor(ids, dtype=torch.int64)
+            kw["draft_vocab"] = read_draft_vocab(eagle1_dir, "make_drafter")
         elif kw.get("draft_vocab") == "eagle3":  # the EAGLE-3 draft's vocabulary: also frequent ids, 2048 of them
             e3 = family.eagle3
             kw["draft_vocab"] = e3.to_target_ids(torch.arange(e3.draft_vocab_size, device=e3.fc.weight.device))
