@@ -245,6 +245,27 @@ def test_fused_weight_is_packed_once_for_a_frozen_model_with_gradients_on(monkey
         assert len(packs) == 1
 
 
+@pytest.mark.skipif(not fast_linear.packed_enabled(torch.float32), reason="no packed float32 path on this CPU")
+@pytest.mark.parametrize("outs, shared", [((64, 32, 32), (True, True, True)), ((64, 32, 20), (True, True, True)),
+                                          ((64, 20, 32), (True, False, False))])
+def test_member_layers_multiply_with_views_of_the_fused_panels(outs, shared):
+    """After the fused q/k/v operand is packed (what the op calls use), each member layer's own products read its
+    panels of that one copy where its outputs start on a 32-row panel and fill whole panels (or end the group),
+    and pack a copy of their own otherwise; every product equals F.linear."""
+    torch.manual_seed(0)
+    layers = [fast_linear.PackableLinear(48, n).requires_grad_(False) for n in outs]
+    fused = fast_linear.packed_operand(layers)
+    base, end = fused.packed.data_ptr(), fused.packed.data_ptr() + fused.packed.numel() * 4
+    x = torch.randn(5, 48)
+    with fast_linear.packed_linears(), torch.no_grad():
+        for layer, want_view in zip(layers, shared):
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+            ptr = layer._specdec_packed.packed.data_ptr()
+            assert (base <= ptr < end) == want_view
+        layers[0].weight.mul_(2)  # a weight changed in place is packed anew, not read from the stale view
+        torch.testing.assert_close(layers[0](x), F.linear(x, layers[0].weight, layers[0].bias), atol=1e-5, rtol=1e-5)
+
+
 # ---- generate() takes the packed path by default ----------------------------------------------------------------
 def _linear_types(model):
     return {type(m) for m in model.modules() if isinstance(m, torch.nn.Linear)}
