@@ -121,6 +121,18 @@ def test_a_resumed_budget_run_keeps_its_step_count_and_rates(tmp_path):
     assert result.losses[:10] == saved["losses"]
 
 
+def test_explicit_steps_on_resume_replan_the_rest(tmp_path):
+    d = str(tmp_path / "ckpt")
+    with pytest.raises(KeyboardInterrupt):  # interrupted inside the probe (10 steps), checkpointed at step 4
+        tiny_run(minutes=1.0, max_epochs=100.0, probe_steps=10, checkpoint_dir=d, every=4, fail_at=6)
+    assert read_checkpoint(f"{d}/{CHECKPOINT_FILE}", "t")["plan"]["step_seconds"] is None
+    _, result, _ = tiny_run(steps=15, checkpoint_dir=d, resume=True)
+    plan = result.plan
+    assert result.step == plan.steps == 15 and plan.warmup == 1 and plan.budget_seconds is None
+    assert plan.probe_steps == 4  # steps 4 .. 14 at the rates of a 15-step run
+    assert lr_at(4, plan, 1e-2, "cosine", 0.1) == pytest.approx(lr_at(4, SchedulePlan(15, 1), 1e-2, "cosine", 0.1))
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(steps=10, minutes=1.0), r"give steps \(10\) or minutes \(1.0\), not both"),
     (dict(minutes=-1.0), r"minutes must be a finite number > 0"),

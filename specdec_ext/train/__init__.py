@@ -1,5 +1,6 @@
 """Training Medusa heads, EAGLE-1/3 drafts and small draft LMs for a local target (CLI: ``specdec train-medusa``,
-``specdec train-eagle``, ``specdec train-draft``)."""
+``specdec train-eagle``, ``specdec train-draft``), and the report of what a drafter will give
+(``specdec evaluate-drafter``: :mod:`specdec_ext.train.report`)."""
 
 from specdec_ext.train.data import DataError, load_corpus, self_distill, split_heldout
 from specdec_ext.train.draft_lm import train_draft_lm

@@ -93,7 +93,7 @@ def _corpus(args, target, tok, name: str) -> tuple[list[list[int]], list[list[in
     same ones for train-* and evaluate-drafter given the same flags), each prompt its first ``--prompt-len``
     tokens (at most half of it)."""
     from specdec_ext.models.config import text_config
-    from specdec_ext.train.data import DataError, load_corpus, model_max_length, split_heldout
+    from specdec_ext.train.data import DataError, load_corpus, model_max_length, prompt_of, split_heldout
 
     context = model_max_length(target)
     if args.max_length is None:
@@ -104,7 +104,7 @@ def _corpus(args, target, tok, name: str) -> tuple[list[list[int]], list[list[in
     except DataError as err:
         raise SystemExit(f"specdec {name}: bad data: {err}") from None
     train, held = split_heldout(seqs, args.heldout, args.seed)
-    return train, [s[: max(1, min(args.prompt_len, len(s) // 2))] for s in held]
+    return train, [prompt_of(s, args.prompt_len) for s in held]
 
 
 def _target(args):
@@ -240,6 +240,7 @@ def train_draft_cmd(args) -> int:
 
 def evaluate_drafter_cmd(args) -> int:
     from specdec_ext.drafter_args import check_one_drafter, drafter_from_args
+    from specdec_ext.train.data import prompt_of
     from specdec_ext.train.report import REPORT_FILE, evaluate_drafter
 
     check_one_drafter(args)
@@ -249,6 +250,8 @@ def evaluate_drafter_cmd(args) -> int:
         raise ValueError(f"--new-tokens must be >= 1, got {args.new_tokens}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.prompts < 0:
+        raise ValueError(f"--prompts must be >= 0 (0 = all), got {args.prompts}")
     if not any((args.eagle, args.medusa, args.draft_model, args.ngram, args.suffix, args.self_spec)):
         raise ValueError("evaluate-drafter needs a drafter: --eagle DIR, --medusa DIR, --draft-model DIR, --ngram, "
                          "--suffix or --self-spec FILE")
@@ -258,7 +261,7 @@ def evaluate_drafter_cmd(args) -> int:
     drafter = drafter_from_args(args, target)
     train, prompts = _corpus(args, target, tok, "evaluate-drafter")
     if args.heldout == 0:  # the data is held out as a whole (files the drafter never trained on)
-        prompts = [s[: max(1, min(args.prompt_len, len(s) // 2))] for s in train]
+        prompts = [prompt_of(s, args.prompt_len) for s in train]
     prompts = prompts[: args.prompts] if args.prompts else prompts
     report = evaluate_drafter(target, drafter, prompts, new_tokens=args.new_tokens, repeats=args.repeats)
     if out is None:

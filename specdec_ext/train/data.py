@@ -21,8 +21,8 @@ from specdec_ext.engine import Engine
 from specdec_ext.models.config import text_config
 from specdec_ext.train.progress import Progress
 
-__all__ = ["DataError", "load_corpus", "encode_texts", "document_stream", "windows", "self_distill", "split_heldout",
-           "pad_batch", "BatchSampler", "model_max_length"]
+__all__ = ["DataError", "load_corpus", "prompt_of", "encode_texts", "document_stream", "windows", "self_distill",
+           "split_heldout", "pad_batch", "BatchSampler", "model_max_length"]
 
 
 class DataError(ValueError):
@@ -181,6 +181,12 @@ def split_heldout(seqs: list[list[int]], n: int, seed: int = 0) -> tuple[list[li
     return [s for i, s in enumerate(seqs) if i not in held], [seqs[i] for i in sorted(held)]
 
 
+def prompt_of(seq: list[int], prompt_len: int) -> list[int]:
+    """The prompt a sequence is continued from (self-distillation) or evaluated on: its first ``prompt_len``
+    tokens, at most half of it (so that there is something to continue), at least one."""
+    return seq[: max(1, min(prompt_len, len(seq) // 2))]
+
+
 # rows decoded together: more rows share each weight read of a step (rate by rows: benchmarks/python/
 # bench_self_distill.py); 64 holds most of the gain at a modest cache (a row: its prompt + new tokens)
 DISTILL_BATCH = 64
@@ -200,7 +206,7 @@ def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens
     the same: greedy tokens are plain greedy's, sampled ones follow the target's distribution)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"self_distill: batch_size must be an integer >= 1, got {batch_size!r}")
-    prompts = [s[: max(1, min(prompt_len, len(s) // 2))] for s in seqs]
+    prompts = [prompt_of(s, prompt_len) for s in seqs]
     budgets = [new_tokens if max_length is None else max(0, min(new_tokens, max_length - len(p))) for p in prompts]
     out = [list(p) for p in prompts]
     todo = [i for i, n in enumerate(budgets) if n > 0]

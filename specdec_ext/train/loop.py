@@ -111,14 +111,16 @@ def _fresh_plan(cfg: TrainConfig, n_seqs: int) -> SchedulePlan:
                         probe_warmup=warm, budget_seconds=60.0 * cfg.minutes)
 
 
-def _resumed_plan(cfg: TrainConfig, saved: SchedulePlan) -> SchedulePlan:
-    """The plan of a resumed run: the checkpoint's (a time budget's count stays what it chose); explicit other
-    ``steps`` re-plan the rest of the run over the new total (the steps done keep the rates they had). A
-    checkpoint from before plans were saved resumes with this run's fresh plan."""
+def _resumed_plan(cfg: TrainConfig, saved: SchedulePlan, done: int) -> SchedulePlan:
+    """The plan of a resumed run (``done`` steps in): the checkpoint's (a time budget's count stays what it chose);
+    explicit other ``steps`` re-plan the rest of the run over the new total (the steps done keep the rates they had;
+    a probe not finished ends there). A checkpoint from before plans were saved resumes with this run's fresh plan."""
     if cfg.steps is None or cfg.steps == saved.steps:
         return saved
-    return SchedulePlan(**{**saved.to_dict(), "steps": cfg.steps,
-                           "warmup": resolve_warmup(cfg.warmup, cfg.warmup_fraction, cfg.steps)})
+    plan = {**saved.to_dict(), "steps": cfg.steps, "warmup": resolve_warmup(cfg.warmup, cfg.warmup_fraction, cfg.steps)}
+    if saved.step_seconds is None:  # (the budget's probe had not ended: the given count replaces it)
+        plan.update(probe_steps=min(saved.probe_steps, done), budget_seconds=None)
+    return SchedulePlan(**plan)
 
 
 _STATE_KEYS = ("module", "optimizer", "sampler", "step", "losses", "evals", "rng")  # (and "plan", since plans)
@@ -216,7 +218,7 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
         torch.set_rng_state(state["rng"])
         saved = state.get("plan")
         if saved is not None:
-            plan = _resumed_plan(cfg, SchedulePlan.from_dict(saved, f"{name}: resume: {ckpt!r}"))
+            plan = _resumed_plan(cfg, SchedulePlan.from_dict(saved, f"{name}: resume: {ckpt!r}"), result.step)
     result.plan = plan
     fixed = plan.budget_seconds is None or plan.step_seconds is not None  # the step count is known
 
