@@ -395,3 +395,28 @@ def test_loaded_draft_generates(tmp_path, version):
     out, stats = generate(tgt, drafter, prompts, max_new_tokens=8)
     assert all(torch.equal(a, b) for a, b in zip(out, plain))
     assert stats.target_forwards == stats.steps
+
+
+def test_from_pretrained_drafts_over_the_draft_vocabulary_file(tmp_path):
+    """An EAGLE-1 directory with ``draft_vocab.json`` (what ``specdec train-eagle`` writes) drafts over those ids by
+    default; ``draft_vocab=None`` over the whole vocabulary; a bad file or value is a named error. Output unchanged."""
+    from specdec_ext.models.draft_vocab import write_draft_vocab
+
+    tgt = target()
+    d = write(tmp_path / "e", config(1, bias=False), eagle1_sd(False, False), True)
+    assert EagleDrafter.from_pretrained(d, target=tgt, depth=3, top_k=3, total_tokens=8).draft_vocab is None
+    ids = list(range(0, V, 3))
+    write_draft_vocab(d, ids)
+    drafter = EagleDrafter.from_pretrained(d, target=tgt, depth=3, top_k=3, total_tokens=8)
+    assert drafter.draft_vocab.tolist() == ids
+    assert EagleDrafter.from_pretrained(d, target=tgt, depth=3, top_k=3, total_tokens=8,
+                                        draft_vocab=None).draft_vocab is None
+    prompts = [[3, 4, 5, 6], [7, 8]]
+    plain, _ = generate(tgt, None, prompts, max_new_tokens=8)
+    out, _ = generate(tgt, drafter, prompts, max_new_tokens=8)
+    assert all(torch.equal(a, b) for a, b in zip(out, plain))
+    with pytest.raises(ValueError, match="draft_vocab must be 'file', None or token ids"):
+        EagleDrafter.from_pretrained(d, target=tgt, draft_vocab="frequent")
+    (tmp_path / "e" / "draft_vocab.json").write_text('{"ids": "all"}')
+    with pytest.raises(ValueError, match=r"EagleDrafter.from_pretrained: .*draft_vocab.json.* must hold"):
+        EagleDrafter.from_pretrained(d, target=tgt)

@@ -27,7 +27,7 @@ from specdec_ext.models.checkpoints import load_eagle  # noqa: E402
 from specdec_ext.train import load_corpus, split_heldout  # noqa: E402
 from specdec_ext.train.data import self_distill  # noqa: E402
 from specdec_ext.train.eagle import eagle_drafter  # noqa: E402
-from specdec_ext.train.draft_vocab import default_draft_vocab_size, read_draft_vocab  # noqa: E402
+from specdec_ext.models.draft_vocab import default_draft_vocab_size, read_draft_vocab  # noqa: E402
 from specdec_ext.train.loop import CHECKPOINT_FILE, TrainConfig, read_checkpoint, train_loop  # noqa: E402
 from specdec_ext.train.report import (acceptance_by_depth, cost_at, evaluate_drafter,  # noqa: E402
                                       predicted_speedup)

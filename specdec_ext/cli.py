@@ -12,7 +12,8 @@ summary line (tokens/s, mean accepted length, target forwards, time split).
 ``specdec serve --model DIR [drafter flags] | --zoo``: an OpenAI-compatible HTTP server on the engine
 (:mod:`specdec_ext.serve`).
 
-``specdec train-medusa | train-eagle | train-draft`` (:mod:`specdec_ext.train.cli`), ``specdec tune-self-spec``
+``specdec train-medusa | train-eagle | train-draft | evaluate-drafter`` (:mod:`specdec_ext.train.cli`),
+``specdec tune-self-spec``
 (:mod:`specdec_ext.train.self_spec_tune`), ``specdec zoo build``
 (:mod:`specdec_ext.zoo.cli`), ``specdec bench`` (:mod:`specdec_ext.bench.cli`).
 

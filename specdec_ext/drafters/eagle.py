@@ -50,6 +50,7 @@ from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.checkpoints import load_eagle
 from specdec_ext.models.config import text_config
+from specdec_ext.models.draft_vocab import read_draft_vocab
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
 from specdec_ext.models.eagle_step import EagleStepOps
 from specdec_ext.models.fast_linear import Linear, tensor_version
@@ -154,11 +155,19 @@ class EagleDrafter:
     @classmethod
     def from_pretrained(cls, path, target: nn.Module, depth: int = 8, top_k: int = 10, total_tokens: int = 60,
                         dtype: torch.dtype | None = None, device=None,
-                        draft_quant: str | None = None) -> "EagleDrafter":
+                        draft_quant: str | None = None, draft_vocab="file") -> "EagleDrafter":
         """An official EAGLE-1 or EAGLE-3 checkpoint directory (``config.json`` + ``pytorch_model.bin`` or
-        ``model.safetensors``), checked against ``target`` and moved to its dtype / device unless given."""
-        return cls(load_eagle(path, target=target, dtype=dtype, device=device), depth, top_k, total_tokens,
-                   target=target, draft_quant=draft_quant)
+        ``model.safetensors``), checked against ``target`` and moved to its dtype / device unless given.
+        ``draft_vocab``: ``"file"`` (default) drafts an EAGLE-1 checkpoint over the FR-Spec ids of its
+        ``draft_vocab.json`` when it has one (``specdec train-eagle`` writes it), else over the whole vocabulary;
+        None the whole vocabulary; ids as for the constructor."""
+        model = load_eagle(path, target=target, dtype=dtype, device=device)
+        if isinstance(draft_vocab, str):
+            if draft_vocab != "file":
+                raise ValueError(f"EagleDrafter.from_pretrained: draft_vocab must be 'file', None or token ids, got "
+                                 f"{draft_vocab!r}")
+            draft_vocab = read_draft_vocab(path, "EagleDrafter.from_pretrained") if model.version == 1 else None
+        return cls(model, depth, top_k, total_tokens, target=target, draft_quant=draft_quant, draft_vocab=draft_vocab)
 
     # ---- start of a generation ------------------------------------------------------------------------------
     def begin(self, target: nn.Module, state: DecodeState, prefill_hidden_states=None, *,

@@ -192,7 +192,7 @@ def train_medusa_cmd(args) -> int:
 def train_eagle_cmd(args) -> int:
     from specdec_ext.models.checkpoints import save_eagle
     from specdec_ext.models.config import text_config
-    from specdec_ext.train.draft_vocab import default_draft_vocab_size, draft_vocab_ids, write_draft_vocab
+    from specdec_ext.models.draft_vocab import default_draft_vocab_size, draft_vocab_ids, write_draft_vocab
     from specdec_ext.train.eagle import eagle_drafter, train_eagle
 
     if args.version == 1 and args.draft_vocab:

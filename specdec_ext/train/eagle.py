@@ -24,7 +24,7 @@ from specdec_ext.drafters.eagle import EagleDrafter
 from specdec_ext.models.config import text_config
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig, default_eagle3_layers
 from specdec_ext.train.common import first_param, freeze, in_target_dtype, target_hidden
-from specdec_ext.train.draft_vocab import draft_vocab_ids
+from specdec_ext.models.draft_vocab import draft_vocab_ids
 from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
 
 __all__ = ["DEFAULT_TTT_STEPS", "EVAL_TREE", "eagle_config_for", "eagle_drafter", "train_eagle"]

@@ -253,7 +253,7 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     stages.run("eagle1", eagle(1, spec.eagle1_steps, ttt_steps=spec.eagle1_ttt_steps))
 
     def eagle1_vocab():  # the drafts' vocabulary ("draft_vocab": "frequent" in the drafter shapes)
-        from specdec_ext.train.draft_vocab import draft_vocab_ids, write_draft_vocab
+        from specdec_ext.models.draft_vocab import draft_vocab_ids, write_draft_vocab
 
         ids = draft_vocab_ids(seqs, spec.vocab_size, spec.eagle1_vocab).tolist()
         write_draft_vocab(os.path.join(out, "eagle1"), ids)

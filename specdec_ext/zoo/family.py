@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec_ext.models.safe_files import read_json
-from specdec_ext.train.draft_vocab import DRAFT_VOCAB_FILE, read_draft_vocab
+from specdec_ext.models.draft_vocab import DRAFT_VOCAB_FILE, read_draft_vocab
 from specdec_ext.zoo.spec import DEFAULT_DRAFTERS, DRAFTER_NAMES
 
 __all__ = ["Family", "family_dir", "load_family", "make_drafter", "SHIPPED_DIR"]

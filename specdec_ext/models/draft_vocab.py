@@ -1,8 +1,9 @@
 """An EAGLE-1 draft's FR-Spec vocabulary: the training data's most frequent target ids, which the drafter scores
 instead of the whole ``lm_head`` (``EagleDrafter(draft_vocab=ids)``), kept as ``draft_vocab.json`` beside the draft.
 
-Written by ``specdec train-eagle`` (EAGLE-1) and ``specdec zoo build``; read by the family's drafters (the
-end-of-training report drafts over the same ids). The default size (:func:`default_draft_vocab_size`) is a
+Written by ``specdec train-eagle`` (EAGLE-1) and ``specdec zoo build``; read by
+:meth:`~specdec_ext.drafters.EagleDrafter.from_pretrained` (so ``--eagle DIR`` drafts over it) and the family's
+drafters (the end-of-training report drafts over the same ids). The default size (:func:`default_draft_vocab_size`) is a
 quarter of the vocabulary and at least 1024 ids: on the family (4096 ids) 1024 drafted as well as the whole
 vocabulary and fastest (``zoo/spec.py``); FR-Spec keeps a quarter of Llama-3's 128k ids.
 """
