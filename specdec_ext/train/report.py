@@ -28,8 +28,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specdec_ext.generate import generate
-from specdec_ext.models import TreeKVCache, extend, tree_forward
+from specdec_ext.models import TreeKVCache, extend, tree_forward, use_tree_attention
 from specdec_ext.models.fast_linear import pack_linears_where_fast, packed_linears
+from specdec_ext.models.llama_step import LlamaStepOps
 
 __all__ = ["REPORT_FILE", "DrafterReport", "acceptance_by_depth", "cost_at", "predicted_speedup",
            "target_cost_curve", "evaluate_drafter"]
@@ -87,8 +88,10 @@ def target_cost_curve(target: torch.nn.Module, prompt: list[int], max_nodes: int
         raise ValueError(f"target_cost_curve: needs a prompt and max_nodes >= 1, got {len(prompt)} tokens and "
                          f"max_nodes = {max_nodes}")
     p = next(q for q in target.parameters() if q.is_floating_point())
-    pack_linears_where_fast(target)  # (what the engine does before its first step)
+    pack_linears_where_fast(target)  # (what the engine does before its first step, with the two lines below)
+    use_tree_attention(target)
     cache = TreeKVCache(target.config, 1, len(prompt) + max_nodes, dtype=p.dtype, device=p.device)
+    step_ops = LlamaStepOps.build(target, cache)  # (the target's op calls, where the engine takes them: CPUs)
     sizes = _sizes(max_nodes)
     best = {m: float("inf") for m in sizes}
     with packed_linears(True):
@@ -99,7 +102,7 @@ def target_cost_curve(target: torch.nn.Module, prompt: list[int], max_nodes: int
         for rep in range(repeats + 1):
             for m in sizes:
                 t0 = clock()
-                tree_forward(target, cache, root.expand(1, m), None, prefix, validate=False)
+                tree_forward(target, cache, root.expand(1, m), None, prefix, validate=False, step_ops=step_ops)
                 if p.device.type == "cuda":
                     torch.cuda.synchronize(p.device)
                 if rep:  # (the first round: first-shape costs, untimed)
