@@ -28,9 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specdec_ext.generate import generate
-from specdec_ext.models import TreeKVCache, extend, tree_forward, use_tree_attention
-from specdec_ext.models.fast_linear import pack_linears_where_fast, packed_linears
-from specdec_ext.models.llama_step import LlamaStepOps
+from specdec_ext.train.timing import PrefilledTarget, fastest_times
 
 __all__ = ["REPORT_FILE", "DrafterReport", "acceptance_by_depth", "cost_at", "predicted_speedup",
            "target_cost_curve", "evaluate_drafter"]
@@ -78,36 +76,17 @@ def _sizes(max_nodes: int) -> list[int]:
     return sizes + [max_nodes]
 
 
-@torch.no_grad()
 def target_cost_curve(target: torch.nn.Module, prompt: list[int], max_nodes: int, repeats: int = 10,
                       clock=time.perf_counter) -> dict[int, float]:
     """``{m: seconds}`` of the target's forward over an m-node chain after ``prompt`` (module doc), m = 1, 2, 4, ...,
-    ``max_nodes``; each the fastest of ``repeats`` forwards, the sizes taken in turns (interference on a shared
-    machine only ever adds time; turns spread drifts over every size)."""
+    ``max_nodes``, as the engine runs it (:class:`~specdec_ext.train.timing.PrefilledTarget`); each the fastest of
+    ``repeats`` forwards, the sizes taken in turns (:func:`~specdec_ext.train.timing.fastest_times`)."""
     if max_nodes < 1 or len(prompt) < 1:
         raise ValueError(f"target_cost_curve: needs a prompt and max_nodes >= 1, got {len(prompt)} tokens and "
                          f"max_nodes = {max_nodes}")
-    p = next(q for q in target.parameters() if q.is_floating_point())
-    pack_linears_where_fast(target)  # (what the engine does before its first step, with the two lines below)
-    use_tree_attention(target)
-    cache = TreeKVCache(target.config, 1, len(prompt) + max_nodes, dtype=p.dtype, device=p.device)
-    step_ops = LlamaStepOps.build(target, cache)  # (the target's op calls, where the engine takes them: CPUs)
+    timed = PrefilledTarget(target, prompt, len(prompt) + max_nodes)
     sizes = _sizes(max_nodes)
-    best = {m: float("inf") for m in sizes}
-    with packed_linears(True):
-        if len(prompt) > 1:
-            extend(target, cache, torch.tensor([prompt[:-1]], device=p.device))
-        root = torch.tensor([[prompt[-1]]], device=p.device)
-        prefix = len(prompt) - 1
-        for rep in range(repeats + 1):
-            for m in sizes:
-                t0 = clock()
-                tree_forward(target, cache, root.expand(1, m), None, prefix, validate=False, step_ops=step_ops)
-                if p.device.type == "cuda":
-                    torch.cuda.synchronize(p.device)
-                if rep:  # (the first round: first-shape costs, untimed)
-                    best[m] = min(best[m], clock() - t0)
-    return best
+    return dict(zip(sizes, fastest_times([timed.chain(m) for m in sizes], repeats, clock)))
 
 
 @dataclass

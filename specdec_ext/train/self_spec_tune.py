@@ -39,12 +39,12 @@ import torch
 from specdec_ext.drafters.self_spec import SelfSpecDrafter
 from specdec_ext.drafters.self_spec_file import SelfSpecFile, write_self_spec
 from specdec_ext.generate import generate
-from specdec_ext.models import TreeKVCache, extend, tree_forward, use_tree_attention
+from specdec_ext.models import use_tree_attention
 from specdec_ext.models.config import text_config
 from specdec_ext.models.fast_linear import pack_linears_where_fast, packed_linears
-from specdec_ext.models.llama_step import LlamaStepOps
 from specdec_ext.state import DecodeState
 from specdec_ext.threads import add_threads_argument
+from specdec_ext.train.timing import PrefilledTarget, fastest_times
 
 __all__ = ["Costs", "add_tune_self_spec_command", "measure_costs", "tune_self_spec"]
 
@@ -67,20 +67,6 @@ class Costs:
         return tokens * self.verify[0] / (k * self.draft(kept) + self.verify[k])
 
 
-def _fastest_times(fns: list, repeats: int, clock) -> list[float]:
-    """Each callable's fastest of ``repeats`` timed calls, the calls taken in turns (round-robin) after one untimed
-    call each: on a shared machine interference only ever adds time, and turns spread drifts over every callable."""
-    for fn in fns:
-        fn()
-    best = [float("inf")] * len(fns)
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
-            t0 = clock()
-            fn()
-            best[i] = min(best[i], clock() - t0)
-    return best
-
-
 @torch.no_grad()
 def measure_costs(target: torch.nn.Module, prompt: list[int], max_draft_tokens: int, repeats: int = 15,
                   clock=time.perf_counter) -> Costs:
@@ -88,18 +74,13 @@ def measure_costs(target: torch.nn.Module, prompt: list[int], max_draft_tokens: 
     block, on a cache holding the prompt but its last token, the root): a draft forward is a one-draft
     :meth:`~specdec_ext.drafters.SelfSpecDrafter.propose` (its own route: op calls or modules), a verification a
     chain ``tree_forward`` of the target (through its op calls where the engine takes them). Each the fastest of
-    ``repeats``, taken in turns."""
+    ``repeats``, taken in turns (:mod:`specdec_ext.train.timing`)."""
     cfg = text_config(target.config)
     L = cfg.num_hidden_layers
-    p = next(q for q in target.parameters() if q.is_floating_point())
-    room = len(prompt) + max_draft_tokens + 2
-    cache = TreeKVCache(target.config, 1, room, dtype=p.dtype, device=p.device)
-    state = DecodeState.of_prompts([prompt], room, cfg.vocab_size, p.device, target_cache=cache)
+    timed = PrefilledTarget(target, prompt, len(prompt) + max_draft_tokens + 2)
+    state = DecodeState.of_prompts([prompt], timed.cache.max_len, cfg.vocab_size, timed.device,
+                                   target_cache=timed.cache)
     with packed_linears(True):
-        if len(prompt) > 1:
-            extend(target, cache, torch.tensor([prompt[:-1]], device=p.device))
-        prefix = state.prefix_lens
-        root = state.last_tokens[:, None]
         drafters = [SelfSpecDrafter(skip, num_draft_tokens=1) for skip in ([], list(range(L)))]
         for d in drafters:
             d.begin(target, state)
@@ -107,14 +88,8 @@ def measure_costs(target: torch.nn.Module, prompt: list[int], max_draft_tokens: 
         def draft(d):
             return lambda: d.propose(state, 1, 2)
 
-        step_ops = LlamaStepOps.build(target, cache)  # (the engine's route for its target: op calls on CPUs)
-
-        def verify(n):
-            return lambda: tree_forward(target, cache, root.expand(1, n), None, prefix, validate=False,
-                                        step_ops=step_ops)
-
-        times = _fastest_times([draft(d) for d in drafters] + [verify(m) for m in range(1, max_draft_tokens + 2)],
-                               repeats, clock)
+        times = fastest_times([draft(d) for d in drafters] + [timed.chain(m) for m in range(1, max_draft_tokens + 2)],
+                              repeats, clock)
     verify_s = [max(times[2: 3 + i]) for i in range(max_draft_tokens + 1)]  # (a longer chain never costs less)
     return Costs(L, times[0], times[1], verify_s)
 
