@@ -423,8 +423,9 @@ def test_exploration_backs_off_while_the_choice_holds():
 
 
 def test_a_retried_depth_weighs_old_outcomes_by_their_age():
-    """Counts decay per step since the depth was last tried: a depth that failed long ago and succeeds when
-    explored again is believed at once (the recovery is not outvoted by stale failures)."""
+    """Counts decay per row-step since the depth was last tried: a depth that failed long ago and succeeds when
+    explored again is mostly believed (the recovery is not outvoted by stale failures), and at one row one unlucky
+    step does not wipe out what many steps measured."""
     clock = FakeClock()
     ad = AdaptiveDrafter(FakeChain(clock, D=2), mode="fixed", depth=1, clock=clock)
     fake_run(ad, clock, 5, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)  # depth 1 fails 5 times
@@ -434,12 +435,20 @@ def test_a_retried_depth_weighs_old_outcomes_by_their_age():
     assert ad.conditional_acceptance(1) < 0.1  # an untried depth holds its estimate
     ad.mode = "fixed"
     fake_run(ad, clock, 1, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: d)  # one step: all accepted
-    assert ad.conditional_acceptance(1) > 0.9
-    # a depth tried every step decays by ``decay`` per step, as before
+    assert ad.conditional_acceptance(1) > 0.85  # 0.97 ** 120 row-steps: the old failures weigh ~0.4 outcomes
+    # a depth tried every step decays by ``decay`` per row of the step
     n, s_ = ad.acceptance[False].n[1], ad.acceptance[False].s[1]
     fake_run(ad, clock, 1, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)
     acc = ad.acceptance[False]
-    assert acc.n[1] == pytest.approx(0.85 * n + 4) and acc.s[1] == pytest.approx(0.85 * s_)
+    assert acc.n[1] == pytest.approx(0.97 ** 4 * n + 4) and acc.s[1] == pytest.approx(0.97 ** 4 * s_)
+    # one row: 40 successes, then one failure after a gap of 10 plain steps keeps the estimate high
+    one = AdaptiveDrafter(FakeChain(clock, D=2), mode="fixed", depth=1, clock=clock)
+    fake_run(one, clock, 40, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: d)
+    one.mode = "off"
+    fake_run(one, clock, 10, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)
+    one.mode = "fixed"
+    fake_run(one, clock, 1, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)
+    assert one.conditional_acceptance(1) > 0.9, one.conditional_acceptance(1)
 
 
 def test_draft_cost_at_a_new_batch_size_borrows_the_shape_of_a_measured_one():

@@ -16,10 +16,13 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
 (the number of live rows multiplies every candidate alike, so it does not change the choice), where
 
 * ``E[tokens | d] = 1 + sum_{i <= d} P(accept >= i)`` and ``P(accept >= i) = c_1 * ... * c_i``, ``c_i`` the
-  conditional acceptance of depth i given depth i - 1 was accepted: exponentially decayed counts (factor ``decay``
-  per step) from the rows of recent steps that drafted at least i deep; the decay is applied when a depth is tried
-  again (``decay ** steps since its last update``), so an untried depth holds its estimate and a depth explored after
-  a long gap is judged by what it does now, not outvoted by old outcomes. A weak prior (``prior_accept`` with weight
+  conditional acceptance of depth i given depth i - 1 was accepted: exponentially decayed counts from the rows of
+  recent steps that drafted at least i deep. The clock of the decay is row-steps (factor ``decay`` per row of every
+  step), so the counts hold about the last ``1 / (1 - decay)`` outcomes at any batch size: a per-step decay kept
+  about 7 outcomes at one row, and one unlucky exploration there settled the choice a depth or three short for the
+  rest of a run. The decay is applied when a depth is tried again (``decay ** row-steps since its last update``): an
+  untried depth holds its estimate, and one explored after a long gap is judged mostly by what it does now. A weak
+  prior (``prior_accept`` with weight
   ``prior_weight`` row-steps) makes depths never tried look good enough to be tried once, but never better than the
   measured shallower depths (the product bounds it).
 * ``t_target(x)``: the target's forward + verification + the loop's bookkeeping as a function of tokens in flight
@@ -102,7 +105,7 @@ _SETTLED = 4  # plain steps in a row after which joining rows' draft prefill is 
 class DepthAcceptance:
     """One tree shape's acceptance per depth i (the module doc's counts): ``n[i]`` decayed row-steps that drafted
     depth i with depth i - 1 accepted, ``s[i]`` how many of them accepted depth i, ``tot[i]`` the row-steps not
-    decayed, ``at[i]`` the step of the last update."""
+    decayed, ``at[i]`` the row-step clock at the last update."""
 
     def __init__(self, max_depth: int):
         self.n = [0.0] * (max_depth + 1)
@@ -111,8 +114,8 @@ class DepthAcceptance:
         self.at = [0] * (max_depth + 1)
 
     def add(self, i: int, drafted: int, accepted: int, now: int, decay: float) -> None:
-        """A step's outcome at depth i, decayed per step since the depth's last update (lazily: an untried depth
-        holds its estimate)."""
+        """A step's outcome at depth i, decayed per row-step since the depth's last update (``now``: row-steps so
+        far; lazily: an untried depth holds its estimate)."""
         f = decay ** max(1, now - self.at[i])
         self.n[i] = f * self.n[i] + drafted
         self.s[i] = f * self.s[i] + accepted
@@ -219,8 +222,8 @@ class AdaptiveDrafter:
 
     ``mode``: ``"adapt"`` (default: the cost model decides; ``depth`` optionally caps the depths considered),
     ``"off"`` (every step a plain decoding step) or ``"fixed"`` (every step ``depth`` deep; ``depth`` required).
-    ``depth`` may not exceed the inner drafter's own depth. ``decay``: per-step decay of the acceptance counts
-    (0.85: about the last 7 steps matter). ``explore_every``: steps between exploration steps (0 = never);
+    ``depth`` may not exceed the inner drafter's own depth. ``decay``: decay of the acceptance counts per row-step
+    (0.97: about the last 33 outcomes of a depth matter, whatever the batch size). ``explore_every``: steps between exploration steps (0 = never);
     ``explore_backoff``: how far that gap may grow (times ``explore_every``) while the choice holds.
     ``catchup_budget``: explorations out of plain steps are skipped where the drafter's catch-up per lagging token
     exceeds this share of a step (``inf``: never skipped). ``optimism``: standard errors added to measured acceptance
@@ -234,7 +237,7 @@ class AdaptiveDrafter:
     steps, all generations), ``expected_tokens(d, chain)``, ``predicted_step_time(B, d, chain)``.
     """
 
-    def __init__(self, inner, mode: str = "adapt", depth: int | None = None, *, decay: float = 0.85,
+    def __init__(self, inner, mode: str = "adapt", depth: int | None = None, *, decay: float = 0.97,
                  explore_every: int = 16, explore_backoff: int = 4, prior_accept: float = 0.7,
                  prior_weight: float = 1.0, cost_alpha: float = 0.2, catchup_budget: float = 0.05,
                  optimism: float = 1.0, clock=None):
@@ -314,6 +317,7 @@ class AdaptiveDrafter:
         self.chain_hist: dict[int, int] = {}
         self.history: list[int] = []
         self.steps_total = 0
+        self.row_steps_total = 0  # the acceptance counts' clock (see DepthAcceptance.add)
         self._pending = None
         self._since_explore = 0  # steps since the last exploration step (across generations)
         self._explore_gap = self.explore_every  # steps between explorations now (grows while the choice holds)
@@ -371,6 +375,7 @@ class AdaptiveDrafter:
         if chain:
             self.chain_hist[d] = self.chain_hist.get(d, 0) + 1
         self.steps_total += 1
+        self.row_steps_total += B
         return tree
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
@@ -420,7 +425,7 @@ class AdaptiveDrafter:
             acc = self.acceptance[chain]
             for i in range(1, d + 1):
                 if elig[i]:
-                    acc.add(i, elig[i], succ[i], self.steps_total, self.decay)
+                    acc.add(i, elig[i], succ[i], self.row_steps_total, self.decay)
 
     # ---- the model ------------------------------------------------------------------------------------------------
     def conditional_acceptance(self, i: int, chain: bool = False) -> float:
