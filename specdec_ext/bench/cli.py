@@ -32,7 +32,7 @@ PRESETS = {
     "num_prompts": (8, 2), "prompt_len": (128, 64), "max_new_tokens": (128, 32),
     "context_prompts": (4, 1), "context_new_tokens": (64, 32), "warmup_tokens": (16, 8),
     "concurrency": ((1, 2, 4, 8, 16), (1, 2)), "rates": ((2.0, 8.0, 32.0), (50.0,)), "requests": (16, 4),
-    "engine_prompt_len": (64, 32), "engine_max_new_tokens": (48, 16), "engine_repeats": (3, 1),
+    "engine_prompt_len": (64, 32), "engine_max_new_tokens": (48, 16), "engine_repeats": (5, 1),
     "serve_concurrency": ((1, 2, 4, 8, 16, 32, 64), (1, 2)), "serve_time_limit": (60.0, 30.0),
 }
 
@@ -110,7 +110,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                                                             "the fastest fixed drafter at the first load)")
     e.add_argument("--sampled", action="store_true", help="sample at temperature 1 (default greedy)")
     e.add_argument("--repeats", type=int, help="rounds per load, in rotated method order; each method reports its "
-                                               "median round (default 3, quick 1)")
+                                               "median round; the goal is judged on paired rounds (default 5, quick 1)")
     v = p.add_argument_group("serve suite (specdec serve on loopback, streaming clients; --concurrency, --requests, "
                              "--engine-prompt-len and --engine-max-new-tokens apply; default concurrency 1,2,...,64)")
     v.add_argument("--serve-drafter", default="best",

@@ -197,16 +197,15 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
         _check_tables(tables, B, N, device)
     position_ids = prefix[:, None] + tables.depth
     cache.rewind(prefix, validate=validate)
-    kwargs = dict(model_kwargs)
-    kwargs[_cache_kwarg(model)] = cache
-    tree_mask = tables.mask
     hybrid = isinstance(cache, HybridCache)
     op_calls = (step_ops.on(cache) if step_ops is not None and use_kernel and not hybrid
                 and N <= extend_kernel_max_tokens(device) and model_kwargs.keys() <= _OP_MODEL_KWARGS else None)
-    if op_calls is not None:
+    if op_calls is not None:  # (the ops leave the cache's lengths where the rewind above set them)
         out = _op_forward(op_calls, tokens, prefix, tables, position_ids, model_kwargs, validate)
-        cache.rewind(prefix, validate=False)
         return out if return_outputs else out.logits
+    kwargs = dict(model_kwargs)
+    kwargs[_cache_kwarg(model)] = cache
+    tree_mask = tables.mask
     use_cache = _use_cache(model)
     # (a hybrid's linear layers read the tree from the cache, inside its tree_step)
     step = (cache.tree_step(prefix, tree_mask, N, chain, validate=validate) if hybrid
