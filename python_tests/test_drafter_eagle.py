@@ -361,14 +361,20 @@ def test_batched_prompts_and_budget_inside_accepted_runs(version):
     assert stats.mean_accepted_length > 1
 
 
+@pytest.mark.parametrize("steps", ["drafted", "plain", "mixed"])
 @pytest.mark.parametrize("rows", [[1, 3], [3]], ids=["two_rows", "one_row"])
 @torch.no_grad()
-def test_features_kept_and_catch_up_after_rollback(rows):
+def test_features_kept_and_catch_up_after_rollback(rows, steps):
     """After a generation the drafter holds the target's features of every position before the last token, and
     a chain drafted now (catch-up over the rolled-back cache) equals the uncached recomputation. One row takes the
-    drafter's batch-1 paths (catch-up by slices, features by one index_select), two rows the general ones."""
+    drafter's batch-1 paths (catch-up by slices, features by one index_select), two rows the general ones; plain
+    steps (an adaptive drafter's depth 0: one-node trees, the draft's prefill deferred) their one write per row."""
+    from specdec_ext.adaptive import AdaptiveDrafter
+
     m = target()
     drafter = EagleDrafter(trained_draft(1), depth=3, top_k=3, total_tokens=8, target=m)
+    driver = {"drafted": drafter, "plain": AdaptiveDrafter(drafter, mode="off"),
+              "mixed": AdaptiveDrafter(drafter, explore_every=2)}[steps]
     prompts = [PROMPTS[i] for i in rows]
     held, left = list(range(len(prompts))), {}  # prompt of each drafter row; features of the rows that left
     retire = drafter.retire
@@ -383,8 +389,10 @@ def test_features_kept_and_catch_up_after_rollback(rows):
         retire(keep)
 
     drafter.retire = snapshot_then_retire
-    outs, stats = generate(m, drafter, prompts, max_new_tokens=15, eos_token_id=[])
-    assert stats.mean_accepted_length > 1
+    outs, stats = generate(m, driver, prompts, max_new_tokens=15, eos_token_id=[])
+    assert (stats.mean_accepted_length == 1) if steps == "plain" else (stats.mean_accepted_length > 1)
+    if steps == "mixed":
+        assert 0 in driver.depth_hist and len(driver.depth_hist) > 1, driver.depth_hist
     for b, o in enumerate(outs):
         seq = o.tolist()
         f = target_features(drafter, seq)

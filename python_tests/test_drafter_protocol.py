@@ -106,6 +106,29 @@ def test_keep_batch_rows_equals_index_select(rows):
         assert torch.equal(x, w) and x.is_contiguous()
 
 
+def test_append_batch_rows_equals_cat_and_reuses_the_room_a_retirement_left():
+    """Rows retired then joined: the result equals torch.cat every time; a join into the room that keep_batch_rows
+    left writes into the same buffer, and one past it reallocates with room to spare (twice the rows)."""
+    from specdec_ext.models.kv_cache import append_batch_rows, keep_batch_rows
+
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(4, 3, 5, generator=g)
+    ref = t.clone()
+    t = keep_batch_rows(t, [3, 1])  # two rows leave: a view of the first 2 of 4 allocated rows
+    ref = ref[[3, 1]]
+    buffer = t.untyped_storage().data_ptr()
+    for n in (1, 1, 3, 2):
+        new = torch.randn(n, 3, 5, generator=g)
+        t, ref = append_batch_rows(t, new), torch.cat([ref, new])
+        assert torch.equal(t, ref) and t.is_contiguous()
+    assert t.shape[0] == 9 and t.untyped_storage().data_ptr() != buffer  # grown past the first buffer's 4 rows
+    assert t.untyped_storage().nbytes() == 14 * 15 * 4  # (twice the 7 rows it grew from)
+    fits = append_batch_rows(t[:8], torch.zeros(1, 3, 5))  # room left: written in place
+    assert fits.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() and torch.equal(fits[:8], ref[:8])
+    with pytest.raises(ValueError, match="new rows must be"):
+        append_batch_rows(t, torch.zeros(1, 3, 4))
+
+
 class Budgeted:
     """Forwards to a drafter, asking each step for another node budget (1, 2, ..., its ``max_nodes``, again) and
     checking that the tree keeps the budget and the depth."""

@@ -54,7 +54,7 @@ from specdec_ext.models.draft_vocab import read_draft_vocab
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
 from specdec_ext.models.eagle_step import EagleStepOps
 from specdec_ext.models.fast_linear import Linear, tensor_version
-from specdec_ext.models.kv_cache import keep_batch_rows, write_rows
+from specdec_ext.models.kv_cache import append_batch_rows, keep_batch_rows, write_rows
 from specdec_ext.models.quantized import Int8Linear, check_draft_quant, linear_dtype, quantize_weights
 from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 
@@ -252,8 +252,8 @@ class EagleDrafter:
                 self._catch_up(rows, hold=1)
         if running[0] is not None:  # (the running cache object stays: the step ops read its tensors)
             cache, feats, valid, self._ops = running
-            cache.k, cache.v = torch.cat([cache.k, self.cache.k]), torch.cat([cache.v, self.cache.v])
-            self.cache, self.feats, self.valid = cache, torch.cat([feats, self.feats]), valid + self.valid
+            cache.k, cache.v = append_batch_rows(cache.k, self.cache.k), append_batch_rows(cache.v, self.cache.v)
+            self.cache, self.feats, self.valid = cache, append_batch_rows(feats, self.feats), valid + self.valid
 
     @property
     def score_scale(self) -> float:
@@ -427,6 +427,9 @@ class EagleDrafter:
             return
         hs = self._features(result.hidden_states)  # [B, N, Hf]
         B, N, Hf = hs.shape
+        if N == 1 and all(a == 1 for a in result.appended):  # a plain step: each row's root feature, one write
+            self.feats.index_put_((torch.arange(B, device=state.device), state.lengths - 2), hs[:, 0])
+            return
         g = hs.gather(1, result.accepted.clamp(min=0)[:, :, None].expand(B, N, Hf))
         # the accepted path's features go to positions old - 1 + j, j < appended (old: the context length before the
         # step); the rest to the last slot, never read

@@ -34,6 +34,8 @@ Sliding-window layers are stored in full (no ring buffer); per-layer head counts
 
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -67,6 +69,26 @@ def keep_batch_rows(t: torch.Tensor, rows: list[int], dim: int = 0) -> torch.Ten
         src = torch.tensor([r for _, r in moves], device=t.device)
         t.index_copy_(dim, dst, t.index_select(dim, src))
     return t.narrow(dim, 0, len(rows))
+
+
+def append_batch_rows(t: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """``t``'s rows then ``new``'s (dim 0; the other dims equal), without copying ``t`` where it can: when ``t`` is
+    the first rows of a contiguous buffer with room for the new ones (what :func:`keep_batch_rows` leaves), the new
+    rows are written after them and the result is a longer view of that buffer; otherwise a buffer of twice the rows
+    (at least enough) is allocated, so rows joining one or two at a time cost amortised O(1) reallocations."""
+    if new.shape[1:] != t.shape[1:] or new.dtype != t.dtype or new.device != t.device:
+        raise ValueError(f"append_batch_rows: new rows must be [n, {', '.join(map(str, t.shape[1:]))}] {t.dtype} on "
+                         f"{t.device}, got {tuple(new.shape)} {new.dtype} on {new.device}")
+    B, n = t.shape[0], new.shape[0]
+    shape = (B + n, *t.shape[1:])
+    room = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    if t.is_contiguous() and room >= math.prod(shape):
+        out = t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), shape)
+    else:
+        out = t.new_empty((max(B + n, 2 * B), *t.shape[1:])).narrow(0, 0, B + n)
+        out.narrow(0, 0, B).copy_(t)
+    out.narrow(0, B, n).copy_(new)
+    return out
 
 
 def write_rows(buf: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> None:
