@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 from specdec_ext.generate import generate, load_model  # noqa: E402
 from specdec_ext.train.common import load_tokenizer  # noqa: E402
-from specdec_ext.train.data import document_stream, encode_texts, self_distill, windows  # noqa: E402
+from specdec_ext.train.data import document_stream, encode_texts, prompt_of, self_distill, windows  # noqa: E402
 from specdec_ext.zoo.corpus import heldout_texts  # noqa: E402
 from specdec_ext.zoo.family import family_dir  # noqa: E402
 
@@ -36,7 +36,7 @@ from specdec_ext.zoo.family import family_dir  # noqa: E402
 def before(target, seqs, prompt_len, new_tokens, max_length, chunk=8):
     """The previous implementation (fixed chunks through generate), kept here as the baseline."""
     out = []
-    prompts = [s[: max(1, min(prompt_len, len(s) // 2))] for s in seqs]
+    prompts = [prompt_of(s, prompt_len) for s in seqs]
     for i in range(0, len(prompts), chunk):
         toks, _ = generate(target, None, [torch.tensor(p) for p in prompts[i: i + chunk]], max_new_tokens=new_tokens,
                            temperature=0.0, seed=i)
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         return out, time.process_time() - c0, time.perf_counter() - w0
 
     ref, cpu_b, wall_b = timed(lambda: before(target, seqs, P, args.new_tokens, args.max_length))
-    n = sum(len(o) - len(s[: max(1, min(P, len(s) // 2))]) for o, s in zip(ref, seqs))
+    n = sum(len(o) - len(prompt_of(s, P)) for o, s in zip(ref, seqs))
     rows = [{"method": "before (generate, chunks of 8)", "tokens": n, "cpu_s": round(cpu_b, 2),
              "tokens_per_s": round(n / cpu_b, 1)}]
     print(f"before: {n} tokens, {cpu_b:.1f} s CPU ({wall_b:.1f} s wall): {n / cpu_b:.0f} tokens/s", flush=True)

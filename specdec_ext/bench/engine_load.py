@@ -18,6 +18,7 @@ alone; the ratio of the medians (also reported) compares rounds run minutes apar
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
@@ -171,11 +172,8 @@ def paired_ratio(adaptive: dict, plain: dict, best: dict) -> float | None:
     rounds = [row.get("tokens_per_s_rounds") for row in (adaptive, plain, best)]
     if any(not r for r in rounds) or len({len(r) for r in rounds}) != 1:
         return None
-    ratios = sorted(a / max(p, b) for a, p, b in zip(*rounds) if max(p, b) > 0)
-    if not ratios:
-        return None
-    mid = len(ratios) // 2
-    return ratios[mid] if len(ratios) % 2 else 0.5 * (ratios[mid - 1] + ratios[mid])
+    ratios = [a / max(p, b) for a, p, b in zip(*rounds) if max(p, b) > 0]
+    return statistics.median(ratios) if ratios else None
 
 
 def summarise_loads(rows: list[dict], methods: list[str], names: list[str]) -> dict:

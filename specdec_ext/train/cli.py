@@ -155,7 +155,7 @@ def _print_report(name: str, report, path: str) -> None:
 def _report(args, name: str, result, extra: dict, target=None, drafter=None, prompts=()) -> None:
     """The training log (OUT/training_log.json), the summary line, and the drafter's report on the held-out
     prompts (OUT/drafter_report.json; not with --no-report or without held-out prompts)."""
-    from specdec_ext.train.report import evaluate_drafter
+    from specdec_ext.train.report import REPORT_FILE, evaluate_drafter
 
     report = None
     if drafter is not None and prompts and not args.no_report:
@@ -172,7 +172,7 @@ def _report(args, name: str, result, extra: dict, target=None, drafter=None, pro
     print(f"specdec {name}: {s['steps']} steps{budget}, loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}{acc}; "
           f"saved to {args.out}")
     if report is not None:
-        _print_report(name, report, report.save(args.out))
+        _print_report(name, report, report.save(os.path.join(args.out, REPORT_FILE)))
 
 
 def train_medusa_cmd(args) -> int:
@@ -269,9 +269,7 @@ def evaluate_drafter_cmd(args) -> int:
             print(f"specdec evaluate-drafter: {line}")
         return 0
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(report.to_dict(), f, indent=1)
-    _print_report("evaluate-drafter", report, out)
+    _print_report("evaluate-drafter", report, report.save(out))
     return 0
 
 

@@ -118,8 +118,8 @@ class DrafterReport:
                 f"in {self.draft_seconds_per_step * 1e3:.2f} ms",
                 f"predicted speedup over plain decoding on this machine: {self.predicted_speedup:.2f}x"]
 
-    def save(self, directory: str | os.PathLike) -> str:
-        path = os.path.join(directory, REPORT_FILE)
+    def save(self, path: str | os.PathLike) -> str:
+        """The report as JSON at ``path`` (train-* write it as ``REPORT_FILE`` beside the drafter); returns it."""
         with open(path, "w") as f:
             json.dump(self.to_dict(), f, indent=1)
         return path
