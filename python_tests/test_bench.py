@@ -183,6 +183,28 @@ def test_context_sweep_caps_at_max_positions():
     assert {r["method"] for r in res["rows"]} == {"plain", "ngram"}
 
 
+def test_context_sweep_continues_the_same_text_at_every_length(monkeypatch):
+    """A shorter length's prompts are the last tokens of the longest length's: only the context before the text
+    being continued changes."""
+    import specdec_ext.bench.context_sweep as cs
+
+    seen = {}
+    real = cs.measure
+
+    def spy(models, methods, prompts, *args, **kw):
+        seen[len(prompts[0])] = (prompts, kw["warmup_prompt"])
+        return real(models, methods, prompts, *args, **kw)
+
+    monkeypatch.setattr(cs, "measure", spy)
+    res = run_context_sweep(models(), [16, 64, 200], ["ngram"], num_prompts=2, max_new_tokens=4, log=lambda s: 0)
+    assert sorted(seen) == [16, 64, 200] and res["config"]["lengths"] == [16, 64, 200]
+    longest, warm = seen[200]
+    assert len({tuple(p) for p in longest}) == 2 and warm not in longest
+    for n in (16, 64):
+        assert seen[n][0] == [p[-n:] for p in longest] and seen[n][1] == warm[-n:]
+        assert res["prompt_sources"][str(n)].startswith(f"the last {n} tokens of the 200-token prompts")
+
+
 def test_machine_info_and_tag():
     info = machine_info()
     assert info["cores"] >= 1 and info["torch"] == torch.__version__

@@ -5,7 +5,10 @@ prefill, the same for every method, dominates and pulls it towards 1) and the de
 (``predicted_speedup`` = mean accepted length x step time(plain) / step time(method), which at batch 1 is exactly
 tokens per second of the decode loop over plain decoding's, prefill excluded).
 
-Prompts of each length are cut from held-out text (see :meth:`BenchModels.prompts`), greedy decoding, batch 1,
+The prompts are windows of held-out text at the longest length (see :meth:`BenchModels.prompts`), and a shorter
+length's prompts are the last tokens of the same windows: every length continues the same text, and only the
+context before it grows (windows cut per length from other text would mix how predictable the text is with how
+long the context is). Greedy decoding, batch 1,
 the same protocol as :mod:`specdec_ext.bench.e2e` (warm-up, round-robin, speedup vs plain decoding at the same
 length in the same run). Lengths that do not fit the target's ``max_position_embeddings`` together with the token
 budget and the largest draft tree are dropped and replaced by the longest length that fits; the result says so.
@@ -62,8 +65,11 @@ def run_context_sweep(models: BenchModels, lengths=DEFAULT_LENGTHS, methods: lis
     out = {"config": {"lengths_requested": list(lengths), "lengths": kept, "num_prompts": num_prompts,
                       "max_new_tokens": max_new_tokens, "temperature": 0.0, "seed": seed},
            "methods": methods_all, "note": note, "rows": [], "prompt_sources": {}}
+    longest, warm_longest, how_longest = ([], [], "") if not kept else prompts_and_warmup(models, num_prompts,
+                                                                                          kept[-1], seed)
     for n in kept:
-        prompts, warm, how = prompts_and_warmup(models, num_prompts, n, seed)
+        prompts, warm = [p[-n:] for p in longest], warm_longest[-n:]
+        how = how_longest if n == kept[-1] else f"the last {n} tokens of the {kept[-1]}-token prompts ({how_longest})"
         out["prompt_sources"][str(n)] = how
         log(f"context sweep: prompt length {n} ({len(prompts)} prompts: {how})")
         t0 = time.perf_counter()
