@@ -198,3 +198,61 @@ def test_reevaluate_rewrites_the_card_not_the_weights(built, tmp_path, capsys):
     (out / "card.json").write_text(json.dumps({k: v for k, v in new.items() if k != "evaluation"}))
     with pytest.raises(SystemExit, match="no evaluation.prompt_ids"):
         main(["zoo", "evaluate", "--out", str(out)])
+
+
+def test_corpus_halves_are_disjoint_and_share_the_heldout_files():
+    files = python_sources()
+    train, held = split_sources(files)
+    odd, held_odd = split_sources(files, "odd")
+    even, held_even = split_sources(files, "even")
+    assert held_odd == held_even == held
+    assert odd and even and not set(odd) & set(even) and sorted(odd + even) == sorted(train)
+    assert all((zlib.crc32(f.encode()) // 50) % 2 == 1 for f in odd)
+    with pytest.raises(ValueError, match="part must be"):
+        split_sources(files, "half")
+
+
+def test_a_spec_names_its_architecture_and_corpus_part():
+    from dataclasses import replace
+
+    from specdec_ext.zoo.spec import TRANSFER
+
+    assert TRANSFER.architecture == "qwen2" and TRANSFER.corpus_part == "odd" and TRANSFER.max_positions == 8192
+    with pytest.raises(ValueError, match="architecture must be one of"):
+        replace(QUICK, architecture="gpt2")
+    with pytest.raises(ValueError, match="corpus_part must be one of"):
+        replace(QUICK, corpus_part="first")
+
+
+def test_a_target_only_build_gives_a_qwen2_target_and_its_data_for_the_training_commands(tmp_path, capsys):
+    """The transfer experiment's first stage at QUICK size: a Qwen2 target (biases on q/k/v), its tokenizer, and
+    its training texts as JSONL that `specdec train-draft` reads with its defaults."""
+    from dataclasses import replace
+
+    from transformers import AutoModelForCausalLM
+
+    from specdec_ext.cli import main
+
+    out = str(tmp_path / "transfer")
+    spec = replace(QUICK, architecture="qwen2", corpus_part="odd", rope_theta=1e6, max_positions=1024)
+    threads = torch.get_num_threads()
+    try:
+        card = build_zoo(out, spec, progress=False, threads=1, target_only=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert set(card["training"]) == {"corpus", "tokenizer", "target"} and "evaluation" not in card
+    assert card["spec"]["architecture"] == "qwen2" and not os.path.isdir(os.path.join(out, "draft"))
+    target = AutoModelForCausalLM.from_pretrained(os.path.join(out, "target"))
+    assert type(target).__name__ == "Qwen2ForCausalLM" and target.config.tie_word_embeddings
+    assert target.model.layers[0].self_attn.q_proj.bias is not None
+    assert target.config.rope_parameters["rope_theta"] == 1e6 and target.config.max_position_embeddings == 1024
+    files = python_sources(max_files=QUICK.max_files)
+    odd = [f for f in split_sources(files, "odd")[0] if f != files[-1]]  # (QUICK holds out the last file)
+    with open(os.path.join(out, "data", "train.jsonl"), encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    assert [r["text"] for r in records] == read_sources(odd)
+    assert main(["train-draft", "--model", os.path.join(out, "target"), "--data",
+                 os.path.join(out, "data", "train.jsonl"), "--out", str(tmp_path / "draft"), "--steps", "2",
+                 "--max-length", "32", "--heldout", "0", "--no-progress", "--no-report"]) == 0
+    draft = AutoModelForCausalLM.from_pretrained(str(tmp_path / "draft"))
+    assert draft.config.hidden_size == QUICK.hidden_size // 2  # the default: half the target's width

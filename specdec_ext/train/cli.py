@@ -330,7 +330,7 @@ def add_train_commands(sub) -> None:
     p = sub.add_parser("train-draft", help="distil a small draft LM (LlamaForCausalLM) from a local target")
     _common(p, lr=1e-3)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden-size", type=int, default=None, help="default: the target's")
+    p.add_argument("--hidden-size", type=int, default=None, help="default: half the target's (whole heads)")
     p.add_argument("--intermediate-size", type=int, default=None, help="default: 2 * hidden size")
     p.add_argument("--kl-weight", type=float, default=1.0, help="KL to the target's logits vs CE on the data")
     p.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length in the acceptance evaluation")

@@ -1,5 +1,7 @@
 """A small draft LM distilled from the target (for :class:`specdec_ext.drafters.DraftModelDrafter`): a
-``LlamaForCausalLM`` with the target's vocabulary and head size, ``num_layers`` layers of ``hidden_size``, trained
+``LlamaForCausalLM`` with the target's vocabulary and head size, ``num_layers`` layers of ``hidden_size`` (by default
+half the target's: a draft forward must cost a small fraction of the target's, since a chain of k runs it k times),
+trained
 with KL(target || draft) on the target's logits at every position (``kl_weight``) plus cross-entropy on the data
 (``1 - kl_weight``; on self-distilled data the tokens are the target's own). Saved with ``save_pretrained``."""
 
@@ -20,8 +22,10 @@ def draft_config_for(target, num_layers: int = 2, hidden_size: int | None = None
     from transformers import LlamaConfig
 
     t = text_config(target.config)
-    H = hidden_size or t.hidden_size
     hd = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    # half the target's width (whole heads): 2 such layers and the vocabulary product read ~1/7 of a 6-layer
+    # target's bytes, where the target's width made each draft forward ~0.4 of the target's
+    H = hidden_size or max(hd, t.hidden_size // 2 // hd * hd)
     if H % hd:
         raise ValueError(f"train_draft_lm: hidden_size {H} must be a multiple of the head size {hd}")
     nH = H // hd

@@ -45,21 +45,24 @@ def _log(msg: str) -> None:
 
 
 def target_config(spec: ZooSpec, tokenizer):
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, Qwen2Config
 
     eos = tokenizer.eos_token_id
-    return LlamaConfig(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
-                       intermediate_size=spec.intermediate_size, num_attention_heads=spec.num_heads,
-                       num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_positions,
-                       rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos,
-                       pad_token_id=eos)
+    common = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+                  intermediate_size=spec.intermediate_size, num_attention_heads=spec.num_heads,
+                  num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_positions,
+                  rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
+                  rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta})
+    if spec.architecture == "qwen2":
+        return Qwen2Config(**common)
+    return LlamaConfig(**common)
 
 
 def train_target(spec: ZooSpec, tokenizer, stream: list[int], cfg):
     """``(model, result)``: the target LM trained with next-token cross-entropy on windows of the stream."""
     import warnings
 
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from specdec_ext.train.data import windows
     from specdec_ext.train.loop import train_loop
@@ -67,7 +70,7 @@ def train_target(spec: ZooSpec, tokenizer, stream: list[int], cfg):
     torch.manual_seed(spec.seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = LlamaForCausalLM(target_config(spec, tokenizer))
+        model = AutoModelForCausalLM.from_config(target_config(spec, tokenizer))
 
     def loss_fn(toks, mask):
         logits = model(input_ids=toks, attention_mask=mask.long()).logits
@@ -153,8 +156,12 @@ def _summary(result) -> dict:
 
 
 def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = True, corpus_root: str | None = None,
-              threads: int | None = None) -> dict:
-    """Builds the family into ``out``; returns the card (also written to ``out/card.json`` and ``README.md``)."""
+              threads: int | None = None, target_only: bool = False) -> dict:
+    """Builds the family into ``out``; returns the card (also written to ``out/card.json`` and ``README.md``).
+
+    ``target_only``: the corpus, tokenizer and target stages only, and the training and held-out texts written as a
+    user's data (``out/data/train.jsonl``, ``out/data/heldout.jsonl``: one ``{"text": file}`` record per source
+    file) for the training commands to read; the card then holds the spec and those stages' records."""
     from transformers import AutoTokenizer, GenerationConfig
 
     from specdec_ext.models.causal_lm import load_causal_lm
@@ -174,9 +181,10 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     stages = _Stages(out, resume)
     root = corpus_root or stdlib_dir()
     files = python_sources(root, spec.max_files)
-    train_files, held_files = split_sources(files)
+    train_files, held_files = split_sources(files, spec.corpus_part)
     if not held_files:  # a small corpus (--quick): hold out the last file
-        train_files, held_files = files[:-1], files[-1:]
+        held_files = files[-1:]
+        train_files = [f for f in train_files if f not in held_files]
     texts = read_sources(train_files, root)
     held_texts = read_sources(held_files, root)
     tdir = os.path.join(out, "target")
@@ -216,6 +224,8 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     target_model = load_causal_lm(tdir, torch.float32).eval()
     held_seqs = windows(held_stream, spec.target_seq_len)[:64]
     stages.records["target"]["heldout_loss"] = round(heldout_loss(target_model, held_seqs), 4) if held_seqs else None
+    if target_only:
+        return _target_card(out, spec, stages, texts, held_texts)
     seqs = windows(stream, spec.drafter_seq_len)
 
     def drafter_cfg(stage, steps):
@@ -296,6 +306,31 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     write_card(out, card)
     _log(f"== family written to {out}: {card['total_bytes'] / 1e6:.1f} MB, built in "
          f"{card['build_seconds']['wall'] / 60:.1f} min wall ({card['build_seconds']['cpu'] / 60:.1f} min CPU)")
+    return card
+
+
+def _write_jsonl_texts(path: str, texts: list[str]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+
+
+def _target_card(out: str, spec: ZooSpec, stages: _Stages, texts: list[str], held_texts: list[str]) -> dict:
+    _write_jsonl_texts(os.path.join(out, "data", "train.jsonl"), texts)
+    _write_jsonl_texts(os.path.join(out, "data", "heldout.jsonl"), held_texts)
+    card = {
+        "name": f"specdec-zoo-target-{spec.architecture}",
+        "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "torch": torch.__version__, "python": platform.python_version()},
+        "spec": spec.to_dict(),
+        "training": {k: stages.records[k] for k in ("corpus", "tokenizer", "target")},
+        "data": {"train": "data/train.jsonl", "heldout": "data/heldout.jsonl"},
+    }
+    with open(os.path.join(out, "card.json"), "w") as f:
+        json.dump(card, f, indent=1)
+    _log(f"== target written to {out}/target, its data to {out}/data")
     return card
 
 

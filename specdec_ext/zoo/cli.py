@@ -11,14 +11,15 @@ __all__ = ["add_zoo_command"]
 
 def zoo_build_cmd(args) -> int:
     from specdec_ext.zoo.build import build_zoo
-    from specdec_ext.zoo.spec import FULL, QUICK
+    from specdec_ext.zoo.spec import SPECS
 
-    spec = QUICK if args.quick else FULL
+    spec = SPECS["quick" if args.quick else args.spec]
     if args.seed is not None:
         from dataclasses import replace
 
         spec = replace(spec, seed=args.seed)
-    build_zoo(args.out, spec, resume=args.resume, progress=not args.no_progress, corpus_root=args.corpus)
+    build_zoo(args.out, spec, resume=args.resume, progress=not args.no_progress, corpus_root=args.corpus,
+              target_only=args.target_only)
     return 0
 
 
@@ -37,6 +38,11 @@ def add_zoo_command(sub) -> None:
     b.add_argument("--out", required=True, help="output directory (the family layout; see specdec_ext/zoo/family.py)")
     b.add_argument("--quick", action="store_true", help="a tiny, barely trained family in seconds (tests, CI)")
     b.add_argument("--resume", action="store_true", help="skip finished stages, continue a stage from its checkpoint")
+    b.add_argument("--spec", choices=["family", "transfer"], default="family",
+                   help="what to build: the shipped family, or the transfer target (a Qwen2 model unlike the family, "
+                   "trained on the other half of the corpus, for measuring the training commands' defaults)")
+    b.add_argument("--target-only", action="store_true",
+                   help="only the tokenizer and target, plus the training / held-out texts as OUT/data/*.jsonl")
     b.add_argument("--corpus", default=None, help="directory of .py files (default: this Python's standard library)")
     b.add_argument("--seed", type=int, default=None)
     add_threads_argument(b)  # (applied by specdec's main, as for every command)

@@ -38,11 +38,22 @@ def python_sources(root: str | None = None, max_files: int | None = None) -> lis
     return found[:max_files] if max_files else found
 
 
-def split_sources(files: list[str]) -> tuple[list[str], list[str]]:
-    """``(train, heldout)``: a file is held out when the CRC-32 of its relative path is 0 mod 50."""
-    held = [f for f in files if zlib.crc32(f.replace(os.sep, "/").encode()) % HELDOUT_EVERY == 0]
+def _path_hash(f: str) -> int:
+    return zlib.crc32(f.replace(os.sep, "/").encode())
+
+
+def split_sources(files: list[str], part: str = "all") -> tuple[list[str], list[str]]:
+    """``(train, heldout)``: a file is held out when the CRC-32 of its relative path is 0 mod 50. ``part`` "odd" /
+    "even" keeps the training files whose hash over 50 is odd / even: two disjoint halves (for a second target that
+    trains on other text than the family's), the held-out files the same for both."""
+    if part not in ("all", "odd", "even"):
+        raise ValueError(f"part must be 'all', 'odd' or 'even', got {part!r}")
+    held = [f for f in files if _path_hash(f) % HELDOUT_EVERY == 0]
     keep = set(held)
-    return [f for f in files if f not in keep], held
+    train = [f for f in files if f not in keep]
+    if part != "all":
+        train = [f for f in train if (_path_hash(f) // HELDOUT_EVERY) % 2 == (part == "odd")]
+    return train, held
 
 
 def read_sources(files: list[str], root: str | None = None) -> list[str]:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-__all__ = ["ZooSpec", "FULL", "QUICK", "DRAFTER_NAMES", "DEFAULT_DRAFTERS"]
+__all__ = ["ZooSpec", "FULL", "QUICK", "TRANSFER", "SPECS", "DRAFTER_NAMES", "DEFAULT_DRAFTERS", "CORPUS_PARTS",
+           "ARCHITECTURES"]
+
+ARCHITECTURES = ("llama", "qwen2")  # the target's Hugging Face class (Qwen2: Llama plus biases on q, k, v)
+CORPUS_PARTS = ("all", "odd", "even")  # the training files used: all, or one half by a hash of the path
 
 DRAFTER_NAMES = ("ngram", "suffix", "draft-model", "medusa", "eagle1", "eagle2", "eagle3")
 
@@ -50,6 +54,7 @@ DEFAULT_DRAFTERS = {
 @dataclass(frozen=True)
 class ZooSpec:
     # tokenizer and target (Llama: RMSNorm, RoPE, SwiGLU, GQA; tied embeddings)
+    architecture: str = "llama"
     vocab_size: int = 4096
     hidden_size: int = 384
     num_layers: int = 8
@@ -57,6 +62,7 @@ class ZooSpec:
     num_heads: int = 6
     num_kv_heads: int = 2
     max_positions: int = 4096
+    rope_theta: float = 10000.0
     target_seq_len: int = 512
     target_batch: int = 4
     target_steps: int = 700
@@ -84,8 +90,15 @@ class ZooSpec:
     eval_prompt_len: int = 64
     eval_new_tokens: int = 64
     max_files: int | None = None  # corpus files (sorted) to use; None: all
+    corpus_part: str = "all"  # CORPUS_PARTS; the held-out files are the same whichever part trains
     seed: int = 0
     drafters: dict = field(default_factory=lambda: {k: dict(v) for k, v in DEFAULT_DRAFTERS.items()})
+
+    def __post_init__(self):
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"ZooSpec.architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
+        if self.corpus_part not in CORPUS_PARTS:
+            raise ValueError(f"ZooSpec.corpus_part must be one of {CORPUS_PARTS}, got {self.corpus_part!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,3 +115,10 @@ QUICK = replace(FULL, vocab_size=512, hidden_size=64, num_layers=4, intermediate
                 drafters={**{k: dict(v) for k, v in DEFAULT_DRAFTERS.items()},
                           "eagle2": {"depth": 3, "top_k": 2, "total_tokens": 6},
                           "eagle3": {"depth": 3, "top_k": 2, "total_tokens": 6}})
+# The transfer target (issue: drafter training that transfers): a model unlike the family, for measuring the
+# training commands' defaults on a target nothing was tuned on. Qwen2 (q/k/v biases), wider and shallower, GQA 4:1,
+# its own tokenizer of another size, RoPE base 1e6 and 8k positions, trained by the same recipe on the other half
+# of the corpus. `specdec zoo build --spec transfer --target-only` builds it; only the target's stages run.
+TRANSFER = replace(FULL, architecture="qwen2", vocab_size=6144, hidden_size=512, num_layers=6, intermediate_size=1536,
+                   num_heads=8, num_kv_heads=2, max_positions=8192, rope_theta=1e6, corpus_part="odd", seed=1)
+SPECS = {"family": FULL, "quick": QUICK, "transfer": TRANSFER}
