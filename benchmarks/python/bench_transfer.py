@@ -43,7 +43,8 @@ def _specdec(*args: str) -> list[str]:
 
 def _run_logged(cmd: list[str], log: str) -> subprocess.Popen:
     print(f"$ {' '.join(cmd[2:])}   (log: {log})", flush=True)
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT)
+    with open(log, "w") as f:  # (the child keeps its own copy of the descriptor)
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
 def build_target(out: str, threads: int) -> None:
@@ -82,7 +83,7 @@ def train_drafters(out: str, minutes: float, jobs: int, members: list[str]) -> d
 
 
 def reports(out: str) -> dict:
-    """Each member's end-of-training report (``drafter_report.json``) and its training summary lines."""
+    """Each member's end-of-training report (``drafter_report.json``), by member."""
     from specdec_ext.train.report import REPORT_FILE
 
     found = {}

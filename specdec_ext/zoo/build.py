@@ -292,8 +292,7 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     card = {
         "name": "specdec-zoo-pystdlib",
         "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "torch": torch.__version__, "python": platform.python_version()},
+        "machine": _machine(),
         "spec": spec.to_dict(),
         "training": training,
         "build_seconds": {"wall": round(sum(r.get("wall_seconds", 0) for r in stages.records.values()), 1),
@@ -309,6 +308,11 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     return card
 
 
+def _machine() -> dict:
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
 def _write_jsonl_texts(path: str, texts: list[str]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -322,8 +326,7 @@ def _target_card(out: str, spec: ZooSpec, stages: _Stages, texts: list[str], hel
     card = {
         "name": f"specdec-zoo-target-{spec.architecture}",
         "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "torch": torch.__version__, "python": platform.python_version()},
+        "machine": _machine(),
         "spec": spec.to_dict(),
         "training": {k: stages.records[k] for k in ("corpus", "tokenizer", "target")},
         "data": {"train": "data/train.jsonl", "heldout": "data/heldout.jsonl"},

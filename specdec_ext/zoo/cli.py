@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 
 from specdec_ext.threads import add_threads_argument
+from specdec_ext.zoo.spec import SPECS
 
 __all__ = ["add_zoo_command"]
 
 
 def zoo_build_cmd(args) -> int:
     from specdec_ext.zoo.build import build_zoo
-    from specdec_ext.zoo.spec import SPECS
 
     spec = SPECS["quick" if args.quick else args.spec]
     if args.seed is not None:
@@ -38,7 +38,7 @@ def add_zoo_command(sub) -> None:
     b.add_argument("--out", required=True, help="output directory (the family layout; see specdec_ext/zoo/family.py)")
     b.add_argument("--quick", action="store_true", help="a tiny, barely trained family in seconds (tests, CI)")
     b.add_argument("--resume", action="store_true", help="skip finished stages, continue a stage from its checkpoint")
-    b.add_argument("--spec", choices=["family", "transfer"], default="family",
+    b.add_argument("--spec", choices=[k for k in SPECS if k != "quick"], default="family",
                    help="what to build: the shipped family, or the transfer target (a Qwen2 model unlike the family, "
                    "trained on the other half of the corpus, for measuring the training commands' defaults)")
     b.add_argument("--target-only", action="store_true",

@@ -11,11 +11,13 @@ import os
 import sysconfig
 import zlib
 
-__all__ = ["stdlib_dir", "python_sources", "split_sources", "read_sources", "heldout_texts", "EXCLUDED_DIRS"]
+__all__ = ["stdlib_dir", "python_sources", "split_sources", "read_sources", "heldout_texts", "EXCLUDED_DIRS",
+           "CORPUS_PARTS"]
 
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "idlelib", "lib2to3",
                            "ensurepip", "turtledemo", "__pycache__", "config-3"})
 HELDOUT_EVERY = 50  # one file in 50 is held out
+CORPUS_PARTS = ("all", "odd", "even")  # the training files used: all, or one half by a hash of the path
 
 
 def stdlib_dir() -> str:
@@ -46,7 +48,7 @@ def split_sources(files: list[str], part: str = "all") -> tuple[list[str], list[
     """``(train, heldout)``: a file is held out when the CRC-32 of its relative path is 0 mod 50. ``part`` "odd" /
     "even" keeps the training files whose hash over 50 is odd / even: two disjoint halves (for a second target that
     trains on other text than the family's), the held-out files the same for both."""
-    if part not in ("all", "odd", "even"):
+    if part not in CORPUS_PARTS:
         raise ValueError(f"part must be 'all', 'odd' or 'even', got {part!r}")
     held = [f for f in files if _path_hash(f) % HELDOUT_EVERY == 0]
     keep = set(held)

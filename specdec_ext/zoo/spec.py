@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-__all__ = ["ZooSpec", "FULL", "QUICK", "TRANSFER", "SPECS", "DRAFTER_NAMES", "DEFAULT_DRAFTERS", "CORPUS_PARTS",
-           "ARCHITECTURES"]
+from specdec_ext.zoo.corpus import CORPUS_PARTS
+
+__all__ = ["ZooSpec", "FULL", "QUICK", "TRANSFER", "SPECS", "DRAFTER_NAMES", "DEFAULT_DRAFTERS", "ARCHITECTURES"]
 
 ARCHITECTURES = ("llama", "qwen2")  # the target's Hugging Face class (Qwen2: Llama plus biases on q, k, v)
-CORPUS_PARTS = ("all", "odd", "even")  # the training files used: all, or one half by a hash of the path
 
 DRAFTER_NAMES = ("ngram", "suffix", "draft-model", "medusa", "eagle1", "eagle2", "eagle3")
 
