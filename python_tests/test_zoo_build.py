@@ -222,11 +222,16 @@ def test_a_spec_names_its_architecture_and_corpus_part():
         replace(QUICK, architecture="gpt2")
     with pytest.raises(ValueError, match="corpus_part must be one of"):
         replace(QUICK, corpus_part="first")
+    assert TRANSFER.target_long_seq_len == 4096 and TRANSFER.target_long_batch == 1  # 2048 tokens a step, as before
+    with pytest.raises(ValueError, match="target_long_seq_len must be above target_seq_len"):
+        replace(QUICK, target_long_steps=2, target_long_seq_len=QUICK.max_positions * 2)
+    with pytest.raises(ValueError, match="target_long_seq_len must be above target_seq_len"):
+        replace(QUICK, target_long_steps=2)  # (no length given)
 
 
 def test_a_target_only_build_gives_a_qwen2_target_and_its_data_for_the_training_commands(tmp_path, capsys):
-    """The transfer experiment's first stage at QUICK size: a Qwen2 target (biases on q/k/v), its tokenizer, and
-    its training texts as JSONL that `specdec train-draft` reads with its defaults."""
+    """The transfer experiment's first stage at QUICK size: a Qwen2 target (biases on q/k/v) continued on long
+    windows, its tokenizer, and its training texts as JSONL that `specdec train-draft` reads with its defaults."""
     from dataclasses import replace
 
     from transformers import AutoModelForCausalLM
@@ -234,13 +239,17 @@ def test_a_target_only_build_gives_a_qwen2_target_and_its_data_for_the_training_
     from specdec_ext.cli import main
 
     out = str(tmp_path / "transfer")
-    spec = replace(QUICK, architecture="qwen2", corpus_part="odd", rope_theta=1e6, max_positions=1024)
+    spec = replace(QUICK, architecture="qwen2", corpus_part="odd", rope_theta=1e6, max_positions=1024,
+                   target_long_seq_len=128, target_long_steps=3)
     threads = torch.get_num_threads()
     try:
         card = build_zoo(out, spec, progress=False, threads=1, target_only=True)
     finally:
         torch.set_num_threads(threads)
-    assert set(card["training"]) == {"corpus", "tokenizer", "target"} and "evaluation" not in card
+    assert set(card["training"]) == {"corpus", "tokenizer", "target", "target_long"} and "evaluation" not in card
+    long = card["training"]["target_long"]  # 3 steps of two 128-token windows (as many tokens as 4 x 64)
+    assert long["steps"] == 3 and long["seq_len"] == 128 and long["batch"] == 2 and long["tokens"] == 3 * 2 * 127
+    assert long["heldout_windows"] >= 1 and long["heldout_loss"] != long["heldout_loss_before"]
     assert card["spec"]["architecture"] == "qwen2" and not os.path.isdir(os.path.join(out, "draft"))
     target = AutoModelForCausalLM.from_pretrained(os.path.join(out, "target"))
     assert type(target).__name__ == "Qwen2ForCausalLM" and target.config.tie_word_embeddings

@@ -2,12 +2,14 @@
 
 1. the transfer target (``specdec zoo build --spec transfer --target-only``: a Qwen2 model unlike the family —
    wider, shallower, 4:1 GQA, its own 6144-id tokenizer, RoPE base 1e6, 8k positions — trained by the zoo's target
-   recipe on the other half of the corpus) and its training texts as a user's JSONL data;
+   recipe on the other half of the corpus, then continued on 4096-token windows) and its training texts as a
+   user's JSONL data;
 2. every drafter trained on it by the ``specdec train-*`` commands with their defaults and a time budget only
    (``--minutes``), ``--jobs`` of them at a time on one thread each;
 3. the result laid out as a family (``OUT/target``, ``draft``, ``medusa``, ``eagle1``, ``eagle3``; ``card.json``
-   with the library's CPU drafter shapes) and measured by ``specdec bench --zoo OUT --suite e2e`` at batch 1 on
-   the held-out files, plain decoding side by side.
+   with the library's CPU drafter shapes; ``transfer.json``: the commands, training times and reports) and measured
+   by ``specdec bench --zoo OUT --suite e2e,context`` at batch 1 on the held-out files, plain decoding side by
+   side: speed, and acceptance against context length (256 to 8000 tokens).
 
 Nothing here is tuned on the transfer target: the flags below are the budget, the data, the output and threads.
 
@@ -48,9 +50,7 @@ def _run_logged(cmd: list[str], log: str) -> subprocess.Popen:
 
 
 def build_target(out: str, threads: int) -> None:
-    if os.path.isfile(os.path.join(out, "card.json")) and os.path.isdir(os.path.join(out, "target")):
-        print(f"target: {out}/target exists, kept", flush=True)
-        return
+    """The target's stages; a rerun (``--resume``) skips the finished ones and rewrites the card."""
     os.makedirs(out, exist_ok=True)
     p = _run_logged(_specdec("zoo", "build", "--spec", "transfer", "--target-only", "--resume", "--out", out,
                              "--threads", str(threads), "--no-progress"), os.path.join(out, "build.log"))
@@ -107,6 +107,9 @@ def main(argv=None) -> int:
     ap.add_argument("--members", default=",".join(DRAFTERS),
                     help=f"the drafters to train now, comma-separated (default all: {','.join(DRAFTERS)})")
     ap.add_argument("--skip-bench", action="store_true", help="build and train only")
+    ap.add_argument("--suites", default="e2e,context", help="specdec bench --suite (default e2e,context)")
+    ap.add_argument("--context-lengths", default="256,1024,4096,8000",
+                    help="the context sweep's prompt lengths (the target's long stage trains at 4096)")
     args = ap.parse_args(argv)
     out = os.path.abspath(args.out)
     members = [m for m in args.members.split(",") if m]
@@ -115,22 +118,25 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     build_target(out, args.build_threads)
     seconds = train_drafters(out, args.minutes, args.jobs, members)
-    with open(os.path.join(out, "card.json")) as f:
-        card = json.load(f)
-    record = card.setdefault("transfer", {"commands": {m: " ".join(c) for m, c in DRAFTERS.items()}, "trained": {}})
+    # the experiment's record beside the card (which a rerun of the build rewrites)
+    record_file = os.path.join(out, "transfer.json")
+    record = {"commands": {m: " ".join(c) for m, c in DRAFTERS.items()}, "trained": {}}
+    if os.path.isfile(record_file):
+        with open(record_file) as f:
+            record = json.load(f)
     for m, s in seconds.items():
         if s is not None:
             record["trained"][m] = {"minutes": args.minutes, "jobs": args.jobs, "wall_seconds": s}
     record["reports"] = reports(out)
-    with open(os.path.join(out, "card.json"), "w") as f:
-        json.dump(card, f, indent=1)
+    with open(record_file, "w") as f:
+        json.dump(record, f, indent=1)
     print(f"built and trained in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
     missing = [m for m in DRAFTERS if not os.path.isfile(os.path.join(out, m, "config.json"))]
     if args.skip_bench or missing:
         print(f"not measured: {'--skip-bench' if args.skip_bench else 'untrained ' + ', '.join(missing)}")
         return 0
-    cmd = _specdec("bench", "--zoo", out, "--suite", "e2e", "--threads", "1", "--temperatures", "0", "--no-hf",
-                   "--out", args.results, "--name", args.name,
+    cmd = _specdec("bench", "--zoo", out, "--suite", args.suites, "--context-lengths", args.context_lengths,
+                   "--threads", "1", "--temperatures", "0", "--no-hf", "--out", args.results, "--name", args.name,
                    "--note", "transfer target (bench_transfer.py): drafters trained by the train-* defaults, "
                    f"--minutes {args.minutes:g} each")
     print(f"$ {' '.join(cmd[2:])}", flush=True)

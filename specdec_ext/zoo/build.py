@@ -7,6 +7,7 @@ long stages checkpoint every 100 steps so ``--resume`` also continues inside one
     corpus     the standard library's .py files, ~2% held out by path hash     (corpus.py)
     tokenizer  byte-level BPE on the training files                            (tokenizer.py)
     target     a Llama LM pre-trained on the token stream, rounded to bf16     (train_target below)
+    target_long  (specs with target_long_steps) the target continued on long windows
     draft      a small Llama distilled from the target (KL on its logits)      (train/draft_lm.py)
     medusa     Medusa-1 heads sharing the target's lm_head                     (train/medusa.py)
     eagle1     EAGLE-1 draft (feature regression + token KL)                   (train/eagle.py)
@@ -35,7 +36,7 @@ from specdec_ext.models.safe_files import read_json
 from specdec_ext.zoo.corpus import python_sources, read_sources, split_sources, stdlib_dir
 from specdec_ext.zoo.spec import ZooSpec
 
-__all__ = ["build_zoo", "reevaluate_family", "target_config", "train_target", "FLOOR_RATIO"]
+__all__ = ["build_zoo", "reevaluate_family", "target_config", "new_target", "train_target", "FLOOR_RATIO"]
 
 FLOOR_RATIO = 0.85  # test floor = 85% of the accepted length measured at build time
 
@@ -58,19 +59,23 @@ def target_config(spec: ZooSpec, tokenizer):
     return LlamaConfig(**common)
 
 
-def train_target(spec: ZooSpec, tokenizer, stream: list[int], cfg):
-    """``(model, result)``: the target LM trained with next-token cross-entropy on windows of the stream."""
+def new_target(spec: ZooSpec, tokenizer):
+    """An untrained target of ``spec``'s architecture and shape (seeded by ``spec.seed``)."""
     import warnings
 
     from transformers import AutoModelForCausalLM
 
-    from specdec_ext.train.data import windows
-    from specdec_ext.train.loop import train_loop
-
     torch.manual_seed(spec.seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(target_config(spec, tokenizer))
+        return AutoModelForCausalLM.from_config(target_config(spec, tokenizer))
+
+
+def train_target(model, stream: list[int], seq_len: int, cfg, spec: ZooSpec):
+    """``(model, result)``: ``model`` trained with next-token cross-entropy on ``seq_len``-token windows of the
+    stream (the first stage from :func:`new_target`; the long stage continues the first's model)."""
+    from specdec_ext.train.data import windows
+    from specdec_ext.train.loop import train_loop
 
     def loss_fn(toks, mask):
         logits = model(input_ids=toks, attention_mask=mask.long()).logits
@@ -79,8 +84,9 @@ def train_target(spec: ZooSpec, tokenizer, stream: list[int], cfg):
                                ignore_index=-100)
         return loss, int(mask[:, 1:].sum())
 
-    signature = {"layers": spec.num_layers, "hidden_size": spec.hidden_size, "vocab_size": spec.vocab_size}
-    result = train_loop(model, loss_fn, windows(stream, spec.target_seq_len), cfg, name="target", signature=signature)
+    signature = {"layers": spec.num_layers, "hidden_size": spec.hidden_size, "vocab_size": spec.vocab_size,
+                 "seq_len": seq_len}
+    result = train_loop(model, loss_fn, windows(stream, seq_len), cfg, name="target", signature=signature)
     return model.eval(), result
 
 
@@ -209,21 +215,41 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     _log(f"corpus: {len(texts)} training files, {len(stream)} tokens ({sum(map(len, texts)) / len(stream):.2f} "
          f"characters per token); {len(held_texts)} held-out files, {len(held_stream)} tokens")
 
-    def target():
-        cfg = _train_cfg(spec, out, "target", spec.target_steps, spec.target_lr, spec.target_batch,
-                         spec.target_warmup, progress, resume)
-        model, result = train_target(spec, tok, stream, cfg)
+    def save_target(model):
         bf = _bf16_copy(model)
         bf.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
                                                 bos_token_id=tok.eos_token_id)
         bf.save_pretrained(tdir)
         tok.save_pretrained(tdir)
+
+    def target():
+        cfg = _train_cfg(spec, out, "target", spec.target_steps, spec.target_lr, spec.target_batch,
+                         spec.target_warmup, progress, resume)
+        model, result = train_target(new_target(spec, tok), stream, spec.target_seq_len, cfg, spec)
+        save_target(model)
         return {**_summary(result), "params": _params(model), "train_stream_tokens": len(stream)}
 
     stages.run("target", target)
+    held_long = windows(held_stream, spec.target_long_seq_len)[:16] if spec.target_long_steps else []
+
+    def target_long():
+        model = load_causal_lm(tdir, torch.float32)
+        before = round(heldout_loss(model, held_long, batch=1), 4) if held_long else None
+        cfg = _train_cfg(spec, out, "target_long", spec.target_long_steps, spec.target_long_lr,
+                         spec.target_long_batch, max(1, spec.target_long_steps // 10), progress, resume)
+        model, result = train_target(model, stream, spec.target_long_seq_len, cfg, spec)
+        save_target(model)
+        return {**_summary(result), "seq_len": spec.target_long_seq_len, "batch": spec.target_long_batch,
+                "heldout_windows": len(held_long), "heldout_loss_before": before}
+
+    if spec.target_long_steps:
+        stages.run("target_long", target_long)
     target_model = load_causal_lm(tdir, torch.float32).eval()
     held_seqs = windows(held_stream, spec.target_seq_len)[:64]
+    # the held-out losses of the target as saved (after the long stage when there is one)
     stages.records["target"]["heldout_loss"] = round(heldout_loss(target_model, held_seqs), 4) if held_seqs else None
+    if held_long:
+        stages.records["target_long"]["heldout_loss"] = round(heldout_loss(target_model, held_long, batch=1), 4)
     if target_only:
         return _target_card(out, spec, stages, texts, held_texts)
     seqs = windows(stream, spec.drafter_seq_len)
@@ -328,7 +354,8 @@ def _target_card(out: str, spec: ZooSpec, stages: _Stages, texts: list[str], hel
         "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": _machine(),
         "spec": spec.to_dict(),
-        "training": {k: stages.records[k] for k in ("corpus", "tokenizer", "target")},
+        "training": {k: stages.records[k] for k in ("corpus", "tokenizer", "target", "target_long")
+                     if k in stages.records},
         "data": {"train": "data/train.jsonl", "heldout": "data/heldout.jsonl"},
     }
     with open(os.path.join(out, "card.json"), "w") as f:

@@ -68,6 +68,13 @@ class ZooSpec:
     target_steps: int = 700
     target_lr: float = 2e-3
     target_warmup: int = 60
+    # a long-context stage after the first (0 steps: none): the target continued on windows of target_long_seq_len
+    # tokens, as many tokens a step as the first stage, so that it holds at the context lengths the sweep measures
+    # (the family, trained on 512-token windows only, predicts its own held-out text worse with 4k tokens before it
+    # than with 512: top-1 accuracy 0.354 -> 0.309 on the same tokens, 2026-12-02)
+    target_long_seq_len: int = 0
+    target_long_steps: int = 0
+    target_long_lr: float = 3e-4
     # drafters (trained against the frozen, bf16-rounded target)
     drafter_seq_len: int = 256
     drafter_batch: int = 8
@@ -99,6 +106,16 @@ class ZooSpec:
             raise ValueError(f"ZooSpec.architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
         if self.corpus_part not in CORPUS_PARTS:
             raise ValueError(f"ZooSpec.corpus_part must be one of {CORPUS_PARTS}, got {self.corpus_part!r}")
+        if self.target_long_steps < 0:
+            raise ValueError(f"ZooSpec.target_long_steps must be >= 0, got {self.target_long_steps}")
+        if self.target_long_steps and not self.target_seq_len < self.target_long_seq_len <= self.max_positions:
+            raise ValueError(f"ZooSpec.target_long_seq_len must be above target_seq_len ({self.target_seq_len}) and "
+                             f"at most max_positions ({self.max_positions}), got {self.target_long_seq_len}")
+
+    @property
+    def target_long_batch(self) -> int:
+        """The long stage's batch: as many tokens a step as the first stage's (at least one window)."""
+        return max(1, self.target_batch * self.target_seq_len // max(self.target_long_seq_len, 1))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,7 +135,9 @@ QUICK = replace(FULL, vocab_size=512, hidden_size=64, num_layers=4, intermediate
 # The transfer target (issue: drafter training that transfers): a model unlike the family, for measuring the
 # training commands' defaults on a target nothing was tuned on. Qwen2 (q/k/v biases), wider and shallower, GQA 4:1,
 # its own tokenizer of another size, RoPE base 1e6 and 8k positions, trained by the same recipe on the other half
-# of the corpus. `specdec zoo build --spec transfer --target-only` builds it; only the target's stages run.
+# of the corpus, then continued on 4096-token windows (the context sweep's lengths). `specdec zoo build --spec
+# transfer --target-only` builds it; only the target's stages run.
 TRANSFER = replace(FULL, architecture="qwen2", vocab_size=6144, hidden_size=512, num_layers=6, intermediate_size=1536,
-                   num_heads=8, num_kv_heads=2, max_positions=8192, rope_theta=1e6, corpus_part="odd", seed=1)
+                   num_heads=8, num_kv_heads=2, max_positions=8192, rope_theta=1e6, target_long_seq_len=4096,
+                   target_long_steps=60, corpus_part="odd", seed=1)
 SPECS = {"family": FULL, "quick": QUICK, "transfer": TRANSFER}
