@@ -18,6 +18,15 @@ from specdec_ext.train.schedule import DEFAULT_STEPS
 __all__ = ["add_evaluate_command", "add_train_commands"]
 
 
+def _window_arguments(p: argparse.ArgumentParser, max_length_help: str) -> None:
+    p.add_argument("--max-length", type=int, default=None, help=max_length_help)
+    p.add_argument("--long-fraction", type=float, default=0.0, metavar="F",
+                   help="long-context mixing: this fraction of the text (0-1) trains in --long-length windows, "
+                        "batched apart with as many tokens a batch (0 = off)")
+    p.add_argument("--long-length", type=int, default=None, metavar="N",
+                   help="--long-fraction: tokens per long window (default min(4096, the model's context))")
+
+
 def _common(p: argparse.ArgumentParser, lr: float) -> None:
     p.add_argument("--model", required=True, help="directory of the target model (save_pretrained layout)")
     p.add_argument("--data", nargs="+", required=True,
@@ -38,8 +47,7 @@ def _common(p: argparse.ArgumentParser, lr: float) -> None:
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="--schedule cosine: the final rate over --lr")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--max-length", type=int, default=None,
-                   help="tokens per training sequence (chunks; default min(256, the model's context))")
+    _window_arguments(p, "tokens per training sequence (chunks; default min(256, the model's context))")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
@@ -98,9 +106,12 @@ def _corpus(args, target, tok, name: str) -> tuple[list[list[int]], list[list[in
     context = model_max_length(target)
     if args.max_length is None:
         args.max_length = min(256, context or 256)
+    if args.long_fraction and args.long_length is None:
+        args.long_length = min(4096, context or 4096)
     try:
         seqs = load_corpus(args.data, tok, max_length=args.max_length, context=context,
-                           vocab_size=text_config(target.config).vocab_size)
+                           vocab_size=text_config(target.config).vocab_size, long_length=args.long_length,
+                           long_fraction=args.long_fraction, seed=args.seed)
     except DataError as err:
         raise SystemExit(f"specdec {name}: bad data: {err}") from None
     train, held = split_heldout(seqs, args.heldout, args.seed)
@@ -137,7 +148,8 @@ def _prepare(args, name: str):
                              temperature=args.distill_temperature, seed=args.seed, batch_size=args.distill_batch,
                              max_length=args.max_length, progress=not args.no_progress)
     cfg = TrainConfig(steps=args.steps, minutes=args.minutes, max_epochs=args.max_epochs, lr=args.lr,
-                      batch_size=args.batch_size, seed=args.seed, device=args.device, schedule=args.schedule,
+                      batch_size=args.batch_size, short_length=args.max_length if args.long_fraction else 0,
+                      seed=args.seed, device=args.device, schedule=args.schedule,
                       warmup=args.warmup, warmup_fraction=0.05, min_lr_ratio=args.min_lr_ratio,
                       weight_decay=args.weight_decay,
                       eval_every=args.eval_every, eval_new_tokens=args.eval_new_tokens,
@@ -160,7 +172,8 @@ def _report(args, name: str, result, extra: dict, target=None, drafter=None, pro
     report = None
     if drafter is not None and prompts and not args.no_report:
         report = evaluate_drafter(target, drafter, prompts, new_tokens=args.eval_new_tokens)
-    info = {"command": name, "model": args.model, "data": args.data, **extra, **result.summary(),
+    windows = {"max_length": args.max_length, "long_fraction": args.long_fraction, "long_length": args.long_length}
+    info = {"command": name, "model": args.model, "data": args.data, **windows, **extra, **result.summary(),
             "report": report.to_dict() if report else None}
     with open(os.path.join(args.out, "training_log.json"), "w") as f:
         json.dump({**info, "losses": result.losses}, f, indent=1)
@@ -284,7 +297,8 @@ def add_evaluate_command(sub) -> None:
                    help="evaluate on the N sequences train-* held out of --data with the same --seed and "
                         "--max-length (0 = every sequence: --data is held-out text)")
     p.add_argument("--prompts", type=int, default=0, help="at most this many prompts (0 = all)")
-    p.add_argument("--max-length", type=int, default=None, help="tokens per sequence (as train-*)")
+    _window_arguments(p, "tokens per sequence (as train-*; with --long-fraction and --long-length, which choose "
+                         "the held-out sequences with it)")
     p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt")
     p.add_argument("--repeats", type=int, default=10, help="timed target forwards per size of the cost curve")

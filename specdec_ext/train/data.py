@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -129,13 +130,16 @@ def _read_file(path: str, tokenizer, context: int | None, in_dir: bool = False) 
 
 
 def load_corpus(paths, tokenizer=None, max_length: int = 256, context: int | None = None, vocab_size: int | None = None,
-                min_length: int = 4) -> list[list[int]]:
+                min_length: int = 4, long_length: int | None = None, long_fraction: float = 0.0,
+                seed: int = 0) -> list[list[int]]:
     """Token sequences (each ``min_length`` .. ``max_length`` tokens) from the files ``paths`` (a directory: every
     file below it, in sorted order): the text documents packed into windows of ``max_length`` (EOS after each
     document), then each explicit ``input_ids`` record chunked at ``max_length``.
 
+    ``long_fraction`` of the packed text (0 .. 1) stays in windows of ``long_length`` tokens instead (chosen by
+    ``seed``): the stream is cut at ``long_length``, and the chunks not chosen are cut again at ``max_length``.
     ``context``: the model's maximum positions (explicit ``input_ids`` longer than that are an error; ``max_length``
-    may not exceed it). ``vocab_size``: ids outside ``[0, vocab_size)`` are an error."""
+    and ``long_length`` may not exceed it). ``vocab_size``: ids outside ``[0, vocab_size)`` are an error."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     paths = [os.fspath(p) for p in paths]
@@ -145,6 +149,13 @@ def load_corpus(paths, tokenizer=None, max_length: int = 256, context: int | Non
         raise DataError(f"max_length must be >= 2, got {max_length}")
     if context is not None and max_length > context:
         raise DataError(f"max_length {max_length} exceeds the model's context ({context} positions)")
+    if not 0.0 <= long_fraction <= 1.0:
+        raise DataError(f"long_fraction must be in [0, 1], got {long_fraction}")
+    if long_fraction and (long_length is None or long_length <= max_length):
+        raise DataError(f"long_length must be above max_length ({max_length}) with long_fraction {long_fraction}, "
+                        f"got {long_length}")
+    if long_fraction and context is not None and long_length > context:
+        raise DataError(f"long_length {long_length} exceeds the model's context ({context} positions)")
     files: list[tuple[str, bool]] = []
     for path in paths:
         if os.path.isdir(path):  # every file below it, sorted; empty / non-UTF-8 files are skipped
@@ -163,7 +174,14 @@ def load_corpus(paths, tokenizer=None, max_length: int = 256, context: int | Non
                 raise DataError(f"{where}: token id {bad} is outside the model's vocabulary [0, {vocab_size})")
             (packed if pack else own).append(ids)
     eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-    seqs = windows(document_stream(packed, eos), max_length, min_length)
+    stream = document_stream(packed, eos)
+    if long_fraction:
+        chunks = windows(stream, long_length, min_length)
+        g = torch.Generator().manual_seed(seed)
+        keep = set(torch.randperm(len(chunks), generator=g)[: round(long_fraction * len(chunks))].tolist())
+        seqs = [w for i, c in enumerate(chunks) for w in ([c] if i in keep else windows(c, max_length, min_length))]
+    else:
+        seqs = windows(stream, max_length, min_length)
     for ids in own:
         seqs += windows(ids, max_length, min_length)
     if not seqs:
@@ -242,24 +260,65 @@ def pad_batch(seqs: list[list[int]], device=None) -> tuple[torch.Tensor, torch.T
 
 
 class BatchSampler:
-    """Shuffled epochs of batches from a seeded generator whose state is checkpointed (exact resumption)."""
+    """Shuffled epochs of batches from a seeded generator whose state is checkpointed (exact resumption).
 
-    def __init__(self, n: int, batch_size: int, seed: int):
-        self.n, self.batch_size = n, max(1, min(batch_size, n))
+    ``long``: the indices of long windows, batched apart from the others, ``long_batch_size`` to a batch (a batch
+    of short windows padded to a long one's length would be mostly padding); each epoch's long batches are spread
+    evenly among its short ones, so that every stretch of steps (the time budget's probe too) mixes them alike."""
+
+    def __init__(self, n: int, batch_size: int, seed: int, long: Sequence[int] = (), long_batch_size: int = 1):
+        self.n, self.batch_size = n, max(1, min(batch_size, n - len(long) or n))
+        self.long = sorted(set(long))
+        if self.long and not (0 <= self.long[0] and self.long[-1] < n):
+            raise ValueError(f"BatchSampler: long indices must be in [0, {n}), got {self.long[0]}..{self.long[-1]}")
+        self.long_batch_size = max(1, min(long_batch_size, len(self.long) or 1))
         self.gen = torch.Generator().manual_seed(seed)
-        self.order: list[int] = []
+        self.order: list = []  # one window group: indices; with long windows: whole batches
+
+    @property
+    def batches_per_epoch(self) -> float:
+        short = self.n - len(self.long)
+        return short / self.batch_size + len(self.long) / self.long_batch_size
 
     def next(self) -> list[int]:
-        if len(self.order) < self.batch_size:
-            self.order = torch.randperm(self.n, generator=self.gen).tolist()
-        b, self.order = self.order[: self.batch_size], self.order[self.batch_size:]
-        return b
+        if not self.long:
+            if len(self.order) < self.batch_size:
+                self.order = torch.randperm(self.n, generator=self.gen).tolist()
+            b, self.order = self.order[: self.batch_size], self.order[self.batch_size:]
+            return b
+        if not self.order:
+            self.order = self._epoch()
+        return self.order.pop(0)
+
+    def _epoch(self) -> list[list[int]]:
+        is_long = set(self.long)
+        short = [i for i in range(self.n) if i not in is_long]
+
+        def batches(idx, size):
+            perm = [idx[j] for j in torch.randperm(len(idx), generator=self.gen).tolist()]
+            return [perm[j: j + size] for j in range(0, len(perm) - size + 1, size)]
+
+        sb, lb = batches(short, self.batch_size), batches(self.long, self.long_batch_size)
+        # long batch k goes after floor((k + 1/2) * len(sb) / len(lb)) short ones: equal gaps
+        out, k = [], 0
+        for j in range(len(sb) + 1):
+            while k < len(lb) and (2 * k + 1) * len(sb) // (2 * len(lb)) <= j:
+                out.append(lb[k])
+                k += 1
+            if j < len(sb):
+                out.append(sb[j])
+        return out
 
     def state_dict(self) -> dict:
-        return {"gen": self.gen.get_state(), "order": list(self.order), "n": self.n}
+        return {"gen": self.gen.get_state(), "order": [list(b) if isinstance(b, list) else b for b in self.order],
+                "n": self.n, "long": len(self.long)}
 
     def load_state_dict(self, sd: dict, who: str = "resume: the checkpoint") -> None:
-        n = sd.get("n", max(sd["order"], default=-1) + 1)  # (checkpoints before "n" was saved: a lower bound)
+        if sd.get("long", 0) != len(self.long):
+            raise ValueError(f"{who} drew its batches from {sd.get('long', 0)} long windows, this run has "
+                             f"{len(self.long)} (--long-fraction or --long-length changed); resume with the same "
+                             "data and options, or train into another output directory")
+        n = sd["n"] if "n" in sd else max(sd["order"], default=-1) + 1  # (older checkpoints: a lower bound)
         if n != self.n if "n" in sd else n > self.n:
             raise ValueError(f"{who} drew its batches from {n} training sequences, this run has {self.n} "
                              "(the data, --max-length, --heldout or --self-distill changed); resume with the same "

@@ -37,6 +37,7 @@ class TrainConfig:
     probe_steps: int = 10  # with ``minutes``: steps timed before the count is fixed
     lr: float = 1e-3
     batch_size: int = 8
+    short_length: int = 0  # > 0: windows longer than this are batched apart (long-context mixing: train/data.py)
     weight_decay: float = 0.0
     warmup: int | None = 0  # linear warm-up steps; None: ``warmup_fraction`` of the steps
     warmup_fraction: float = 0.05
@@ -72,8 +73,8 @@ class TrainResult:
 
 
 def _check_config(cfg: TrainConfig, name: str) -> None:
-    for key, low in (("steps", 0), ("batch_size", 1), ("warmup", 0), ("eval_every", 0), ("eval_new_tokens", 1),
-                     ("checkpoint_every", 0), ("seed", 0), ("probe_steps", 1)):
+    for key, low in (("steps", 0), ("batch_size", 1), ("short_length", 0), ("warmup", 0), ("eval_every", 0),
+                     ("eval_new_tokens", 1), ("checkpoint_every", 0), ("seed", 0), ("probe_steps", 1)):
         v = getattr(cfg, key)
         if v is None and key in ("steps", "warmup"):
             continue
@@ -101,11 +102,11 @@ def _check_config(cfg: TrainConfig, name: str) -> None:
                          "reach lr")
 
 
-def _fresh_plan(cfg: TrainConfig, n_seqs: int) -> SchedulePlan:
+def _fresh_plan(cfg: TrainConfig, batches_per_epoch: float) -> SchedulePlan:
     if cfg.minutes is None:
         steps = DEFAULT_STEPS if cfg.steps is None else cfg.steps
         return SchedulePlan(steps=steps, warmup=resolve_warmup(cfg.warmup, cfg.warmup_fraction, steps))
-    cap = epoch_cap(n_seqs, cfg.batch_size, cfg.max_epochs)
+    cap = epoch_cap(batches_per_epoch, cfg.max_epochs)
     warm = resolve_warmup(cfg.warmup, cfg.warmup_fraction, cap)  # (until the count is fixed: the longest run's)
     return SchedulePlan(steps=cap, warmup=warm, probe_steps=min(cfg.probe_steps, cap), probe_total=cap,
                         probe_warmup=warm, budget_seconds=60.0 * cfg.minutes)
@@ -183,6 +184,14 @@ def evaluate_acceptance(target, drafter, prompts: list[list[int]], max_new_token
     return float(stats.mean_accepted_length)
 
 
+def _sampler(seqs: list[list[int]], cfg: TrainConfig) -> BatchSampler:
+    """Batches of ``cfg.batch_size`` windows; with ``cfg.short_length``, the windows longer than it batched apart,
+    as many tokens to a batch as a batch of short ones (at least one window)."""
+    long = [i for i, s in enumerate(seqs) if cfg.short_length and len(s) > cfg.short_length]
+    longest = max((len(seqs[i]) for i in long), default=1)
+    return BatchSampler(len(seqs), cfg.batch_size, cfg.seed, long, cfg.batch_size * cfg.short_length // longest)
+
+
 def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: TrainConfig, eval_fn=None,
                name: str = "train", params=None, signature: dict | None = None) -> TrainResult:
     """Trains ``module``'s (or ``params``') parameters for ``cfg.steps`` AdamW steps (or as many as fit in
@@ -202,10 +211,10 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
     torch.manual_seed(cfg.seed)
     params = [p for p in (module.parameters() if params is None else params) if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    sampler = BatchSampler(len(seqs), cfg.batch_size, cfg.seed)
+    sampler = _sampler(seqs, cfg)
     result = TrainResult()
     ckpt = os.path.join(cfg.checkpoint_dir, CHECKPOINT_FILE) if cfg.checkpoint_dir else None
-    plan = _fresh_plan(cfg, len(seqs))
+    plan = _fresh_plan(cfg, sampler.batches_per_epoch)
     if cfg.resume and ckpt and os.path.isfile(ckpt):
         state = read_checkpoint(ckpt, name)
         check_resumable(state, module, signature, ckpt, name)

@@ -71,9 +71,9 @@ def lr_at(step: int, plan: SchedulePlan, lr: float, schedule: str, min_lr_ratio:
     return _rate(step, lr, plan.steps, plan.warmup, schedule, min_lr_ratio)
 
 
-def epoch_cap(n_seqs: int, batch_size: int, max_epochs: float) -> int:
-    """Steps that make ``max_epochs`` passes over ``n_seqs`` sequences in batches of ``batch_size`` (at least 1)."""
-    return max(1, math.ceil(max_epochs * n_seqs / max(1, min(batch_size, n_seqs))))
+def epoch_cap(batches_per_epoch: float, max_epochs: float) -> int:
+    """Steps that make ``max_epochs`` passes over the data, ``batches_per_epoch`` batches a pass (at least 1)."""
+    return max(1, math.ceil(max_epochs * batches_per_epoch))
 
 
 def steps_for_budget(budget_seconds: float, elapsed_seconds: float, step_seconds: float, done: int, cap: int) -> int:
