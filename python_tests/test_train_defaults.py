@@ -65,8 +65,8 @@ def tiny_run(steps=None, minutes=None, sleep=0.0, checkpoint_dir=None, resume=Fa
         calls.append(1)
         if fail_at is not None and len(calls) > fail_at:  # an interruption after some steps (the last periodic
             raise KeyboardInterrupt(model, before)      # checkpoint stays)
-        if sleep:
-            time.sleep(sleep)
+        if sleep:  # seconds a step, or a function of the step's number (from 1)
+            time.sleep(sleep(len(calls)) if callable(sleep) else sleep)
         logits = model(toks[:, :-1])
         return torch.nn.functional.cross_entropy(logits.reshape(-1, 17), toks[:, 1:].reshape(-1)), 1
 
@@ -100,6 +100,18 @@ def test_minutes_fixes_the_step_count_from_the_timed_steps():
     # a generous budget on little data stops at max_epochs passes: 2 x 30 sequences / 3 a batch
     _, result, _ = tiny_run(minutes=5.0, max_epochs=2.0, probe_steps=4)
     assert result.step == result.plan.steps == 20
+
+
+def test_the_check_refixes_the_count_when_the_probe_ran_slow():
+    # the first 5 steps at 0.1 s a step, the rest at 0.02: the probe (steps 2-4 timed) plans ~15 steps in 1.5 s;
+    # the check (its clock from step 5's end, 4 steps) times 0.02 s a step and plans ~50, and the run ends on time
+    _, result, _ = tiny_run(minutes=1.5 / 60, sleep=lambda n: 0.1 if n <= 5 else 0.02, max_epochs=100.0,
+                            probe_steps=4)
+    plan = result.plan
+    assert plan.step_seconds == pytest.approx(0.1, rel=0.3) and plan.check_seconds == pytest.approx(0.02, rel=0.5)
+    assert plan.check_step == 9 and 35 <= plan.steps == result.step
+    assert plan.warmup == max(1, round(0.05 * 15)) or plan.warmup == max(1, round(0.05 * 14))  # (the probe's)
+    assert 1.0 <= result.seconds <= 2.5
 
 
 def test_the_probe_ends_early_when_it_would_overrun_the_budget():

@@ -180,8 +180,9 @@ def _report(args, name: str, result, extra: dict, target=None, drafter=None, pro
     s = result.summary()
     acc = f", mean accepted length {s['evals'][-1][1]:.3f}" if s["evals"] else ""
     plan = result.plan
-    budget = (f" (the count {plan.budget_seconds / 60:g} minutes fit at {plan.step_seconds:.3f} s a step, at most "
-              f"{plan.probe_total})" if plan and plan.step_seconds is not None else "")
+    timed = plan and (plan.check_seconds or plan.step_seconds)  # (the check's timing re-fixed the probe's count)
+    budget = (f" (the count {plan.budget_seconds / 60:g} minutes fit at {timed:.3f} s a step, at most "
+              f"{plan.probe_total})" if timed else "")
     print(f"specdec {name}: {s['steps']} steps{budget}, loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}{acc}; "
           f"saved to {args.out}")
     if report is not None:

@@ -249,6 +249,7 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
     seconds_before = result.seconds
     tok_window, t_window = 0, t0
     timed_from, timed_steps = None, 0  # the probe's clock starts after this process's first step (one-time costs)
+    check_from = None  # (time, step) where the check's clock started (module doc of train/schedule.py)
     module.train()
     while result.step < plan.steps:
         toks, mask = pad_batch([seqs[i] for i in sampler.next()], device)
@@ -286,6 +287,16 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
                 bar.write(f"{name}: {plan.step_seconds:.3f} s a step: {plan.steps} steps fit in "
                           f"{plan.budget_seconds / 60:g} minutes (at most {plan.probe_total}: {cfg.max_epochs:g} "
                           "passes over the data)")
+        elif plan.budget_seconds is not None and not plan.check_step:
+            if check_from is None:
+                check_from = (now, result.step)
+            elif result.step - check_from[1] >= max(plan.probe_steps, plan.steps // 10):
+                plan.check_seconds = (now - check_from[0]) / (result.step - check_from[1])
+                plan.check_step = result.step
+                plan.steps = steps_for_budget(plan.budget_seconds, seconds_before + now - t0, plan.check_seconds,
+                                              result.step, plan.probe_total)
+                bar.set_total(plan.steps)
+                bar.write(f"{name}: checked: {plan.check_seconds:.3f} s a step: {plan.steps} steps fit")
         bar.update(1, loss=f"{result.losses[-1]:.4f}", tok_s=f"{tok_window / max(now - t_window, 1e-9):.0f}")
         if now - t_window > 5:
             tok_window, t_window = 0, now

@@ -10,6 +10,10 @@ generous budget on little data stops early rather than over-fitting. The probe s
 longest run the cap allows (its warm-up is the longest, so their rates are the lowest the run could have); from
 the probe's end on, the rates are those of the chosen step count. The plan (:class:`SchedulePlan`) is saved in the
 checkpoint, so a resumed run keeps it.
+
+The probe's first steps can run slower than the rest (a machine still busy loading, allocations growing), so the
+count is fixed once more at the *check*: after as many steps again as the probe or a tenth of the count, whichever
+is more, from the steps timed since the probe (the warm-up stays; the cosine is stretched or shrunk from there on).
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ DEFAULT_STEPS = 1000  # neither a step count nor a time budget given
 @dataclass
 class SchedulePlan:
     """What fixes every step's rate: the total ``steps`` and ``warmup``; with a time budget also the probe (its
-    ``probe_steps`` first steps ran as a run of ``probe_total`` steps with ``probe_warmup`` would) and the timing
-    that chose ``steps``."""
+    ``probe_steps`` first steps ran as a run of ``probe_total`` steps with ``probe_warmup`` would) and the timings
+    that chose ``steps`` (the probe's, then the check's)."""
 
     steps: int
     warmup: int
@@ -35,6 +39,8 @@ class SchedulePlan:
     probe_warmup: int = 0
     step_seconds: float | None = None  # the probe's mean step time
     budget_seconds: float | None = None
+    check_step: int = 0  # the step at which the check re-fixed ``steps`` (0: not yet)
+    check_seconds: float | None = None  # the mean step time the check measured
 
     def to_dict(self) -> dict:
         return asdict(self)
