@@ -48,8 +48,8 @@ class Progress:
             self.bar.refresh()
 
     def write(self, msg: str) -> None:
-        if not self.enabled:
-            return
+        """An event line (the step count a budget chose, an evaluation): printed even without the bar, so that a
+        logged run (``--no-progress``) records it."""
         if self.bar is not None:
             self.bar.write(msg, file=sys.stderr)
         else:
