@@ -271,14 +271,15 @@ class BatchSampler:
         self.long = sorted(set(long))
         if self.long and not (0 <= self.long[0] and self.long[-1] < n):
             raise ValueError(f"BatchSampler: long indices must be in [0, {n}), got {self.long[0]}..{self.long[-1]}")
+        is_long = set(self.long)
+        self.short = [i for i in range(n) if i not in is_long] if self.long else []
         self.long_batch_size = max(1, min(long_batch_size, len(self.long) or 1))
         self.gen = torch.Generator().manual_seed(seed)
         self.order: list = []  # one window group: indices; with long windows: whole batches
 
     @property
     def batches_per_epoch(self) -> float:
-        short = self.n - len(self.long)
-        return short / self.batch_size + len(self.long) / self.long_batch_size
+        return (self.n - len(self.long)) / self.batch_size + len(self.long) / self.long_batch_size
 
     def next(self) -> list[int]:
         if not self.long:
@@ -291,14 +292,11 @@ class BatchSampler:
         return self.order.pop(0)
 
     def _epoch(self) -> list[list[int]]:
-        is_long = set(self.long)
-        short = [i for i in range(self.n) if i not in is_long]
-
         def batches(idx, size):
             perm = [idx[j] for j in torch.randperm(len(idx), generator=self.gen).tolist()]
             return [perm[j: j + size] for j in range(0, len(perm) - size + 1, size)]
 
-        sb, lb = batches(short, self.batch_size), batches(self.long, self.long_batch_size)
+        sb, lb = batches(self.short, self.batch_size), batches(self.long, self.long_batch_size)
         # long batch k goes after floor((k + 1/2) * len(sb) / len(lb)) short ones: equal gaps
         out, k = [], 0
         for j in range(len(sb) + 1):
@@ -310,8 +308,7 @@ class BatchSampler:
         return out
 
     def state_dict(self) -> dict:
-        return {"gen": self.gen.get_state(), "order": [list(b) if isinstance(b, list) else b for b in self.order],
-                "n": self.n, "long": len(self.long)}
+        return {"gen": self.gen.get_state(), "order": list(self.order), "n": self.n, "long": len(self.long)}
 
     def load_state_dict(self, sd: dict, who: str = "resume: the checkpoint") -> None:
         if sd.get("long", 0) != len(self.long):
