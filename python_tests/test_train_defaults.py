@@ -22,6 +22,7 @@ from test_train_data_cli import model_dir, word_tokenizer  # noqa: E402,F401 (mo
 
 from specdec_ext.cli import main  # noqa: E402
 from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, NgramDrafter  # noqa: E402
+from specdec_ext.drafters.shapes import CPU_SHAPES  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.models.checkpoints import load_eagle  # noqa: E402
 from specdec_ext.train import load_corpus, split_heldout  # noqa: E402
@@ -184,10 +185,11 @@ COMMON = ("--batch-size", "4", "--heldout", "2", "--eval-new-tokens", "8", "--no
           "--prompt-len", "6")
 
 
-def test_train_eagle_writes_the_fr_spec_vocabulary_and_the_drafter_reads_it(model_dir, tmp_path, capsys):
+@pytest.mark.parametrize("vocab_loss", [False, True])
+def test_train_eagle_writes_the_fr_spec_vocabulary_and_the_drafter_reads_it(model_dir, tmp_path, capsys, vocab_loss):
     out = tmp_path / "eagle"
     assert main(["train-eagle", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), "--out",
-                 str(out), "--steps", "6", "--fr-vocab", "20", *COMMON]) == 0
+                 str(out), "--steps", "6", "--fr-vocab", "20", *COMMON, *(["--vocab-loss"] if vocab_loss else [])]) == 0
     text = capsys.readouterr().out
     ids = json.loads((out / "draft_vocab.json").read_text())["ids"]
     # the 20 most frequent ids of the training sequences, counted here independently
@@ -219,11 +221,14 @@ def test_train_eagle_writes_the_fr_spec_vocabulary_and_the_drafter_reads_it(mode
     # the end-of-training report: printed and saved beside the draft
     report = json.loads((out / "drafter_report.json").read_text())
     assert "predicted speedup over plain decoding on this machine" in text
+    # ... decoded with the tree the library runs on a CPU (CPU_SHAPES' EAGLE-2: 8 drafts, a 9-node forward)
     sizes = sorted(int(m) for m in report["target_seconds"])
-    assert report["prompts"] == 2 and sizes[:5] == [1, 2, 4, 8, 16] and sizes[-1] == eagle_drafter(load_eagle(out),
-                                                                                                    target).max_nodes
+    shape = CPU_SHAPES["eagle2"]
+    assert report["prompts"] == 2 and sizes == [1, 2, 4, 8, 9] and shape["total_tokens"] == 8
+    assert eagle_drafter(load_eagle(out), target).max_nodes == 9 and report["nodes_per_step"] <= 9
     log = json.loads((out / "training_log.json").read_text())
     assert log["fr_vocab"] == 20 and log["schedule"]["steps"] == 6 and log["report"] == report
+    assert log["vocab_loss"] is vocab_loss and math.isfinite(log["last_loss"])
 
 
 def test_cli_minutes_chooses_and_reports_the_step_count(model_dir, tmp_path, capsys):
@@ -377,3 +382,54 @@ def test_report_acceptance_matches_a_hand_count():
     assert report.predicted_speedup == pytest.approx(predicted_speedup(report.mean_accepted_length,
                                                                        report.target_seconds, report.nodes_per_step,
                                                                        report.draft_seconds_per_step))
+
+
+# ---- EAGLE-1's token loss over the FR-Spec ids (--vocab-loss) --------------------------------------------------------
+@pytest.mark.parametrize("restricted", [False, True])
+def test_eagle1_token_loss_over_the_draft_vocabulary_by_hand(restricted):
+    """One pass (no training-time test): smooth-L1 on the features plus w * KL(target || draft), with the KL over
+    the kept ids taken as softmax over logits set to -inf elsewhere, on positions whose target argmax is kept."""
+    import torch.nn.functional as F
+
+    from specdec_ext.models.eagle import Eagle1Model
+    from specdec_ext.train.common import target_hidden
+    from specdec_ext.train.eagle import _eagle1_loss, eagle_config_for
+
+    t = target()
+    torch.manual_seed(0)
+    m = Eagle1Model(eagle_config_for(t), fc_bias=True)
+    toks = torch.randint(3, V, (2, 12), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(toks, dtype=torch.bool)
+    mask[1, 9:] = False  # a padded row
+    feats, logits = target_hidden(t, toks, mask)
+    ids = torch.cat([logits[0, 1:4].argmax(-1), torch.arange(3, 40)]).unique()  # some argmaxes kept, others not
+    got, n = _eagle1_loss(m, t, toks, mask, 0.5, 1, 0.8, ids if restricted else None)
+
+    T = toks.shape[1]
+    valid = (mask[:, 2:] & mask[:, :-2]).float()
+    with torch.no_grad():
+        out = m(feats[:, : T - 2], t.get_input_embeddings()(toks[:, 1: T - 1]),
+                torch.arange(T - 2)[None].expand(2, -1), from_target=True)
+        reg = (F.smooth_l1_loss(out, feats[:, 1: T - 1], reduction="none").mean(-1) * valid).sum() / valid.sum()
+        p_logits, q_logits = logits[:, 1: T - 1], t.get_output_embeddings()(out)
+        w = valid
+        if restricted:
+            outside = torch.ones(V, dtype=torch.bool)
+            outside[ids] = False
+            p_logits, q_logits = p_logits.masked_fill(outside, -math.inf), q_logits.masked_fill(outside, -math.inf)
+            kept = ~outside[logits[:, 1: T - 1].argmax(-1)]
+            assert 0 < int((kept & (valid > 0)).sum()) < int(valid.sum())  # both kinds of position occur
+            w = valid * kept.float()
+        p, logq = p_logits.softmax(-1), q_logits.log_softmax(-1)
+        kl = torch.where(p > 0, p * (p.clamp_min(1e-30).log() - logq), 0.0).sum(-1)
+        want = reg + 0.5 * (kl * w).sum() / w.sum()
+    assert n == int(valid.sum()) and got.item() == pytest.approx(want.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("flags, match", [
+    (("--version", "3", "--vocab-loss"), "--vocab-loss takes EAGLE-1's token loss"),
+    (("--fr-vocab", "0", "--vocab-loss"), "needs --version 1 and --fr-vocab other than 0"),
+])
+def test_vocab_loss_flag_errors(flags, match):
+    msg = cli_error("train-eagle", "--model", "/nonexistent", "--data", "d", "--out", "o", *flags)
+    assert match in msg, msg

@@ -23,6 +23,8 @@ from specdec_ext.models.checkpoints import load_eagle, load_medusa  # noqa: E402
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model  # noqa: E402
 from specdec_ext.train import TrainConfig, self_distill, train_draft_lm, train_eagle, train_medusa  # noqa: E402
 from specdec_ext.train.loop import CHECKPOINT_FILE, evaluate_acceptance  # noqa: E402
+from specdec_ext.train.eagle import eagle_drafter  # noqa: E402
+from specdec_ext.train.medusa import medusa_drafter  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -89,8 +91,9 @@ def test_medusa_trains_saves_and_decodes(tmp_path, share):
     loaded = load_medusa(out, target=target())
     for a, b in zip(loaded.state_dict().values(), heads.state_dict().values()):
         assert torch.equal(a, b)
-    acc = check_lossless(MedusaDrafter(loaded), prompts)
-    assert acc == pytest.approx(res.evals[-1][1]) and acc > 2.0
+    # the evaluation's drafter (the library's CPU tree) reproduces its number; the 63-choice tree shows the learning
+    assert check_lossless(medusa_drafter(loaded, target()), prompts) == pytest.approx(res.evals[-1][1])
+    assert check_lossless(MedusaDrafter(loaded), prompts) > 2.0
 
 
 def test_medusa_soft_labels_are_the_targets_future_distributions():
@@ -156,7 +159,7 @@ def test_eagle_trains_saves_and_beats_untrained(tmp_path, version):
         assert cfg3["draft_vocab_size"] == 64 and cfg3["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 2, 1]
     loaded = load_eagle(tmp_path, target=target())
     assert isinstance(loaded, Eagle1Model if version == 1 else Eagle3Model)
-    acc = check_lossless(EagleDrafter(loaded, target=target(), depth=5, top_k=4, total_tokens=16), prompts)
+    acc = check_lossless(eagle_drafter(loaded, target()), prompts)  # the evaluation's drafter: the library's CPU tree
     assert acc == pytest.approx(res.evals[-1][1])
 
 

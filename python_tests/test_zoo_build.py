@@ -170,7 +170,7 @@ def test_reevaluate_rewrites_the_card_not_the_weights(built, tmp_path, capsys):
     import shutil
 
     from specdec_ext.cli import main
-    from specdec_ext.zoo.spec import DEFAULT_DRAFTERS
+    from specdec_ext.drafters.shapes import CPU_SHAPES
 
     src, _ = built
     out = tmp_path / "family"
@@ -186,7 +186,7 @@ def test_reevaluate_rewrites_the_card_not_the_weights(built, tmp_path, capsys):
     finally:
         torch.set_num_threads(threads)
     new = json.loads(card_file.read_text())
-    assert new["spec"]["drafters"] == DEFAULT_DRAFTERS
+    assert new["spec"]["drafters"] == CPU_SHAPES
     assert new["training"] == card["training"] and new["evaluation"]["prompt_ids"] == card["evaluation"]["prompt_ids"]
     ev = new["evaluation"]["drafters"]
     assert set(ev) == {"plain", *load_family(str(out)).drafter_names}

@@ -17,15 +17,19 @@ def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram", action="store_true", help="n-gram (prompt lookup) drafter")
     p.add_argument("--medusa", help="directory of Medusa-1 heads (config.json + medusa_lm_head.pt/.safetensors)")
     p.add_argument("--eagle", help="directory of an EAGLE-1 or EAGLE-3 draft (config.json + weights)")
-    p.add_argument("--eagle-depth", type=int, default=8, help="--eagle: tree depth (EAGLE's depth + 1)")
-    p.add_argument("--eagle-top-k", type=int, default=10, help="--eagle: children per frontier node")
-    p.add_argument("--eagle-total-tokens", type=int, default=60, help="--eagle: draft tokens per tree")
+    p.add_argument("--eagle-depth", type=int, default=None,
+                   help="--eagle: tree depth (EAGLE's depth + 1; default, as for the next two: the library's tree "
+                        "on the device, on a CPU 6 with --eagle-top-k 2 and --eagle-total-tokens 8; on a GPU "
+                        "EAGLE-2's 8 / 10 / 60)")
+    p.add_argument("--eagle-top-k", type=int, default=None, help="--eagle: children per frontier node")
+    p.add_argument("--eagle-total-tokens", type=int, default=None, help="--eagle: draft tokens per tree")
     p.add_argument("--eagle-dtype", choices=["auto", "float32", "float16", "bfloat16"], default=None,
                    help="dtype of the EAGLE draft (default: the target's; auto: bfloat16 for a float32 target "
                         "where bfloat16 products are fast, e.g. CPUs with AVX512-BF16)")
     p.add_argument("--medusa-nodes", type=int, default=None,
                    help="--medusa: tree nodes, root included (default: all 63 choices of mc_sim_7b_63; 16 with "
-                        "--medusa-dynamic)")
+                        "--medusa-dynamic; with neither flag the library's tree on the device: on a CPU a per-step "
+                        "tree of 10)")
     p.add_argument("--medusa-dynamic", action="store_true",
                    help="--medusa: each step keeps the --medusa-nodes choices of highest calibrated head "
                         "probability (a per-step tree) instead of a fixed tree")
@@ -75,6 +79,7 @@ def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
     and ``args.no_packed_linears`` besides the drafter flags."""
     from specdec_ext.drafters import (DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter, SelfSpecDrafter,
                                       SuffixDrafter)
+    from specdec_ext.drafters.shapes import drafter_shape
     from specdec_ext.generate import load_model
     from specdec_ext.models.checkpoints import resolve_eagle_dtype
 
@@ -92,8 +97,10 @@ def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
                              spec_factor=args.suffix_spec_factor, min_prob=args.suffix_min_prob,
                              corpus_tokens=args.suffix_corpus_tokens)
     if args.medusa:
-        return MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device,
-                                             max_nodes=args.medusa_nodes, dynamic=args.medusa_dynamic,
+        given = args.medusa_nodes is not None or args.medusa_dynamic
+        shape = ({"max_nodes": args.medusa_nodes, "dynamic": args.medusa_dynamic} if given else
+                 drafter_shape("medusa", next(target.parameters()).device.type))
+        return MedusaDrafter.from_pretrained(args.medusa, target=target, device=args.device, **shape,
                                              draft_quant=draft_quant(args))
     if args.eagle:
         tdtype = next(p.dtype for p in target.parameters() if p.is_floating_point())

@@ -5,7 +5,8 @@
    recipe on the other half of the corpus, then continued on 4096-token windows) and its training texts as a
    user's JSONL data;
 2. every drafter trained on it by the ``specdec train-*`` commands with their defaults and a time budget only
-   (``--minutes``), ``--jobs`` of them at a time on one thread each;
+   (``--minutes``), ``--jobs`` of them at a time, the machine's cores shared between them (``--jobs 1``: each
+   drafter alone on all of them, as a user trains one);
 3. the result laid out as a family (``OUT/target``, ``draft``, ``medusa``, ``eagle1``, ``eagle3``; ``card.json``
    with the library's CPU drafter shapes; ``transfer.json``: the commands, training times and reports) and measured
    by ``specdec bench --zoo OUT --suite e2e,context`` at batch 1 on the held-out files, plain decoding side by
@@ -13,7 +14,7 @@
 
 Nothing here is tuned on the transfer target: the flags below are the budget, the data, the output and threads.
 
-    python benchmarks/python/bench_transfer.py --out /tmp/transfer [--minutes 25] [--jobs 2] [--results DIR]
+    python benchmarks/python/bench_transfer.py --out /tmp/transfer [--minutes 25] [--jobs 1] [--results DIR]
 
 Each finished stage leaves its output, and a rerun skips it (delete a member's folder to retrain it).
 """
@@ -58,6 +59,11 @@ def build_target(out: str, threads: int) -> None:
         raise SystemExit(f"the target build failed; see {out}/build.log")
 
 
+def job_threads(jobs: int) -> int:
+    """Torch threads of each of ``jobs`` trainings run at once: the cores shared out."""
+    return max(1, (os.cpu_count() or 1) // jobs)
+
+
 def train_drafters(out: str, minutes: float, jobs: int, members: list[str]) -> dict:
     """Trains the missing ``members``, ``jobs`` at a time; returns each member's wall seconds (None: kept)."""
     data = os.path.join(out, "data", "train.jsonl")
@@ -68,7 +74,8 @@ def train_drafters(out: str, minutes: float, jobs: int, members: list[str]) -> d
         while todo and len(running) < jobs:
             m = todo.pop(0)
             cmd = _specdec(*DRAFTERS[m], "--model", os.path.join(out, "target"), "--data", data, "--out",
-                           os.path.join(out, m), "--minutes", str(minutes), "--threads", "1", "--no-progress")
+                           os.path.join(out, m), "--minutes", str(minutes), "--threads", str(job_threads(jobs)),
+                           "--no-progress")
             running.append((m, _run_logged(cmd, os.path.join(out, f"train_{m}.log")), time.perf_counter()))
         time.sleep(5)
         for item in list(running):
@@ -99,7 +106,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="working directory (the transfer target and its drafters)")
     ap.add_argument("--minutes", type=float, default=25.0, help="each drafter's training budget (--minutes)")
-    ap.add_argument("--jobs", type=int, default=2, help="drafters trained at once (one thread each)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="drafters trained at once, sharing the cores (default 1: each alone on the machine)")
     ap.add_argument("--build-threads", type=int, default=2, help="threads of the target's training")
     ap.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "results"),
                     help="where specdec bench writes its JSON")
@@ -126,7 +134,8 @@ def main(argv=None) -> int:
             record = json.load(f)
     for m, s in seconds.items():
         if s is not None:
-            record["trained"][m] = {"minutes": args.minutes, "jobs": args.jobs, "wall_seconds": s}
+            record["trained"][m] = {"minutes": args.minutes, "jobs": args.jobs, "threads": job_threads(args.jobs),
+                                    "wall_seconds": s}
     record["reports"] = reports(out)
     with open(record_file, "w") as f:
         json.dump(record, f, indent=1)

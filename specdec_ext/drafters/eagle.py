@@ -47,6 +47,7 @@ from torch.nn.utils import skip_init
 from specdec_ext import ops
 from specdec_ext.drafters.base import check_vocab, to_device
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
+from specdec_ext.drafters.shapes import drafter_shape
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.checkpoints import load_eagle
 from specdec_ext.models.config import text_config
@@ -153,21 +154,28 @@ class EagleDrafter:
         self.forwards = 0
 
     @classmethod
-    def from_pretrained(cls, path, target: nn.Module, depth: int = 8, top_k: int = 10, total_tokens: int = 60,
-                        dtype: torch.dtype | None = None, device=None,
+    def from_pretrained(cls, path, target: nn.Module, depth: int | None = None, top_k: int | None = None,
+                        total_tokens: int | None = None, dtype: torch.dtype | None = None, device=None,
                         draft_quant: str | None = None, draft_vocab="file") -> "EagleDrafter":
         """An official EAGLE-1 or EAGLE-3 checkpoint directory (``config.json`` + ``pytorch_model.bin`` or
         ``model.safetensors``), checked against ``target`` and moved to its dtype / device unless given.
+        ``depth`` / ``top_k`` / ``total_tokens``: each None takes the EAGLE-2 tree the library decodes with where
+        the draft runs (:func:`~specdec_ext.drafters.shapes.drafter_shape` of ``eagle2`` / ``eagle3``: on a CPU the
+        measured small trees, elsewhere the constructor's published ones).
         ``draft_vocab``: ``"file"`` (default) drafts an EAGLE-1 checkpoint over the FR-Spec ids of its
         ``draft_vocab.json`` when it has one (``specdec train-eagle`` writes it), else over the whole vocabulary;
         None the whole vocabulary; ids as for the constructor."""
         model = load_eagle(path, target=target, dtype=dtype, device=device)
+        given = {"depth": depth, "top_k": top_k, "total_tokens": total_tokens}
+        shape = drafter_shape("eagle2" if model.version == 1 else "eagle3", next(model.parameters()).device.type)
+        shape = {k: shape.get(k) if v is None else v for k, v in given.items()}
+        shape = {k: v for k, v in shape.items() if v is not None}  # (the rest: the constructor's defaults)
         if isinstance(draft_vocab, str):
             if draft_vocab != "file":
                 raise ValueError(f"EagleDrafter.from_pretrained: draft_vocab must be 'file', None or token ids, got "
                                  f"{draft_vocab!r}")
             draft_vocab = read_draft_vocab(path, "EagleDrafter.from_pretrained") if model.version == 1 else None
-        return cls(model, depth, top_k, total_tokens, target=target, draft_quant=draft_quant, draft_vocab=draft_vocab)
+        return cls(model, **shape, target=target, draft_quant=draft_quant, draft_vocab=draft_vocab)
 
     # ---- start of a generation ------------------------------------------------------------------------------
     def begin(self, target: nn.Module, state: DecodeState, prefill_hidden_states=None, *,

@@ -5,7 +5,7 @@ Written by ``specdec train-eagle`` (EAGLE-1) and ``specdec zoo build``; read by
 :meth:`~specdec_ext.drafters.EagleDrafter.from_pretrained` (so ``--eagle DIR`` drafts over it) and the family's
 drafters (the end-of-training report drafts over the same ids). The default size (:func:`default_draft_vocab_size`) is a
 quarter of the vocabulary and at least 1024 ids: on the family (4096 ids) 1024 drafted as well as the whole
-vocabulary and fastest (``zoo/spec.py``); FR-Spec keeps a quarter of Llama-3's 128k ids.
+vocabulary and fastest (``drafters/shapes.py``); FR-Spec keeps a quarter of Llama-3's 128k ids.
 """
 
 from __future__ import annotations

@@ -56,13 +56,15 @@ def _common(p: argparse.ArgumentParser, lr: float) -> None:
     p.add_argument("--self-distill", type=int, default=0, metavar="N",
                    help="replace the data by the target's own continuations: N new tokens after each sequence's "
                         "first --prompt-len tokens (0 = train on the data as is)")
-    p.add_argument("--prompt-len", type=int, default=16, help="--self-distill: prompt tokens per sequence")
+    p.add_argument("--prompt-len", type=int, default=64,
+                   help="prompt tokens of each held-out sequence (the evaluation and the report; at most half of "
+                        "it) and of each --self-distill sequence")
     p.add_argument("--distill-temperature", type=float, default=0.0, help="--self-distill: 0 = greedy")
     p.add_argument("--distill-batch", type=int, default=DISTILL_BATCH, metavar="B",
                    help="--self-distill: sequences decoded together (one engine; a finished one's row is refilled)")
-    p.add_argument("--heldout", type=int, default=4, help="sequences held out to evaluate acceptance (0 = none)")
+    p.add_argument("--heldout", type=int, default=8, help="sequences held out to evaluate acceptance (0 = none)")
     p.add_argument("--eval-every", type=int, default=0, help="evaluate acceptance every N steps (0 = at the end)")
-    p.add_argument("--eval-new-tokens", type=int, default=32)
+    p.add_argument("--eval-new-tokens", type=int, default=64, help="tokens generated per held-out prompt")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="save a resumable checkpoint (OUT/checkpoint) every N steps (0 = by time only)")
     p.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
@@ -215,6 +217,9 @@ def train_eagle_cmd(args) -> int:
         raise ValueError("--fr-vocab is EAGLE-1's draft vocabulary file; an EAGLE-3 draft has its own (--draft-vocab)")
     if args.fr_vocab is not None and args.fr_vocab < 0:
         raise ValueError(f"--fr-vocab must be >= 0 (0 = no draft vocabulary), got {args.fr_vocab}")
+    if args.vocab_loss and (args.version == 3 or args.fr_vocab == 0):
+        raise ValueError("--vocab-loss takes EAGLE-1's token loss over its --fr-vocab ids: it needs --version 1 and "
+                         "--fr-vocab other than 0 (an EAGLE-3 draft's loss is over its own --draft-vocab already)")
     if args.ttt_steps is not None and args.ttt_steps < 1:
         raise ValueError(f"--ttt-steps must be >= 1, got {args.ttt_steps}")
     target, _, train, prompts, cfg = _prepare(args, "train-eagle")
@@ -227,12 +232,14 @@ def train_eagle_cmd(args) -> int:
         fr_ids = draft_vocab_ids(train, V, n) if n is not None and n < V else None
     model, result = train_eagle(target, train, cfg, version=args.version, draft_vocab=args.draft_vocab,
                                 ttt_steps=args.ttt_steps, token_weight=args.token_weight,
-                                aux_layers=args.aux_layers, heldout_prompts=prompts, eval_draft_vocab=fr_ids)
+                                aux_layers=args.aux_layers, heldout_prompts=prompts, eval_draft_vocab=fr_ids,
+                                vocab_loss=args.vocab_loss and fr_ids is not None)  # (None: the whole vocabulary)
     save_eagle(model, args.out, base_model_name_or_path=args.model, safetensors=True)
     if fr_ids is not None:
         write_draft_vocab(args.out, fr_ids.tolist())
     _report(args, "train-eagle", result, {"version": args.version, "draft_vocab": args.draft_vocab,
-                                          "fr_vocab": None if fr_ids is None else fr_ids.numel()},
+                                          "fr_vocab": None if fr_ids is None else fr_ids.numel(),
+                                          "vocab_loss": args.vocab_loss and fr_ids is not None},
             target, eagle_drafter(model, target, fr_ids), prompts)
     return 0
 
@@ -294,13 +301,14 @@ def add_evaluate_command(sub) -> None:
                                                 "it predicts on this machine")
     p.add_argument("--model", required=True, help="directory of the target model (save_pretrained layout)")
     p.add_argument("--data", nargs="+", required=True, help="the data, read as train-* reads it (--data there)")
-    p.add_argument("--heldout", type=int, default=4,
+    p.add_argument("--heldout", type=int, default=8,
                    help="evaluate on the N sequences train-* held out of --data with the same --seed and "
                         "--max-length (0 = every sequence: --data is held-out text)")
     p.add_argument("--prompts", type=int, default=0, help="at most this many prompts (0 = all)")
     _window_arguments(p, "tokens per sequence (as train-*; with --long-fraction and --long-length, which choose "
                          "the held-out sequences with it)")
-    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence")
+    p.add_argument("--prompt-len", type=int, default=64,
+                   help="prompt tokens per sequence (at most half of it; as train-*)")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt")
     p.add_argument("--repeats", type=int, default=10, help="timed target forwards per size of the cost curve")
     p.add_argument("--seed", type=int, default=0)
@@ -341,6 +349,9 @@ def add_train_commands(sub) -> None:
     p.add_argument("--aux-layers", type=int, nargs=3, default=None, metavar="I",
                    help="EAGLE-3: the three target layers whose inputs are fused (default 2, L//2, L-3)")
     p.add_argument("--token-weight", type=float, default=0.1, help="EAGLE-1: weight of the token loss")
+    p.add_argument("--vocab-loss", action=argparse.BooleanOptionalAction, default=False,
+                   help="EAGLE-1: take the token loss over the --fr-vocab ids the drafter ranks (the target's "
+                        "distribution renormalised over them) instead of the whole vocabulary: cheaper steps")
     p.set_defaults(func=train_eagle_cmd)
     p = sub.add_parser("train-draft", help="distil a small draft LM (LlamaForCausalLM) from a local target")
     _common(p, lr=1e-3)
@@ -348,7 +359,9 @@ def add_train_commands(sub) -> None:
     p.add_argument("--hidden-size", type=int, default=None, help="default: half the target's (whole heads)")
     p.add_argument("--intermediate-size", type=int, default=None, help="default: 2 * hidden size")
     p.add_argument("--kl-weight", type=float, default=1.0, help="KL to the target's logits vs CE on the data")
-    p.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length in the acceptance evaluation")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="draft chain length in the acceptance evaluation and the report (default: the library's chain "
+                        "on the device, 4 on a CPU)")
     p.set_defaults(func=train_draft_cmd)
     add_evaluate_command(sub)
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec_ext.drafters.draft_model import DraftModelDrafter
+from specdec_ext.drafters.shapes import drafter_shape
 from specdec_ext.models.config import text_config
 from specdec_ext.train.common import first_param, freeze, in_target_dtype
 from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
@@ -45,16 +46,22 @@ def draft_config_for(target, num_layers: int = 2, hidden_size: int | None = None
     return LlamaConfig(**kw)
 
 
-def draft_lm_drafter(model, target, num_draft_tokens: int = 4) -> DraftModelDrafter:
-    """The drafter that decodes with a trained draft LM (the held-out evaluation's and the report's)."""
-    return DraftModelDrafter(in_target_dtype(model, target), num_draft_tokens=num_draft_tokens)
+def draft_lm_drafter(model, target, num_draft_tokens: int | None = None) -> DraftModelDrafter:
+    """The drafter that decodes with a trained draft LM (the held-out evaluation's and the report's): a chain of
+    ``num_draft_tokens`` (None: the library's chain on the target's device,
+    :func:`~specdec_ext.drafters.shapes.drafter_shape`)."""
+    shape = drafter_shape("draft-model", first_param(target).device.type)
+    if num_draft_tokens is not None:
+        shape["num_draft_tokens"] = num_draft_tokens
+    return DraftModelDrafter(in_target_dtype(model, target), **shape)
 
 
 def train_draft_lm(target, seqs: list[list[int]], cfg: TrainConfig, num_layers: int = 2,
                    hidden_size: int | None = None, intermediate_size: int | None = None, kl_weight: float = 1.0,
                    temperature: float = 1.0, heldout_prompts: list[list[int]] | None = None, model=None,
-                   num_draft_tokens: int = 4):
-    """``(draft, result)``: a small LlamaForCausalLM distilled from the frozen ``target`` on ``seqs``."""
+                   num_draft_tokens: int | None = None):
+    """``(draft, result)``: a small LlamaForCausalLM distilled from the frozen ``target`` on ``seqs``;
+    ``num_draft_tokens``: the held-out evaluation's chain (:func:`draft_lm_drafter`)."""
     import warnings
 
     from transformers import LlamaForCausalLM

@@ -21,13 +21,14 @@ import torch
 import torch.nn.functional as F
 
 from specdec_ext.drafters.eagle import EagleDrafter
+from specdec_ext.drafters.shapes import drafter_shape
 from specdec_ext.models.config import text_config
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig, default_eagle3_layers
 from specdec_ext.train.common import first_param, freeze, in_target_dtype, target_hidden
 from specdec_ext.models.draft_vocab import draft_vocab_ids
 from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
 
-__all__ = ["DEFAULT_TTT_STEPS", "EVAL_TREE", "eagle_config_for", "eagle_drafter", "train_eagle"]
+__all__ = ["DEFAULT_TTT_STEPS", "eagle_config_for", "eagle_drafter", "train_eagle"]
 
 
 def eagle_config_for(target, draft_vocab: int | None = None, aux_layers=None) -> EagleConfig:
@@ -61,7 +62,15 @@ def _training_time_test(m, feats, embeds, pos, valid, steps):
         hidden = torch.cat([out[:, :1], out[:, :-1]], 1)
 
 
-def _eagle1_loss(m, target, toks, mask, w_tok, ttt_steps, decay):
+def _token_head(lm, vocab_ids):
+    """``(weight, bias)`` of the target's ``lm_head`` rows the token loss scores: all, or ``vocab_ids``'."""
+    w, b = lm.weight, getattr(lm, "bias", None)
+    if vocab_ids is None:
+        return w, b
+    return w.index_select(0, vocab_ids), None if b is None else b.index_select(0, vocab_ids)
+
+
+def _eagle1_loss(m, target, toks, mask, w_tok, ttt_steps, decay, vocab_ids=None):
     emb, lm = target.get_input_embeddings(), target.get_output_embeddings()
     feats, logits = target_hidden(target, toks, mask)
     T = toks.shape[1]
@@ -70,13 +79,22 @@ def _eagle1_loss(m, target, toks, mask, w_tok, ttt_steps, decay):
     with torch.no_grad():
         e = emb(toks[:, 1: T - 1])
     goal = feats[:, 1: T - 1]
-    logp = F.log_softmax(logits[:, 1: T - 1], -1)
+    tl = logits[:, 1: T - 1]
+    scored = valid
+    if vocab_ids is not None:  # the token loss over the ids the draft will rank (where the target's argmax is one)
+        in_vocab = torch.zeros(tl.shape[-1], dtype=torch.bool, device=tl.device)
+        in_vocab[vocab_ids] = True
+        scored = valid & in_vocab[tl.argmax(-1)]
+        tl = tl.index_select(-1, vocab_ids)
+    logp = F.log_softmax(tl, -1)
+    w, b = _token_head(lm, vocab_ids)
     total = 0.0
     for k, out, vf in _training_time_test(m, feats[:, : T - 2], e, pos, valid, ttt_steps):
         n = vf.sum().clamp_min(1)
         reg = (F.smooth_l1_loss(out.float(), goal, reduction="none").mean(-1) * vf).sum() / n
-        logq = F.log_softmax(lm(out.to(lm.weight.dtype)).float(), -1)
-        ce = ((logp.exp() * (logp - logq)).sum(-1) * vf).sum() / n  # KL(target || draft): CE less its floor
+        logq = F.log_softmax(F.linear(out.to(w.dtype), w, b).float(), -1)
+        sf = vf * scored.float()
+        ce = ((logp.exp() * (logp - logq)).sum(-1) * sf).sum() / sf.sum().clamp_min(1)  # KL(target || draft)
         total = total + decay ** k * (reg + w_tok * ce)
     return total, int(valid.sum())
 
@@ -103,14 +121,14 @@ def _eagle3_loss(m, target, toks, mask, ttt_steps, decay):
     return total, int(valid.sum())
 
 
-EVAL_TREE = {"depth": 5, "top_k": 4, "total_tokens": 16}  # the held-out evaluation's EAGLE-2 tree
-
-
 def eagle_drafter(model, target, draft_vocab: torch.Tensor | None = None, tree: dict | None = None) -> EagleDrafter:
-    """The drafter that decodes with a trained draft (the held-out evaluation's and the report's): an EAGLE-2 tree
-    (``EVAL_TREE``, ``tree`` applied), over ``draft_vocab`` (EAGLE-1's FR-Spec ids) when given."""
+    """The drafter that decodes with a trained draft (the held-out evaluation's and the report's): the EAGLE-2 tree
+    the library decodes with on the target's device (:func:`~specdec_ext.drafters.shapes.drafter_shape` of
+    ``eagle2`` / ``eagle3``; ``tree`` applied), over ``draft_vocab`` (EAGLE-1's FR-Spec ids) when given."""
+    shape = drafter_shape("eagle2" if model.version == 1 else "eagle3", first_param(target).device.type)
+    shape.pop("draft_vocab", None)  # (a file the caller resolves: here draft_vocab)
     return EagleDrafter(in_target_dtype(model, target), target=target, draft_vocab=draft_vocab,
-                        **{**EVAL_TREE, **(tree or {})})
+                        **{**shape, **(tree or {})})
 
 
 DEFAULT_TTT_STEPS = 3  # EAGLE-3's published recipe; for EAGLE-1 the family's (1 step accepted 1-4% less)
@@ -119,10 +137,13 @@ DEFAULT_TTT_STEPS = 3  # EAGLE-3's published recipe; for EAGLE-1 the family's (1
 def train_eagle(target, seqs: list[list[int]], cfg: TrainConfig, version: int = 1, draft_vocab: int | None = None,
                 aux_layers=None, token_weight: float = 0.1, ttt_steps: int | None = None, decay: float = 0.8,
                 heldout_prompts: list[list[int]] | None = None, fc_bias: bool = True, model=None,
-                eval_tree: dict | None = None, eval_draft_vocab: torch.Tensor | None = None):
+                eval_tree: dict | None = None, eval_draft_vocab: torch.Tensor | None = None,
+                vocab_loss: bool = False):
     """``(draft, result)``: an EAGLE-1 (``version=1``) or EAGLE-3 draft trained on ``seqs`` for ``target``.
     ``ttt_steps``: training-time-test steps (None: ``DEFAULT_TTT_STEPS``), loss weights ``decay ** k``.
-    ``eval_draft_vocab``: EAGLE-1: the FR-Spec ids the held-out evaluation drafts over (as the draft will be used)."""
+    ``eval_draft_vocab``: EAGLE-1: the FR-Spec ids the held-out evaluation drafts over (as the draft will be used);
+    ``vocab_loss``: the token loss over them too (the target's distribution renormalised over the ids, positions
+    whose target argmax is outside them left out), as EAGLE-3's over its draft vocabulary."""
     if version not in (1, 3):
         raise ValueError(f"train_eagle: version must be 1 or 3, got {version!r}")
     if ttt_steps is None:
@@ -152,10 +173,13 @@ def train_eagle(target, seqs: list[list[int]], cfg: TrainConfig, version: int = 
                 model.set_vocab_map(draft_vocab_ids(seqs, V, dv))
             model.aux_layers = layers
     model = model.to(device=device, dtype=torch.float32)
+    if vocab_loss and (version != 1 or eval_draft_vocab is None):
+        raise ValueError("train_eagle: vocab_loss takes EAGLE-1's token loss over eval_draft_vocab (give the ids)")
+    loss_ids = eval_draft_vocab.to(device=device, dtype=torch.int64).sort().values if vocab_loss else None
 
     def loss_fn(toks, mask):
         if version == 1:
-            return _eagle1_loss(model, target, toks, mask, token_weight, ttt_steps, decay)
+            return _eagle1_loss(model, target, toks, mask, token_weight, ttt_steps, decay, loss_ids)
         return _eagle3_loss(model, target, toks, mask, ttt_steps, decay)
 
     eval_fn = None

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec_ext.drafters.medusa import MedusaDrafter
+from specdec_ext.drafters.shapes import drafter_shape
 from specdec_ext.models.config import text_config
 from specdec_ext.models.medusa import MedusaHeads
 from specdec_ext.train.common import first_param, freeze, in_target_dtype, target_hidden
@@ -45,8 +46,9 @@ def medusa_loss(heads: MedusaHeads, target, toks: torch.Tensor, mask: torch.Tens
 
 
 def medusa_drafter(heads: MedusaHeads, target) -> MedusaDrafter:
-    """The drafter that decodes with trained heads (the held-out evaluation's and the report's)."""
-    return MedusaDrafter(in_target_dtype(heads, target))
+    """The drafter that decodes with trained heads (the held-out evaluation's and the report's), in the tree the
+    library decodes with on the target's device (:func:`~specdec_ext.drafters.shapes.drafter_shape`)."""
+    return MedusaDrafter(in_target_dtype(heads, target), **drafter_shape("medusa", first_param(target).device.type))
 
 
 def train_medusa(target, seqs: list[list[int]], cfg: TrainConfig, num_heads: int = 4, num_layers: int = 1,

@@ -8,7 +8,8 @@
 
 from specdec_ext.zoo.corpus import heldout_texts
 from specdec_ext.zoo.family import SHIPPED_DIR, Family, family_dir, load_family
-from specdec_ext.zoo.spec import DRAFTER_NAMES, FULL, QUICK, ZooSpec
+from specdec_ext.drafters.shapes import DRAFTER_NAMES
+from specdec_ext.zoo.spec import FULL, QUICK, ZooSpec
 
 
 def build_zoo(*args, **kwargs):

@@ -31,6 +31,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from specdec_ext.drafters.shapes import CPU_SHAPES
 from specdec_ext.hardware import cpu_model
 from specdec_ext.models.safe_files import read_json
 from specdec_ext.zoo.corpus import python_sources, read_sources, split_sources, stdlib_dir
@@ -370,14 +371,13 @@ def _floors(evaluation: dict) -> dict:
 
 
 def reevaluate_family(out: str, threads: int | None = None) -> dict:
-    """Re-measures a built family with the library's current drafter shapes (``DEFAULT_DRAFTERS``) and code, on the
+    """Re-measures a built family with the library's current drafter shapes (``CPU_SHAPES``) and code, on the
     card's own prompts, and rewrites ``card.json`` / ``README.md``: the evaluation, the shapes and the tests' floors.
     The weights and the training records are untouched (``specdec zoo evaluate``: after a drafter change that needs
     no retraining)."""
     from specdec_ext.zoo.card import write_card
     from specdec_ext.zoo.evaluate import evaluate_drafters
     from specdec_ext.zoo.family import load_family
-    from specdec_ext.zoo.spec import DEFAULT_DRAFTERS
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -386,7 +386,7 @@ def reevaluate_family(out: str, threads: int | None = None) -> dict:
     prompts = old.get("prompt_ids")
     if not prompts:
         raise ValueError(f"reevaluate_family: {out}/card.json has no evaluation.prompt_ids to measure on")
-    card["spec"]["drafters"] = copy.deepcopy(DEFAULT_DRAFTERS)
+    card["spec"]["drafters"] = copy.deepcopy(CPU_SHAPES)
     with open(os.path.join(out, "card.json"), "w") as f:  # the family loads its drafter shapes from the card
         json.dump(card, f, indent=1)
     fam = load_family(out)

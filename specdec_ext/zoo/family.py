@@ -21,7 +21,7 @@ import torch
 
 from specdec_ext.models.safe_files import read_json
 from specdec_ext.models.draft_vocab import DRAFT_VOCAB_FILE, read_draft_vocab
-from specdec_ext.zoo.spec import DEFAULT_DRAFTERS, DRAFTER_NAMES
+from specdec_ext.drafters.shapes import CPU_SHAPES, DRAFTER_NAMES
 
 __all__ = ["Family", "family_dir", "load_family", "make_drafter", "SHIPPED_DIR"]
 
@@ -51,7 +51,7 @@ class Family:
         return DRAFTER_NAMES
 
     def drafter_kwargs(self, name: str) -> dict:
-        shapes = {**DEFAULT_DRAFTERS, **(self.card.get("spec", {}).get("drafters") or {})}
+        shapes = {**CPU_SHAPES, **(self.card.get("spec", {}).get("drafters") or {})}
         if name not in shapes:
             raise ValueError(f"unknown drafter {name!r}; the family has {', '.join(DRAFTER_NAMES)}")
         return dict(shapes[name])
