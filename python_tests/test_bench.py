@@ -39,7 +39,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_quick_suite_writes_json_and_pngs(tmp_path, capsys):
     out = tmp_path / "res"
     rc = bench_cli.main(["--tiny", "--quick", "--suite", "e2e,context", "--out", str(out), "--context-lengths",
-                         "16,64", "--num-prompts", "2", "--prompt-len", "24", "--max-new-tokens", "12"])
+                         "16,64", "--num-prompts", "2", "--prompt-len", "24", "--max-new-tokens", "12",
+                         "--context-prompts", "2", "--context-new-tokens", "6"])
     assert rc == 0
     files = sorted(os.listdir(out))
     js = [f for f in files if f.endswith(".json")]
@@ -74,6 +75,8 @@ def test_quick_suite_writes_json_and_pngs(tmp_path, capsys):
     ctx = data["context"]
     assert {r["context_len"] for r in ctx["rows"]} == {16, 64}
     assert all("mean_accepted_length" in r and "speedup" in r for r in ctx["rows"])
+    assert ctx["config"]["num_prompts"] == 2 and ctx["config"]["max_new_tokens"] == 6
+    assert all(r["new_tokens"] == 2 * 6 for r in ctx["rows"] if r["impl"] == "specdec" and "error" not in r)
     pngs = [f for f in files if f.endswith(".png")]
     assert {p.rsplit("_", 1)[1] for p in pngs} == {"e2e.png", "context.png"}
     for p in pngs:
@@ -221,6 +224,7 @@ def test_machine_info_and_tag():
     (["--tiny", "--temperatures", "0,-1"], "--temperatures must be >= 0"),
     (["--tiny", "--temperatures", "0,hot"], "--temperatures must be a comma-separated list of floats"),
     (["--tiny", "--num-prompts", "0"], "--num-prompts must be >= 1"),
+    (["--tiny", "--context-new-tokens", "0"], "--context-new-tokens must be >= 1"),
     (["--tiny", "--context-lengths", "128,x"], "--context-lengths must be a comma-separated list of ints"),
     (["--tiny", "--suite", "e2e", "--methods", "ngram,warp", "--quick"], "unknown method(s) ['warp']"),
     (["--tiny", "--device", "tpu"], "--device must be cpu or cuda"),

@@ -89,6 +89,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--prompt-len", type=int, help="e2e prompt length in tokens (default 128, quick 64)")
     s.add_argument("--max-new-tokens", type=int, help="e2e tokens per generation (default 128, quick 32)")
     s.add_argument("--context-lengths", help="context sweep prompt lengths (default 128,256,...,4096; quick 128,512)")
+    s.add_argument("--context-prompts", type=int,
+                   help="context sweep prompts per length (default 4, quick 1; as many as the held-out text holds)")
+    s.add_argument("--context-new-tokens", type=int, help="context sweep tokens per generation (default 64, quick 32)")
     s.add_argument("--prompts-file", help="text file or directory to cut prompts from (default: the zoo's held-out "
                                           "Python files)")
     s.add_argument("--num-draft-tokens", type=int, default=4, help="--model: n-gram / draft-model chain length")
@@ -162,7 +165,8 @@ def check_args(args: argparse.Namespace) -> dict:
     q = 1 if args.quick else 0
     st = {k: v[q] for k, v in PRESETS.items()}
     for flag, key in (("num_prompts", "num_prompts"), ("prompt_len", "prompt_len"),
-                      ("max_new_tokens", "max_new_tokens")):
+                      ("max_new_tokens", "max_new_tokens"), ("context_prompts", "context_prompts"),
+                      ("context_new_tokens", "context_new_tokens")):
         val = getattr(args, flag)
         if val is not None:
             if val < 1:
