@@ -30,7 +30,7 @@ from specdec_ext.train.data import self_distill  # noqa: E402
 from specdec_ext.train.eagle import eagle_drafter  # noqa: E402
 from specdec_ext.models.draft_vocab import default_draft_vocab_size, read_draft_vocab  # noqa: E402
 from specdec_ext.train.loop import CHECKPOINT_FILE, TrainConfig, read_checkpoint, train_loop  # noqa: E402
-from specdec_ext.train.report import (acceptance_by_depth, cost_at, evaluate_drafter,  # noqa: E402
+from specdec_ext.train.report import (conditional_acceptance, cost_at, evaluate_drafter,  # noqa: E402
                                       predicted_speedup)
 from specdec_ext.train.schedule import SchedulePlan, lr_at  # noqa: E402
 
@@ -333,8 +333,8 @@ def test_predicted_speedup_by_hand():
     assert predicted_speedup(3.0, curve, 6, 0.005) == pytest.approx(30 / 28)
     # accept_hist [steps that accepted 0, 1, 2, 3 drafts] = [2, 3, 4, 1]: depth 1 accepted in 8 of 10 steps, depth 2
     # in 5 of those 8, depth 3 in 1 of those 5
-    assert acceptance_by_depth([2, 3, 4, 1]) == pytest.approx([8 / 10, 5 / 8, 1 / 5])
-    assert acceptance_by_depth([4, 0, 0]) == [0.0]  # nothing reached depth 1: deeper depths are not measured
+    assert conditional_acceptance([2, 3, 4, 1]) == pytest.approx([8 / 10, 5 / 8, 1 / 5])
+    assert conditional_acceptance([4, 0, 0]) == [0.0]  # nothing reached depth 1: deeper depths are not measured
 
 
 def hand_count(tgt, draft, prompt, new_tokens, k):
@@ -376,7 +376,7 @@ def test_report_acceptance_matches_a_hand_count():
     report = evaluate_drafter(tgt, DraftModelDrafter(draft, num_draft_tokens=k), prompts, new_tokens=new, repeats=2)
     assert 0 < hist[0] < steps and sum(hist[1:]) > 0  # (a test of both outcomes)
     assert report.steps == steps
-    assert report.acceptance_by_depth == pytest.approx(acceptance_by_depth(hist))
+    assert report.acceptance_by_depth == pytest.approx(conditional_acceptance(hist))
     assert report.mean_accepted_length == pytest.approx(len(prompts) * new / steps)
     assert set(report.target_seconds) == {1, 2, 4} and all(s > 0 for s in report.target_seconds.values())
     assert report.predicted_speedup == pytest.approx(predicted_speedup(report.mean_accepted_length,

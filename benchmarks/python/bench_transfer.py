@@ -118,6 +118,10 @@ def main(argv=None) -> int:
     ap.add_argument("--suites", default="e2e,context", help="specdec bench --suite (default e2e,context)")
     ap.add_argument("--context-lengths", default="256,1024,4096,8000",
                     help="the context sweep's prompt lengths (the target's long stage trains at 4096)")
+    ap.add_argument("--context-prompts", type=int, default=4,
+                    help="the context sweep's prompts per length (the held-out text holds 6 windows of 8000 tokens, "
+                         "13 of 4096, one of them the warm-up's)")
+    ap.add_argument("--context-new-tokens", type=int, default=64, help="the context sweep's tokens per generation")
     args = ap.parse_args(argv)
     out = os.path.abspath(args.out)
     members = [m for m in args.members.split(",") if m]
@@ -145,6 +149,7 @@ def main(argv=None) -> int:
         print(f"not measured: {'--skip-bench' if args.skip_bench else 'untrained ' + ', '.join(missing)}")
         return 0
     cmd = _specdec("bench", "--zoo", out, "--suite", args.suites, "--context-lengths", args.context_lengths,
+                   "--context-prompts", str(args.context_prompts), "--context-new-tokens", str(args.context_new_tokens),
                    "--threads", "1", "--temperatures", "0", "--no-hf", "--out", args.results, "--name", args.name,
                    "--note", "transfer target (bench_transfer.py): drafters trained by the train-* defaults, "
                    f"--minutes {args.minutes:g} each")

@@ -61,6 +61,7 @@ import torch
 
 from specdec_ext.bench.models import BenchModels
 from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, SelfSpecDrafter
+from specdec_ext.engine.stats import reached_fractions
 from specdec_ext.models.fast_linear import PackableLinear, packed_linears
 from specdec_ext.models.quantized import module_bytes
 
@@ -399,10 +400,8 @@ def drafter_weight_bytes(drafter) -> int | None:
 
 
 def acceptance_by_depth(hist: list[int]) -> list[float]:
-    total, out, running = sum(hist), [], sum(hist)
-    for d in range(1, len(hist)):
-        running -= hist[d - 1]
-        out.append(round(running / total, 4) if total else 0.0)
+    """:func:`~specdec_ext.engine.stats.reached_fractions`, rounded, without the depths no step reached."""
+    out = [round(f, 4) for f in reached_fractions(hist)]
     while out and out[-1] == 0.0:
         out.pop()
     return out

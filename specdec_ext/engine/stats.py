@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["DecodeStats"]
+__all__ = ["DecodeStats", "reached_fractions"]
+
+
+def reached_fractions(accept_hist: list[int]) -> list[float]:
+    """``[d - 1]``: the fraction of row-steps that accepted at least d drafts, d = 1 .. len - 1, from
+    ``accept_hist[k]`` = row-steps that accepted exactly k (all 0.0 for an empty histogram)."""
+    total = sum(accept_hist)
+    out, running = [], total
+    for d in range(1, len(accept_hist)):
+        running -= accept_hist[d - 1]
+        out.append(running / total if total else 0.0)
+    return out
 
 
 @dataclass
@@ -49,12 +60,7 @@ class DecodeStats:
     @property
     def acceptance_by_depth(self) -> list[float]:
         """``[d - 1]``: fraction of row-steps that accepted at least d draft tokens, d = 1, 2, ..."""
-        total = sum(self.accept_hist)
-        out, running = [], total
-        for d in range(1, len(self.accept_hist)):
-            running -= self.accept_hist[d - 1]
-            out.append(running / total if total else 0.0)
-        return out
+        return reached_fractions(self.accept_hist)
 
     @property
     def tokens_per_s(self) -> float:

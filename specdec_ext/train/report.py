@@ -30,13 +30,13 @@ import torch
 from specdec_ext.generate import generate
 from specdec_ext.train.timing import PrefilledTarget, fastest_times
 
-__all__ = ["REPORT_FILE", "DrafterReport", "acceptance_by_depth", "cost_at", "predicted_speedup",
+__all__ = ["REPORT_FILE", "DrafterReport", "conditional_acceptance", "cost_at", "predicted_speedup",
            "target_cost_curve", "evaluate_drafter"]
 
 REPORT_FILE = "drafter_report.json"
 
 
-def acceptance_by_depth(accept_hist: list[int]) -> list[float]:
+def conditional_acceptance(accept_hist: list[int]) -> list[float]:
     """``[d - 1]``: P(draft depth d accepted | the d - 1 before it were), from ``accept_hist[k]`` = steps that
     accepted k drafts; depths no step reached the parent of are left out (nothing to measure there)."""
     total = sum(accept_hist)
@@ -149,7 +149,7 @@ def evaluate_drafter(target: torch.nn.Module, drafter, prompts: list[list[int]],
     curve = target_cost_curve(target, prompts[0], drafter.max_nodes, repeats)
     tau = new / max(row_steps, 1)
     per_step = draft_s / max(steps, 1)
-    by_depth = acceptance_by_depth(hist[: drafter.max_depth + 1])
+    by_depth = conditional_acceptance(hist[: drafter.max_depth + 1])
     return DrafterReport(prompts=len(prompts), new_tokens=new_tokens, steps=steps, mean_accepted_length=tau,
                          acceptance_by_depth=by_depth, nodes_per_step=nodes,
                          draft_seconds_per_step=per_step, target_seconds=curve,
