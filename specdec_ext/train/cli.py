@@ -217,7 +217,7 @@ def train_eagle_cmd(args) -> int:
         raise ValueError("--fr-vocab is EAGLE-1's draft vocabulary file; an EAGLE-3 draft has its own (--draft-vocab)")
     if args.fr_vocab is not None and args.fr_vocab < 0:
         raise ValueError(f"--fr-vocab must be >= 0 (0 = no draft vocabulary), got {args.fr_vocab}")
-    if args.vocab_loss and (args.version == 3 or args.fr_vocab == 0):
+    if args.vocab_loss and (args.version == 3 or args.fr_vocab == 0):  # (asked for explicitly: None is the default)
         raise ValueError("--vocab-loss takes EAGLE-1's token loss over its --fr-vocab ids: it needs --version 1 and "
                          "--fr-vocab other than 0 (an EAGLE-3 draft's loss is over its own --draft-vocab already)")
     if args.ttt_steps is not None and args.ttt_steps < 1:
@@ -233,13 +233,13 @@ def train_eagle_cmd(args) -> int:
     model, result = train_eagle(target, train, cfg, version=args.version, draft_vocab=args.draft_vocab,
                                 ttt_steps=args.ttt_steps, token_weight=args.token_weight,
                                 aux_layers=args.aux_layers, heldout_prompts=prompts, eval_draft_vocab=fr_ids,
-                                vocab_loss=args.vocab_loss and fr_ids is not None)  # (None: the whole vocabulary)
+                                vocab_loss=args.vocab_loss is not False and fr_ids is not None)
     save_eagle(model, args.out, base_model_name_or_path=args.model, safetensors=True)
     if fr_ids is not None:
         write_draft_vocab(args.out, fr_ids.tolist())
     _report(args, "train-eagle", result, {"version": args.version, "draft_vocab": args.draft_vocab,
                                           "fr_vocab": None if fr_ids is None else fr_ids.numel(),
-                                          "vocab_loss": args.vocab_loss and fr_ids is not None},
+                                          "vocab_loss": args.vocab_loss is not False and fr_ids is not None},
             target, eagle_drafter(model, target, fr_ids), prompts)
     return 0
 
@@ -349,9 +349,10 @@ def add_train_commands(sub) -> None:
     p.add_argument("--aux-layers", type=int, nargs=3, default=None, metavar="I",
                    help="EAGLE-3: the three target layers whose inputs are fused (default 2, L//2, L-3)")
     p.add_argument("--token-weight", type=float, default=0.1, help="EAGLE-1: weight of the token loss")
-    p.add_argument("--vocab-loss", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--vocab-loss", action=argparse.BooleanOptionalAction, default=None,
                    help="EAGLE-1: take the token loss over the --fr-vocab ids the drafter ranks (the target's "
-                        "distribution renormalised over them) instead of the whole vocabulary: cheaper steps")
+                        "distribution renormalised over them) instead of the whole vocabulary: cheaper steps "
+                        "(default on with --fr-vocab ids; --no-vocab-loss: the whole vocabulary)")
     p.set_defaults(func=train_eagle_cmd)
     p = sub.add_parser("train-draft", help="distil a small draft LM (LlamaForCausalLM) from a local target")
     _common(p, lr=1e-3)

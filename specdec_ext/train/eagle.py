@@ -142,8 +142,8 @@ def train_eagle(target, seqs: list[list[int]], cfg: TrainConfig, version: int = 
     """``(draft, result)``: an EAGLE-1 (``version=1``) or EAGLE-3 draft trained on ``seqs`` for ``target``.
     ``ttt_steps``: training-time-test steps (None: ``DEFAULT_TTT_STEPS``), loss weights ``decay ** k``.
     ``eval_draft_vocab``: EAGLE-1: the FR-Spec ids the held-out evaluation drafts over (as the draft will be used);
-    ``vocab_loss``: the token loss over them too (the target's distribution renormalised over the ids, positions
-    whose target argmax is outside them left out), as EAGLE-3's over its draft vocabulary."""
+    ``vocab_loss``: the token loss over them too (train-eagle's default): the target's distribution renormalised
+    over the ids, positions whose target argmax is outside them left out, as EAGLE-3's over its draft vocabulary."""
     if version not in (1, 3):
         raise ValueError(f"train_eagle: version must be 1 or 3, got {version!r}")
     if ttt_steps is None:
