@@ -14,7 +14,7 @@ from test_drafter_eagle import random_draft, target  # noqa: E402
 
 from specdec_ext.drafter_args import add_drafter_arguments, drafter_from_args  # noqa: E402
 from specdec_ext.drafters import EagleDrafter  # noqa: E402
-from specdec_ext.drafters.shapes import CPU_SHAPES, DRAFTER_NAMES, drafter_shape  # noqa: E402
+from specdec_ext.drafters.shapes import CPU_SHAPES, DRAFTER_NAMES, drafter_shape, eagle_tree_shape  # noqa: E402
 from specdec_ext.models.checkpoints import save_eagle, save_medusa  # noqa: E402
 from specdec_ext.models.medusa import MedusaHeads  # noqa: E402
 
@@ -31,6 +31,8 @@ def test_the_table_by_device():
     assert drafter_shape("eagle2", "cuda") == {} and drafter_shape("medusa", "cuda") == {}
     chain = drafter_shape("eagle1", "cuda")  # the EAGLE-1 chain stays a chain
     assert chain["top_k"] == 1 and chain["depth"] == chain["total_tokens"] == CPU_SHAPES["eagle1"]["depth"]
+    assert eagle_tree_shape(1, "cpu") == {"depth": 6, "top_k": 2, "total_tokens": 8}  # (no file keys)
+    assert eagle_tree_shape(3, "cpu")["depth"] == CPU_SHAPES["eagle3"]["depth"] and eagle_tree_shape(1, "cuda") == {}
     with pytest.raises(ValueError, match="unknown drafter 'lookahead'"):
         drafter_shape("lookahead", "cpu")
 

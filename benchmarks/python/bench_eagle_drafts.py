@@ -5,7 +5,7 @@ one run (a training recipe's A/B: the same target, drafts trained differently).
     python benchmarks/python/bench_eagle_drafts.py --zoo DIR --drafts A B ... [--json OUT]
 
 ``--zoo DIR``: a family directory (its target and held-out prompts, as ``specdec bench --zoo``); the tree is the
-library's on a CPU (:func:`specdec_ext.drafters.shapes.drafter_shape`) unless ``--shape`` names one.
+library's for the device (``EagleDrafter.from_pretrained``'s default) unless ``--shape`` names one.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import torch
 from specdec_ext.bench.machine import machine_info
 from specdec_ext.bench.models import from_zoo
 from specdec_ext.drafters.eagle import EagleDrafter
-from specdec_ext.drafters.shapes import drafter_shape
 from specdec_ext.generate import generate
 from specdec_ext.models.checkpoints import resolve_eagle_dtype
 
@@ -40,11 +39,9 @@ def main(argv=None) -> int:
     models = from_zoo(args.zoo)
     prompts, how = models.prompts(args.prompts + 1, args.prompt_len)
     warm, prompts = prompts[-1], prompts[:-1]
+    shape = {}  # (none given: from_pretrained takes the library's tree for the device)
     if args.shape:
-        depth, top_k, total = (int(x) for x in args.shape.split(","))
-        shape = {"depth": depth, "top_k": top_k, "total_tokens": total}
-    else:
-        shape = {k: v for k, v in drafter_shape("eagle2", "cpu").items() if k != "draft_vocab"}
+        shape = dict(zip(("depth", "top_k", "total_tokens"), (int(x) for x in args.shape.split(","))))
     dtype = resolve_eagle_dtype(args.eagle_dtype, next(models.target.parameters()).dtype, "cpu")
     drafters = {d: EagleDrafter.from_pretrained(d, models.target, dtype=dtype, **shape) for d in args.drafts}
     drafters["plain"] = None
@@ -62,14 +59,16 @@ def main(argv=None) -> int:
     plain = seconds["plain"]
     rows = [{"draft": name, "seconds": round(s, 4), "speedup": round(plain / s, 3),
              "mean_accepted_length": round(emitted[name][0] / emitted[name][1], 3)} for name, s in seconds.items()]
+    first = next(iter(drafters.values()))
+    shape = {"depth": first.depth, "top_k": first.top_k, "total_tokens": first.total_tokens}  # (as they decode)
     print(f"{len(prompts)} prompts ({how}), {args.new_tokens} new tokens, tree {shape}, drafts in {dtype}; "
           f"plain {len(prompts) * args.new_tokens / plain:.1f} tokens/s")
     for r in rows[:-1]:
         print(f"  {r['draft']}: x{r['speedup']:.3f}, mean accepted length {r['mean_accepted_length']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine_info(), "zoo": args.zoo, "prompts": how, "new_tokens": args.new_tokens, "shape": shape,
-                       "eagle_dtype": str(dtype), "threads": args.threads, "rows": rows}, f, indent=1)
+            json.dump({"machine": machine_info(), "zoo": args.zoo, "prompts": how, "new_tokens": args.new_tokens,
+                       "shape": shape, "eagle_dtype": str(dtype), "threads": args.threads, "rows": rows}, f, indent=1)
     return 0
 
 

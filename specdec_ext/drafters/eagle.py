@@ -47,7 +47,7 @@ from torch.nn.utils import skip_init
 from specdec_ext import ops
 from specdec_ext.drafters.base import check_vocab, to_device
 from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
-from specdec_ext.drafters.shapes import drafter_shape
+from specdec_ext.drafters.shapes import eagle_tree_shape
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.checkpoints import load_eagle
 from specdec_ext.models.config import text_config
@@ -166,10 +166,9 @@ class EagleDrafter:
         ``draft_vocab.json`` when it has one (``specdec train-eagle`` writes it), else over the whole vocabulary;
         None the whole vocabulary; ids as for the constructor."""
         model = load_eagle(path, target=target, dtype=dtype, device=device)
+        shape = eagle_tree_shape(model.version, next(model.parameters()).device.type)  # (missing: the constructor's)
         given = {"depth": depth, "top_k": top_k, "total_tokens": total_tokens}
-        shape = drafter_shape("eagle2" if model.version == 1 else "eagle3", next(model.parameters()).device.type)
-        shape = {k: shape.get(k) if v is None else v for k, v in given.items()}
-        shape = {k: v for k, v in shape.items() if v is not None}  # (the rest: the constructor's defaults)
+        shape.update({k: v for k, v in given.items() if v is not None})
         if isinstance(draft_vocab, str):
             if draft_vocab != "file":
                 raise ValueError(f"EagleDrafter.from_pretrained: draft_vocab must be 'file', None or token ids, got "

@@ -9,7 +9,7 @@ Keys such as ``"draft_vocab": "frequent"`` name files the caller resolves (a fam
 
 from __future__ import annotations
 
-__all__ = ["CPU_SHAPES", "DRAFTER_NAMES", "drafter_shape"]
+__all__ = ["CPU_SHAPES", "DRAFTER_NAMES", "drafter_shape", "eagle_tree_shape"]
 
 DRAFTER_NAMES = ("ngram", "suffix", "draft-model", "medusa", "eagle1", "eagle2", "eagle3")
 
@@ -63,3 +63,10 @@ def drafter_shape(name: str, device_type: str) -> dict:
     if name == "eagle1":
         return {k: CPU_SHAPES[name][k] for k in ("depth", "top_k", "total_tokens")}
     return {}
+
+
+def eagle_tree_shape(version: int, device_type: str) -> dict:
+    """``depth`` / ``top_k`` / ``total_tokens`` of the EAGLE-2 tree an EAGLE-``version`` draft (1 or 3) decodes with
+    on a ``device_type`` device (:func:`drafter_shape` of ``eagle2`` / ``eagle3`` without its file keys)."""
+    shape = drafter_shape("eagle2" if version == 1 else "eagle3", device_type)
+    return {k: v for k, v in shape.items() if k in ("depth", "top_k", "total_tokens")}

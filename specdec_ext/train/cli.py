@@ -230,16 +230,17 @@ def train_eagle_cmd(args) -> int:
         if n is not None and n > V:
             raise ValueError(f"--fr-vocab {n} exceeds the target's vocabulary ({V} ids)")
         fr_ids = draft_vocab_ids(train, V, n) if n is not None and n < V else None
+    vocab_loss = args.vocab_loss is not False and fr_ids is not None  # (None, the default: on where there are ids)
     model, result = train_eagle(target, train, cfg, version=args.version, draft_vocab=args.draft_vocab,
                                 ttt_steps=args.ttt_steps, token_weight=args.token_weight,
                                 aux_layers=args.aux_layers, heldout_prompts=prompts, eval_draft_vocab=fr_ids,
-                                vocab_loss=args.vocab_loss is not False and fr_ids is not None)
+                                vocab_loss=vocab_loss)
     save_eagle(model, args.out, base_model_name_or_path=args.model, safetensors=True)
     if fr_ids is not None:
         write_draft_vocab(args.out, fr_ids.tolist())
     _report(args, "train-eagle", result, {"version": args.version, "draft_vocab": args.draft_vocab,
                                           "fr_vocab": None if fr_ids is None else fr_ids.numel(),
-                                          "vocab_loss": args.vocab_loss is not False and fr_ids is not None},
+                                          "vocab_loss": vocab_loss},
             target, eagle_drafter(model, target, fr_ids), prompts)
     return 0
 

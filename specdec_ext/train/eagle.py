@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec_ext.drafters.eagle import EagleDrafter
-from specdec_ext.drafters.shapes import drafter_shape
+from specdec_ext.drafters.shapes import eagle_tree_shape
 from specdec_ext.models.config import text_config
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleConfig, default_eagle3_layers
 from specdec_ext.train.common import first_param, freeze, in_target_dtype, target_hidden
@@ -124,9 +124,8 @@ def _eagle3_loss(m, target, toks, mask, ttt_steps, decay):
 def eagle_drafter(model, target, draft_vocab: torch.Tensor | None = None, tree: dict | None = None) -> EagleDrafter:
     """The drafter that decodes with a trained draft (the held-out evaluation's and the report's): the EAGLE-2 tree
     the library decodes with on the target's device (:func:`~specdec_ext.drafters.shapes.drafter_shape` of
-    ``eagle2`` / ``eagle3``; ``tree`` applied), over ``draft_vocab`` (EAGLE-1's FR-Spec ids) when given."""
-    shape = drafter_shape("eagle2" if model.version == 1 else "eagle3", first_param(target).device.type)
-    shape.pop("draft_vocab", None)  # (a file the caller resolves: here draft_vocab)
+    ``eagle2`` / ``eagle3``, :func:`~specdec_ext.drafters.shapes.eagle_tree_shape`; ``tree`` applied), over ``draft_vocab`` (EAGLE-1's FR-Spec ids) when given."""
+    shape = eagle_tree_shape(model.version, first_param(target).device.type)
     return EagleDrafter(in_target_dtype(model, target), target=target, draft_vocab=draft_vocab,
                         **{**shape, **(tree or {})})
 
