@@ -193,9 +193,13 @@ def test_train_eagle_writes_the_fr_spec_vocabulary_and_the_drafter_reads_it(mode
                  *([] if vocab_loss else ["--no-vocab-loss"])]) == 0
     text = capsys.readouterr().out
     ids = json.loads((out / "draft_vocab.json").read_text())["ids"]
-    # the 20 most frequent ids of the training sequences, counted here independently
+    # the 20 most frequent ids of the training sequences (in the windows the log records: EAGLE-1's default
+    # long-context mixing), counted here independently
+    log = json.loads((out / "training_log.json").read_text())
+    assert (log["max_length"], log["long_fraction"], log["long_length"]) == (16, 0.1, 128)
     tok = word_tokenizer()
-    train, _ = split_heldout(load_corpus([str(model_dir / "corpus.txt")], tok, max_length=16), 2, 0)
+    train, _ = split_heldout(load_corpus([str(model_dir / "corpus.txt")], tok, max_length=16, long_length=128,
+                                         long_fraction=0.1), 2, 0)
     counts = collections.Counter(t for s in train for t in s)
     assert len(ids) == 20 and ids == sorted(ids)
     assert min(counts[i] for i in ids) >= max([counts[i] for i in range(V) if i not in ids])
@@ -227,7 +231,6 @@ def test_train_eagle_writes_the_fr_spec_vocabulary_and_the_drafter_reads_it(mode
     shape = CPU_SHAPES["eagle2"]
     assert report["prompts"] == 2 and sizes == [1, 2, 4, 8, 9] and shape["total_tokens"] == 8
     assert eagle_drafter(load_eagle(out), target).max_nodes == 9 and report["nodes_per_step"] <= 9
-    log = json.loads((out / "training_log.json").read_text())
     assert log["fr_vocab"] == 20 and log["schedule"]["steps"] == 6 and log["report"] == report
     assert log["vocab_loss"] is vocab_loss and math.isfinite(log["last_loss"])
 

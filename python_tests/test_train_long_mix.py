@@ -118,3 +118,54 @@ def test_train_eagle_with_long_mixing(model_dir, tmp_path):
         main(["train-eagle", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), "--out",
               str(tmp_path / "bad"), "--steps", "1", "--max-length", "16", "--long-fraction", "0.5",
               "--long-length", "100000", "--no-progress", "--no-report"])
+
+
+def windows_of(out):
+    log = json.loads((out / "training_log.json").read_text())
+    return log["max_length"], log["long_fraction"], log["long_length"]
+
+
+EAGLE_RUN = ("--steps", "2", "--batch-size", "4", "--heldout", "2", "--eval-new-tokens", "8", "--prompt-len", "6",
+             "--no-progress")
+
+
+def test_train_eagle_mixes_long_windows_by_default(model_dir, tmp_path):
+    """EAGLE-1 trains a tenth of the text in windows as long as the model's context allows (the tiny target's: 128
+    tokens) unless --max-length already reaches them, --long-fraction 0 turns it off, or the command is another."""
+    args = ["--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), *EAGLE_RUN]
+    runs = {"default": ["train-eagle", "--max-length", "16"],
+            "at context": ["train-eagle", "--max-length", "128"],
+            "off": ["train-eagle", "--max-length", "16", "--long-fraction", "0"],
+            "eagle-3": ["train-eagle", "--max-length", "16", "--version", "3"],
+            "medusa": ["train-medusa", "--max-length", "16", "--heads", "2"],
+            "draft": ["train-draft", "--max-length", "16", "--layers", "1", "--hidden-size", "64"]}
+    got = {}
+    for name, cmd in runs.items():
+        out = tmp_path / name.replace(" ", "_")
+        assert main([*cmd, *args, "--out", str(out), "--no-report"]) == 0, name
+        got[name] = windows_of(out)
+    assert got["default"] == (16, 0.1, 128)
+    assert got["at context"] == (128, 0.0, None) and got["off"] == (16, 0.0, None)
+    assert got["eagle-3"] == got["medusa"] == got["draft"] == (16, 0.0, None)
+
+
+def test_evaluate_drafter_holds_out_what_training_held_out(model_dir, tmp_path):
+    """Without window flags evaluate-drafter reads them from the drafter's training log, so it scores the very
+    prompts train-eagle's end-of-training report did."""
+    out = tmp_path / "eagle"
+    data = ["--model", str(model_dir), "--data", str(model_dir / "corpus.txt")]
+    assert main(["train-eagle", *data, "--out", str(out), *EAGLE_RUN, "--max-length", "16"]) == 0
+    trained = json.loads((out / "drafter_report.json").read_text())
+    evaluate = ["evaluate-drafter", *data, "--eagle", str(out), "--heldout", "2", "--prompt-len", "6",
+                "--new-tokens", "8", "--repeats", "1"]
+    assert main(evaluate) == 0
+    again = json.loads((out / "drafter_report.json").read_text())
+    assert again["prompts"] == trained["prompts"] == 2
+    assert (again["steps"], again["acceptance_by_depth"]) == (trained["steps"], trained["acceptance_by_depth"])
+    # ... which the log decides: evaluate-drafter's own default window (the model's 128 tokens) holds out others
+    from specdec_ext.train.data import prompt_of, split_heldout
+
+    def held(max_length, **kw):
+        seqs = load_corpus([str(model_dir / "corpus.txt")], word_tokenizer(), max_length=max_length, **kw)
+        return [prompt_of(s, 6) for s in split_heldout(seqs, 2, 0)[1]]
+    assert held(16, long_fraction=0.1, long_length=128) != held(128)

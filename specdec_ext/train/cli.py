@@ -18,16 +18,22 @@ from specdec_ext.train.schedule import DEFAULT_STEPS
 __all__ = ["add_evaluate_command", "add_train_commands"]
 
 
-def _window_arguments(p: argparse.ArgumentParser, max_length_help: str) -> None:
+# EAGLE-1's long-context mixing by default: a tenth of the text in long windows held EAGLE-2's acceptance at 4k
+# context on the transfer target and raised it at every context length on the family's (README: long context).
+EAGLE_LONG_FRACTION = 0.1
+TRAINING_LOG = "training_log.json"  # train-*'s record of its flags and losses, in OUT
+
+
+def _window_arguments(p: argparse.ArgumentParser, max_length_help: str, long_fraction_help: str) -> None:
     p.add_argument("--max-length", type=int, default=None, help=max_length_help)
-    p.add_argument("--long-fraction", type=float, default=0.0, metavar="F",
+    p.add_argument("--long-fraction", type=float, default=None, metavar="F",
                    help="long-context mixing: this fraction of the text (0-1) trains in --long-length windows, "
-                        "batched apart with as many tokens a batch (0 = off)")
+                        f"batched apart with as many tokens a batch (0 = off; default {long_fraction_help})")
     p.add_argument("--long-length", type=int, default=None, metavar="N",
                    help="--long-fraction: tokens per long window (default min(4096, the model's context))")
 
 
-def _common(p: argparse.ArgumentParser, lr: float) -> None:
+def _common(p: argparse.ArgumentParser, lr: float, long_fraction: str = "0") -> None:
     p.add_argument("--model", required=True, help="directory of the target model (save_pretrained layout)")
     p.add_argument("--data", nargs="+", required=True,
                    help="text files (or directories of them), JSONL with 'text' / 'input_ids' / chat 'messages' fields")
@@ -47,7 +53,8 @@ def _common(p: argparse.ArgumentParser, lr: float) -> None:
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="--schedule cosine: the final rate over --lr")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--weight-decay", type=float, default=0.0)
-    _window_arguments(p, "tokens per training sequence (chunks; default min(256, the model's context))")
+    _window_arguments(p, "tokens per training sequence (chunks; default min(256, the model's context))",
+                      long_fraction)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
@@ -108,6 +115,8 @@ def _corpus(args, target, tok, name: str) -> tuple[list[list[int]], list[list[in
     context = model_max_length(target)
     if args.max_length is None:
         args.max_length = min(256, context or 256)
+    if args.long_fraction is None:
+        args.long_fraction = _default_long_fraction(args, name, context)
     if args.long_fraction and args.long_length is None:
         args.long_length = min(4096, context or 4096)
     try:
@@ -118,6 +127,25 @@ def _corpus(args, target, tok, name: str) -> tuple[list[list[int]], list[list[in
         raise SystemExit(f"specdec {name}: bad data: {err}") from None
     train, held = split_heldout(seqs, args.heldout, args.seed)
     return train, [prompt_of(s, args.prompt_len) for s in held]
+
+
+def _default_long_fraction(args, name: str, context: int | None) -> float:
+    """``--long-fraction`` left unset: EAGLE-1's mixing where the model's context holds windows longer than
+    ``--max-length`` (train-eagle --version 1), else none."""
+    if name == "train-eagle" and args.version == 1 and context and min(4096, context) > args.max_length:
+        return EAGLE_LONG_FRACTION
+    return 0.0
+
+
+def _trained_windows(home: str | None) -> dict:
+    """The window flags a drafter was trained with (``TRAINING_LOG`` in its directory; {} without one), so that
+    evaluate-drafter holds out the sequences its training held out."""
+    path = os.path.join(home, TRAINING_LOG) if home else None
+    if not path or not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        log = json.load(f)
+    return {k: log[k] for k in ("max_length", "long_fraction", "long_length") if log.get(k) is not None}
 
 
 def _target(args):
@@ -167,7 +195,7 @@ def _print_report(name: str, report, path: str) -> None:
 
 
 def _report(args, name: str, result, extra: dict, target=None, drafter=None, prompts=()) -> None:
-    """The training log (OUT/training_log.json), the summary line, and the drafter's report on the held-out
+    """The training log (OUT/``TRAINING_LOG``), the summary line, and the drafter's report on the held-out
     prompts (OUT/drafter_report.json; not with --no-report or without held-out prompts)."""
     from specdec_ext.train.report import REPORT_FILE, evaluate_drafter
 
@@ -177,7 +205,7 @@ def _report(args, name: str, result, extra: dict, target=None, drafter=None, pro
     windows = {"max_length": args.max_length, "long_fraction": args.long_fraction, "long_length": args.long_length}
     info = {"command": name, "model": args.model, "data": args.data, **windows, **extra, **result.summary(),
             "report": report.to_dict() if report else None}
-    with open(os.path.join(args.out, "training_log.json"), "w") as f:
+    with open(os.path.join(args.out, TRAINING_LOG), "w") as f:
         json.dump({**info, "losses": result.losses}, f, indent=1)
     s = result.summary()
     acc = f", mean accepted length {s['evals'][-1][1]:.3f}" if s["evals"] else ""
@@ -279,6 +307,9 @@ def evaluate_drafter_cmd(args) -> int:
                          "--suffix or --self-spec FILE")
     home = args.eagle or args.medusa or args.draft_model
     out = args.out or (os.path.join(home, REPORT_FILE) if home else None)
+    for key, value in _trained_windows(home).items():  # (flags given win)
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     target, tok = _target(args)
     drafter = drafter_from_args(args, target)
     train, prompts = _corpus(args, target, tok, "evaluate-drafter")
@@ -307,7 +338,8 @@ def add_evaluate_command(sub) -> None:
                         "--max-length (0 = every sequence: --data is held-out text)")
     p.add_argument("--prompts", type=int, default=0, help="at most this many prompts (0 = all)")
     _window_arguments(p, "tokens per sequence (as train-*; with --long-fraction and --long-length, which choose "
-                         "the held-out sequences with it)")
+                         "the held-out sequences with it; default: the drafter's training's, from its "
+                         f"{TRAINING_LOG}, else as train-*)", "the drafter's training's, else 0")
     p.add_argument("--prompt-len", type=int, default=64,
                    help="prompt tokens per sequence (at most half of it; as train-*)")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt")
@@ -337,7 +369,8 @@ def add_train_commands(sub) -> None:
                         "token (cross-entropy; --no-soft-labels); on by default: it accepted more on the family")
     p.set_defaults(func=train_medusa_cmd)
     p = sub.add_parser("train-eagle", help="train an EAGLE-1 or EAGLE-3 draft for a local target (official layout)")
-    _common(p, lr=1e-3)
+    _common(p, lr=1e-3, long_fraction=f"{EAGLE_LONG_FRACTION:g} for --version 1 where the model's context is "
+                                      "longer than --max-length, else 0")
     p.add_argument("--version", type=int, choices=[1, 3], default=1)
     p.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3: keep the N most frequent tokens")
     p.add_argument("--ttt-steps", type=int, default=None,
