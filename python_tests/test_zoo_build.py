@@ -265,3 +265,49 @@ def test_a_target_only_build_gives_a_qwen2_target_and_its_data_for_the_training_
                  "--max-length", "32", "--heldout", "0", "--no-progress", "--no-report"]) == 0
     draft = AutoModelForCausalLM.from_pretrained(str(tmp_path / "draft"))
     assert draft.config.hidden_size == QUICK.hidden_size // 2  # the default: half the target's width
+
+
+def test_a_hybrid_spec_lays_out_lightning_and_attention_layers():
+    from dataclasses import replace
+
+    from specdec_ext.zoo.spec import HYBRID, QUICK_HYBRID
+
+    assert HYBRID.layer_types == ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"] + \
+        ["linear_attention"] * 3  # 3 Lightning layers to 1 softmax layer, attention first
+    assert HYBRID.max_positions == 16384 and HYBRID.hybrid and not QUICK.hybrid and QUICK.layer_types is None
+    assert QUICK_HYBRID.layer_types == ["full_attention", "linear_attention"] * 2
+    for bad in (1, QUICK.num_layers + 1):
+        with pytest.raises(ValueError, match="attention_every must be in"):
+            replace(QUICK_HYBRID, attention_every=bad)
+
+
+def test_a_hybrid_family_builds_and_every_drafter_is_greedy_identical_on_it(tmp_path, capsys):
+    """The hybrid member's recipe at QUICK size, every stage: a MiniMax target (Lightning layers, their states in a
+    HybridCache), every drafter trained against it, greedy identical to plain decoding on it; the card says what
+    it is; the demo runs it."""
+    from specdec_ext.cli import main
+    from specdec_ext.models import HybridCache, make_cache
+    from specdec_ext.zoo.spec import QUICK_HYBRID
+
+    out = str(tmp_path / "hybrid")
+    threads = torch.get_num_threads()
+    try:
+        card = build_zoo(out, QUICK_HYBRID, progress=False, threads=1)
+    finally:
+        torch.set_num_threads(threads)
+    fam = load_family(out)
+    assert fam.target.config.model_type == "minimax"
+    assert fam.target.config.layer_types == QUICK_HYBRID.layer_types
+    assert isinstance(make_cache(fam.target.config, 1, 64), HybridCache)
+    assert card["name"] == "specdec-zoo-pystdlib-hybrid"
+    evaluation = card["evaluation"]["drafters"]
+    assert set(evaluation) == {"plain", *fam.drafter_names}
+    assert all(evaluation[n]["greedy_identical"] for n in fam.drafter_names)
+    with open(os.path.join(out, "README.md")) as f:
+        assert "MiniMax hybrid target (Lightning attention layers" in f.read()
+    rc = main(["demo", "--family", out, "--prompts", "1", "--prompt-tokens", "12", "--max-new-tokens", "8",
+               "--no-color", "--threads", "1", "--drafters", "eagle2,draft-model"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "M-parameter MiniMax hybrid" in text
+    with pytest.raises(SystemExit, match="--hybrid and --family are exclusive"):
+        main(["demo", "--hybrid", "--family", out])

@@ -76,6 +76,7 @@ def _run(family, name, prompt, max_new_tokens, streamer=None):
 def demo(args: argparse.Namespace) -> int:
     import specdec_ext
     from specdec_ext.zoo import load_family
+    from specdec_ext.zoo.family import SHIPPED_HYBRID_DIR
     from specdec_ext.zoo.evaluate import heldout_prompts
 
     for name, val in (("--max-new-tokens", args.max_new_tokens), ("--prompts", args.prompts),
@@ -83,7 +84,10 @@ def demo(args: argparse.Namespace) -> int:
         if val < 1:
             raise ValueError(f"{name} must be >= 1, got {val}")
     t_start = time.perf_counter()
-    fam = load_family(args.family, dtype=getattr(torch, args.dtype), eagle_dtype=args.eagle_dtype)
+    if args.hybrid and args.family:
+        raise ValueError("--hybrid and --family are exclusive (--hybrid: the shipped hybrid family)")
+    family = SHIPPED_HYBRID_DIR if args.hybrid else args.family
+    fam = load_family(family, dtype=getattr(torch, args.dtype), eagle_dtype=args.eagle_dtype)
     names = fam.drafter_names if not args.drafters else tuple(args.drafters.split(","))
     unknown = [n for n in names if n not in fam.drafter_names]
     if unknown or (args.stream_with not in fam.drafter_names):
@@ -95,7 +99,10 @@ def demo(args: argparse.Namespace) -> int:
           f"{args.dtype}; EAGLE drafts {str(fam.eagle1.fc.weight.dtype).replace('torch.', '')}) | "
           f"family {fam.path}")
     if card.get("built"):
-        print(f"target: {n_params / 1e6:.1f} M-parameter Llama trained on the Python standard library "
+        spec = card.get("spec", {})
+        kind = ("MiniMax hybrid (Lightning attention layers beside softmax attention)"
+                if spec.get("architecture") == "minimax" else spec.get("architecture", "llama").capitalize())
+        print(f"target: {n_params / 1e6:.1f} M-parameter {kind} trained on the Python standard library "
               f"({card['training']['target']['steps']} steps, built {card['built']}); float32 on the CPU")
     prompts = heldout_prompts(fam.tokenizer, args.prompts, args.prompt_tokens)
     if args.prompt:
@@ -148,6 +155,8 @@ def add_demo_command(sub) -> None:
     p = sub.add_parser("demo", help="speculative decoding on the shipped model family: streamed output and a "
                                     "speed table (offline, CPU)")
     p.add_argument("--family", default=None, help="family directory (default: $SPECDEC_ZOO or the shipped one)")
+    p.add_argument("--hybrid", action="store_true", help="the shipped hybrid family: a MiniMax target whose Lightning "
+                                                         "layers keep recurrent states, with its own drafters")
     p.add_argument("--prompts", type=int, default=4, help="held-out prompts in the table")
     p.add_argument("--prompt-tokens", type=int, default=64, help="tokens per held-out prompt")
     p.add_argument("--prompt", default=None, help="your own prompt text (streamed, and first in the table)")

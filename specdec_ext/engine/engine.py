@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
+from typing import Callable
 
 import torch
 
@@ -64,7 +65,7 @@ from specdec_ext.engine.settings import RequestSettings
 from specdec_ext.engine.stats import DecodeStats
 from specdec_ext.engine.stop_strings import TextStops
 from specdec_ext.engine.verify import Verifier
-from specdec_ext.models import make_cache, tree_forward, use_tree_attention
+from specdec_ext.models import TreeKVCache, make_cache, tree_forward, use_tree_attention
 from specdec_ext.models.config import check_window, text_config
 from specdec_ext.models.fast_linear import pack_linears_where_fast, packed_linears
 from specdec_ext.models.llama_step import LlamaStepOps
@@ -113,13 +114,15 @@ class Engine:
 
     The engine holds ``drafter`` until :meth:`close` (or the end of a ``with`` block): one engine per drafter.
     ``caller``: the name the errors of the engine's creation start with (a wrapper such as ``generate`` passes its
-    own).
+    own). ``make_cache``: the cache constructor, called as :func:`specdec_ext.models.make_cache` (the default) is,
+    for the batch's cache and each join's prefill cache: another way of keeping a hybrid target's states, such as
+    the hybrid benchmark's baselines (:mod:`specdec_ext.bench.state_baselines`).
     """
 
     def __init__(self, target: torch.nn.Module, drafter=None, *, max_batch: int = 8, max_len: int | None = None,
                  tokenizer=None, eos_token_id=None, acceptance: str = "exact", posterior_threshold: float = 0.09,
                  posterior_alpha: float = 0.3, tree_attention: bool = True, packed_linears: bool = True,
-                 caller: str = "Engine"):
+                 caller: str = "Engine", make_cache: Callable[..., TreeKVCache] = make_cache):
         t_start = time.perf_counter()
         check_target(caller, target)
         if drafter is not None:
@@ -159,6 +162,7 @@ class Engine:
         self.layers = tuple(drafter.hidden_state_layers) if drafter is not None else ()
         self._hidden_kwargs = {"output_hidden_states": True, "return_outputs": True} if self.layers else {}
         self._logits_to_keep = {"logits_to_keep": 1} if _accepts(target, "logits_to_keep") else {}
+        self.make_cache = make_cache
         self.cache = make_cache(target.config, 0, self.max_len, dtype=self.dtype, device=self.device,
                                 capacity=self.max_batch)
         with torch.no_grad():  # the target's layers as op calls where they serve it (CPUs; see "The target")
@@ -337,7 +341,7 @@ class Engine:
         rows = self._rows_of(joining)
         T = max(rows.prompt_lens) - 1  # everything but each prompt's last token (its first root)
         # a cache that holds the prompts only: the join copies T slots a row, not max_len
-        cache = make_cache(self.target.config, len(joining), max(T, 1), dtype=self.dtype, device=self.device)
+        cache = self.make_cache(self.target.config, len(joining), max(T, 1), dtype=self.dtype, device=self.device)
         hidden = None
         if T > 0:
             out = tree_forward(self.target, cache, rows.tokens[:, :T], None, 0, validate=False,

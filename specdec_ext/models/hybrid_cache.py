@@ -239,18 +239,16 @@ class LinearStateLayer:
 
 class TreeStep(NamedTuple):
     """What a linear layer's tree forward reads (:meth:`HybridCache.tree_layer`): its states ``[B, ...]`` by name,
-    the tree's dense ancestor mask ``[B, N, N]``, its ``parents[B, N]`` and whether it is a chain."""
+    the tree's ``parents[B, N]`` and whether it is a chain."""
     states: dict
-    mask: torch.Tensor
     parents: torch.Tensor
     chain: bool
 
 
 class _Pending(NamedTuple):
     """The last verification forward's tree, for the commit: what every linear layer recorded (buffers by name,
-    nodes ``[0, N)`` meaningful), the dense ancestor mask, parents and depths."""
+    nodes ``[0, N)`` meaningful), parents and depths."""
     nodes: dict
-    mask: torch.Tensor  # [B, N, N] bool
     parents: torch.Tensor  # [B, N] int64
     depth: torch.Tensor  # [B, N] int64
     chain: bool
@@ -348,12 +346,15 @@ class HybridCache(TreeKVCache):
                                  f"got prefix_lens {prefix_lens.tolist()}")
         else:
             torch._assert_async(at_state)
-        mask = ref.unpack_tree_mask(tree_mask, N)
         nodes = torch.arange(N, device=self.device)
-        # a node's parent: the latest earlier node of its ancestor row (-1 for the root)
-        parents = torch.where(mask & (nodes[None, :] < nodes[:, None]), nodes, -1).amax(-1)
-        self._pending = _Pending(self._buffers(B, N), mask, parents, mask.sum(-1) - 1, chain, N,
-                                 [False] * len(self.linear_layers))
+        if chain:  # (a long prefill: no [B, N, N] mask)
+            parents, depth = (nodes - 1).expand(B, N), nodes.expand(B, N)
+        else:
+            mask = ref.unpack_tree_mask(tree_mask, N)
+            # a node's parent: the latest earlier node of its ancestor row (-1 for the root)
+            parents = torch.where(mask & (nodes[None, :] < nodes[:, None]), nodes, -1).amax(-1)
+            depth = mask.sum(-1) - 1
+        self._pending = _Pending(self._buffers(B, N), parents, depth, chain, N, [False] * len(self.linear_layers))
         self._open = True
         try:
             yield
@@ -372,7 +373,7 @@ class HybridCache(TreeKVCache):
         """For linear layer ``layer_idx`` inside :meth:`tree_step`: what its tree forward reads."""
         p = self._open_pending(layer_idx)
         slot = self._slot(layer_idx)
-        return TreeStep({name: t[:, slot] for name, t in self._states.items()}, p.mask, p.parents, p.chain)
+        return TreeStep({name: t[:, slot] for name, t in self._states.items()}, p.parents, p.chain)
 
     def record(self, layer_idx: int, **recorded: torch.Tensor) -> None:
         """For linear layer ``layer_idx`` inside :meth:`tree_step`: keeps what its kind's commit needs, by the names

@@ -47,7 +47,7 @@ def _log(msg: str) -> None:
 
 
 def target_config(spec: ZooSpec, tokenizer):
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, MiniMaxConfig, Qwen2Config
 
     eos = tokenizer.eos_token_id
     common = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
@@ -57,6 +57,11 @@ def target_config(spec: ZooSpec, tokenizer):
                   rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta})
     if spec.architecture == "qwen2":
         return Qwen2Config(**common)
+    if spec.architecture == "minimax":
+        # one expert, always chosen: MiniMax's MoE block is then a dense SwiGLU MLP; block_size is its own
+        # (training) forward's Lightning chunk
+        return MiniMaxConfig(**common, head_dim=spec.hidden_size // spec.num_heads, layer_types=spec.layer_types,
+                             num_local_experts=1, num_experts_per_tok=1, block_size=256)
     return LlamaConfig(**common)
 
 
@@ -317,7 +322,7 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
                             ("eagle3", "eagle3"))}
     training = {k: stages.records[k] for k in ("corpus", "tokenizer", "target", "draft", "medusa", "eagle1", "eagle3")}
     card = {
-        "name": "specdec-zoo-pystdlib",
+        "name": "specdec-zoo-pystdlib" + ("-hybrid" if spec.hybrid else ""),
         "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": _machine(),
         "spec": spec.to_dict(),

@@ -24,10 +24,13 @@ def write_card(out: str, card: dict) -> None:
 def render_card(card: dict) -> str:
     spec, tr, ev = card["spec"], card["training"], card["evaluation"]
     corpus = tr["corpus"]
+    hybrid = spec.get("architecture") == "minimax"
+    kind = ("MiniMax hybrid target (Lightning attention layers beside softmax attention, as MiniCPM-SALA)" if hybrid
+            else "Llama-style target")
     lines = [
         f"# {card['name']}: the specdec_ext model family",
         "",
-        "A small Llama-style target with every kind of drafter the library supports, trained offline on a CPU by "
+        f"A small {kind} with every kind of drafter the library supports, trained offline on a CPU by "
         "`specdec zoo build` (the library's own training commands) from the Python standard library's source. "
         "It exists so that the demo, the benchmarks and the tests run on real trained models on any machine, "
         "without a download. It writes Python-like code; it is not a useful assistant.",
@@ -46,9 +49,12 @@ def render_card(card: dict) -> str:
         "|---|---|---:|---:|---:|---|",
     ]
     what = {
-        "target": f"Llama, {spec['num_layers']} layers, hidden {spec['hidden_size']}, {spec['num_heads']} heads "
-                  f"({spec['num_kv_heads']} KV), SwiGLU {spec['intermediate_size']}, tied embeddings, "
-                  f"{spec['max_positions']} positions",
+        "target": (f"MiniMax, {spec['num_layers']} layers: softmax attention every {spec['attention_every']} "
+                   f"layers from layer 0, Lightning attention in the others" if hybrid else
+                   f"Llama, {spec['num_layers']} layers")
+                  + f", hidden {spec['hidden_size']}, {spec['num_heads']} heads "
+                  f"({spec['num_kv_heads']} KV), SwiGLU {spec['intermediate_size']}"
+                  + (" (one MoE expert)" if hybrid else "") + f", tied embeddings, {spec['max_positions']} positions",
         "draft": f"Llama draft LM, {spec['draft_layers']} layers, hidden {spec['draft_hidden']}, KL-distilled",
         "medusa": f"Medusa-1, {spec['medusa_heads']} heads (1 ResBlock each) sharing the target's lm_head",
         "eagle1": "EAGLE-1: fc + 1 decoder layer; uses the target's embeddings and lm_head"

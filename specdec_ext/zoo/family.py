@@ -2,7 +2,7 @@
 
 Layout of a family directory (every member in its official format)::
 
-    target/   Llama causal LM + tokenizer (save_pretrained; bf16 safetensors)
+    target/   Llama causal LM (the hybrid family: MiniMax) + tokenizer (save_pretrained; bf16 safetensors)
     draft/    small Llama draft LM distilled from the target + the same tokenizer
     medusa/   Medusa-1 heads sharing the target's lm_head (config.json + medusa_lm_head.safetensors)
     eagle1/   EAGLE-1 draft (config.json + model.safetensors) and draft_vocab.json (the ids its drafts use)
@@ -23,9 +23,12 @@ from specdec_ext.models.safe_files import read_json
 from specdec_ext.models.draft_vocab import DRAFT_VOCAB_FILE, read_draft_vocab
 from specdec_ext.drafters.shapes import CPU_SHAPES, DRAFTER_NAMES
 
-__all__ = ["Family", "family_dir", "load_family", "make_drafter", "SHIPPED_DIR"]
+__all__ = ["Family", "family_dir", "load_family", "make_drafter", "SHIPPED_DIR", "SHIPPED_HYBRID_DIR"]
 
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "family")
+# the hybrid member (a MiniMax target: Lightning layers beside softmax attention) with its own drafters, in the
+# same layout (`specdec zoo build --spec hybrid`)
+SHIPPED_HYBRID_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hybrid")
 
 
 def family_dir(path: str | os.PathLike | None = None) -> str:

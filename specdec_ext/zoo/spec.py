@@ -7,9 +7,11 @@ from dataclasses import asdict, dataclass, field, replace
 from specdec_ext.drafters.shapes import CPU_SHAPES
 from specdec_ext.zoo.corpus import CORPUS_PARTS
 
-__all__ = ["ZooSpec", "FULL", "QUICK", "TRANSFER", "SPECS", "ARCHITECTURES"]
+__all__ = ["ZooSpec", "FULL", "QUICK", "TRANSFER", "HYBRID", "QUICK_HYBRID", "SPECS", "ARCHITECTURES"]
 
-ARCHITECTURES = ("llama", "qwen2")  # the target's Hugging Face class (Qwen2: Llama plus biases on q, k, v)
+# the target's Hugging Face class (Qwen2: Llama plus biases on q, k, v; MiniMax: Lightning attention layers beside
+# softmax attention ones, the hybrid of MiniCPM-SALA's kind)
+ARCHITECTURES = ("llama", "qwen2", "minimax")
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,10 @@ class ZooSpec:
     num_kv_heads: int = 2
     max_positions: int = 4096
     rope_theta: float = 10000.0
+    # MiniMax only: layer i is softmax attention where i % attention_every == 0, Lightning attention elsewhere
+    # (4: three Lightning layers to one softmax layer, as MiniCPM-SALA; layer 0 must be attention, because Hugging
+    # Face's own MiniMax decoding, the tests' reference, reads positions from layer 0's cache)
+    attention_every: int = 4
     target_seq_len: int = 512
     target_batch: int = 4
     target_steps: int = 700
@@ -67,6 +73,9 @@ class ZooSpec:
             raise ValueError(f"ZooSpec.architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
         if self.corpus_part not in CORPUS_PARTS:
             raise ValueError(f"ZooSpec.corpus_part must be one of {CORPUS_PARTS}, got {self.corpus_part!r}")
+        if self.architecture == "minimax" and not 2 <= self.attention_every <= self.num_layers:
+            raise ValueError(f"ZooSpec.attention_every must be in [2, num_layers={self.num_layers}] for a MiniMax "
+                             f"target (some layers Lightning, some attention), got {self.attention_every}")
         if self.target_long_steps < 0:
             raise ValueError(f"ZooSpec.target_long_steps must be >= 0, got {self.target_long_steps}")
         if self.target_long_steps and not self.target_seq_len < self.target_long_seq_len <= self.max_positions:
@@ -77,6 +86,18 @@ class ZooSpec:
     def target_long_batch(self) -> int:
         """The long stage's batch: as many tokens a step as the first stage's (at least one window)."""
         return max(1, self.target_batch * self.target_seq_len // max(self.target_long_seq_len, 1))
+
+    @property
+    def layer_types(self) -> list[str] | None:
+        """MiniMax's ``config.layer_types`` (None for the attention-only architectures)."""
+        if self.architecture != "minimax":
+            return None
+        return ["full_attention" if i % self.attention_every == 0 else "linear_attention"
+                for i in range(self.num_layers)]
+
+    @property
+    def hybrid(self) -> bool:
+        return self.architecture == "minimax"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,4 +122,10 @@ QUICK = replace(FULL, vocab_size=512, hidden_size=64, num_layers=4, intermediate
 TRANSFER = replace(FULL, architecture="qwen2", vocab_size=6144, hidden_size=512, num_layers=6, intermediate_size=1536,
                    num_heads=8, num_kv_heads=2, max_positions=8192, rope_theta=1e6, target_long_seq_len=4096,
                    target_long_steps=60, corpus_part="odd", seed=1)
-SPECS = {"family": FULL, "quick": QUICK, "transfer": TRANSFER}
+# The hybrid member (issue: speculation on hybrid linear-attention targets): the family's sizes and recipe on
+# MiniMax's classes, 3 Lightning layers to 1 softmax layer as MiniCPM-SALA, 16k positions (its linear layers make
+# long prompts cheap), continued on 4096-token windows; one MLP expert (MiniMax's MoE block with one expert is a
+# dense SwiGLU MLP). `specdec zoo build --spec hybrid` builds it with every drafter; `specdec demo --hybrid` runs it.
+HYBRID = replace(FULL, architecture="minimax", max_positions=16384, target_long_seq_len=4096, target_long_steps=60)
+QUICK_HYBRID = replace(QUICK, architecture="minimax", attention_every=2)
+SPECS = {"family": FULL, "quick": QUICK, "transfer": TRANSFER, "hybrid": HYBRID, "quick-hybrid": QUICK_HYBRID}
