@@ -1,6 +1,8 @@
-"""The shipped model family (specdec_ext/zoo/family): every drafter's greedy output equals plain greedy decoding,
-and its mean accepted length stays above the floor recorded in the model card — a regression in training, in the
-checkpoint loaders or in decoding fails here. The prompts are the card's own (held-out source, stored as ids)."""
+"""The shipped model families (specdec_ext/zoo/family, and the hybrid one in specdec_ext/zoo/hybrid): every
+drafter's greedy output equals plain greedy decoding, and its mean accepted length stays above the floor recorded in
+the model card — a regression in training, in the checkpoint loaders or in decoding fails here. The prompts are the
+card's own (held-out source, stored as ids). On the hybrid family plain decoding also equals Hugging Face's own
+greedy ``generate``."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ pytest.importorskip("transformers")
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.zoo import SHIPPED_DIR, load_family  # noqa: E402
 from specdec_ext.zoo.evaluate import evaluate_drafters  # noqa: E402
+from specdec_ext.zoo.family import SHIPPED_HYBRID_DIR  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -21,7 +24,27 @@ def family():
     return load_family(SHIPPED_DIR)
 
 
-def test_card_describes_the_shipped_files(family):
+@pytest.fixture(scope="module", params=[SHIPPED_DIR, SHIPPED_HYBRID_DIR], ids=["family", "hybrid"])
+def each_family(request):
+    return load_family(request.param)
+
+
+def test_the_hybrid_familys_plain_decoding_equals_hugging_faces_generate():
+    """The trained hybrid target (its Lightning layers' states in a HybridCache) decodes greedily as Hugging Face's
+    own generate does (its MiniMaxCache), on two of the card's prompts."""
+    from hf_reference import hf_greedy
+    from specdec_ext.models import HybridCache, make_cache
+
+    fam = load_family(SHIPPED_HYBRID_DIR)
+    assert fam.target.config.model_type == "minimax"
+    assert isinstance(make_cache(fam.target.config, 1, 64), HybridCache)
+    for prompt in fam.card["evaluation"]["prompt_ids"][:2]:
+        ours, _ = generate(fam.target, None, torch.tensor(prompt), max_new_tokens=32, eos_token_id=[])
+        assert ours[len(prompt):].tolist() == hf_greedy(fam.target, prompt, 32)
+
+
+def test_card_describes_the_shipped_files(each_family):
+    family = each_family
     card = family.card
     assert card["total_bytes"] <= 80e6  # the issue's budget for everything shipped
     assert set(card["floors"]["mean_accepted_length"]) == set(family.drafter_names)
@@ -30,7 +53,8 @@ def test_card_describes_the_shipped_files(family):
     assert 15e6 * 0.9 <= n <= 30e6
 
 
-def test_every_drafter_is_greedy_identical_and_above_its_floor(family):
+def test_every_drafter_is_greedy_identical_and_above_its_floor(each_family):
+    family = each_family
     ev = family.card["evaluation"]
     prompts = ev["prompt_ids"]
     got = evaluate_drafters(family, prompts, ev["new_tokens"])

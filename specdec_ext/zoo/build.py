@@ -320,7 +320,8 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     members = {m: {"bytes": _dir_bytes(os.path.join(out, m)), "params": stages.records[s].get("params")}
                for m, s in (("target", "target"), ("draft", "draft"), ("medusa", "medusa"), ("eagle1", "eagle1"),
                             ("eagle3", "eagle3"))}
-    training = {k: stages.records[k] for k in ("corpus", "tokenizer", "target", "draft", "medusa", "eagle1", "eagle3")}
+    training = {k: stages.records[k] for k in ("corpus", "tokenizer", "target", "target_long", "draft", "medusa",
+                                                "eagle1", "eagle3") if k in stages.records}
     card = {
         "name": "specdec-zoo-pystdlib" + ("-hybrid" if spec.hybrid else ""),
         "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -68,10 +68,14 @@ def render_card(card: dict) -> str:
         lines.append(f"| {m} | {what[m]} | {info['params'] / 1e6:.2f} M | {info['bytes'] / 1e6:.1f} MB | "
                      f"{t['steps']} | {t['first_loss']:.3f} -> {t['last_loss']:.3f} |")
     held = tr["target"].get("heldout_loss")
+    long = tr.get("target_long") or {}
+    held_long = "" if long.get("heldout_loss") is None else (
+        f" (on {long['seq_len']}-token windows: {long['heldout_loss_before']:.3f} before the long-context stage, "
+        f"{long['heldout_loss']:.3f} after)")
     lines += [
         "",
         f"Total: {card['total_bytes'] / 1e6:.1f} MB. Target held-out loss: "
-        f"{'n/a' if held is None else f'{held:.3f} nats/token'}. Losses: the target's is next-token "
+        f"{'n/a' if held is None else f'{held:.3f} nats/token'}{held_long}. Losses: the target's is next-token "
         "cross-entropy; the draft LM's is KL to the target; Medusa's the weighted "
         f"{'KL of its heads to the target' if spec.get('medusa_soft_labels') else 'CE of its heads'}; EAGLE's "
         "feature regression + KL (EAGLE-1) or the KL summed over training-time-test steps (EAGLE-3).",
@@ -91,8 +95,9 @@ def render_card(card: dict) -> str:
         lines.append(f"| {k} | {r['wall_seconds']} | {cpu} | {r.get('train_seconds', '')} | {note} |")
     for note in card.get("notes", []):
         lines += ["", note]
+    build = "specdec zoo build --out my_family" + (" --spec hybrid" if hybrid else "")
     lines += ["", "Rebuild (no download; about the same time on 2 cores):", "", "```",
-              "specdec zoo build --out my_family      # then: SPECDEC_ZOO=my_family specdec demo", "```", "",
+              f"{build}      # then: specdec demo --family my_family", "```", "",
               "## Measured acceptance (greedy, batch 1)",
               f"{ev['prompts']} prompts of {ev['prompt_tokens']} tokens from the held-out files, {ev['new_tokens']} "
               "new tokens each, decoded by `specdec_ext.generate` from the files above (float32 on the CPU). "

@@ -39,8 +39,10 @@ def add_zoo_command(sub) -> None:
     b.add_argument("--quick", action="store_true", help="a tiny, barely trained family in seconds (tests, CI)")
     b.add_argument("--resume", action="store_true", help="skip finished stages, continue a stage from its checkpoint")
     b.add_argument("--spec", choices=[k for k in SPECS if k != "quick"], default="family",
-                   help="what to build: the shipped family, or the transfer target (a Qwen2 model unlike the family, "
-                   "trained on the other half of the corpus, for measuring the training commands' defaults)")
+                   help="what to build: the shipped family; the hybrid family (a MiniMax target, Lightning attention "
+                   "layers beside softmax attention, with its own drafters; quick-hybrid: the same in seconds); or "
+                   "the transfer target (a Qwen2 model unlike the family, trained on the other half of the corpus, "
+                   "for measuring the training commands' defaults)")
     b.add_argument("--target-only", action="store_true",
                    help="only the tokenizer and target, plus the training / held-out texts as OUT/data/*.jsonl")
     b.add_argument("--corpus", default=None, help="directory of .py files (default: this Python's standard library)")

@@ -126,6 +126,9 @@ TRANSFER = replace(FULL, architecture="qwen2", vocab_size=6144, hidden_size=512,
 # MiniMax's classes, 3 Lightning layers to 1 softmax layer as MiniCPM-SALA, 16k positions (its linear layers make
 # long prompts cheap), continued on 4096-token windows; one MLP expert (MiniMax's MoE block with one expert is a
 # dense SwiGLU MLP). `specdec zoo build --spec hybrid` builds it with every drafter; `specdec demo --hybrid` runs it.
-HYBRID = replace(FULL, architecture="minimax", max_positions=16384, target_long_seq_len=4096, target_long_steps=60)
+# Half the family's EAGLE steps (600 / 450): its target's forward, run at every drafter step, costs ~2x the family's on
+# a CPU, and the whole build had to fit a 3-hour session on 2 cores (2026-12-03).
+HYBRID = replace(FULL, architecture="minimax", max_positions=16384, target_long_seq_len=4096, target_long_steps=60,
+                 eagle1_steps=600, eagle3_steps=450)
 QUICK_HYBRID = replace(QUICK, architecture="minimax", attention_every=2)
 SPECS = {"family": FULL, "quick": QUICK, "transfer": TRANSFER, "hybrid": HYBRID, "quick-hybrid": QUICK_HYBRID}
