@@ -21,9 +21,8 @@ from hf_reference import hf_greedy  # noqa: E402
 from test_hybrid_minimax import NEW, PROMPTS, make_drafter, references, target  # noqa: E402
 
 from specdec_ext import ops  # noqa: E402
-from specdec_ext.bench.hybrid import format_table, hybrid_methods, run_hybrid_bench  # noqa: E402
-from specdec_ext.bench.state_baselines import (ReplayCache, SnapshotCache, TimedHybridCache,  # noqa: E402
-                                               state_bytes_per_row)
+from specdec_ext.bench.hybrid import cache_factory, format_table, hybrid_methods, run_hybrid_bench  # noqa: E402
+from specdec_ext.bench.state_baselines import ReplayCache, SnapshotCache, state_bytes_per_row  # noqa: E402
 from specdec_ext.engine import Engine  # noqa: E402
 from specdec_ext.models import HybridCache, extend, tree_forward, use_tree_attention  # noqa: E402
 
@@ -79,16 +78,7 @@ def test_baselines_keep_the_states_of_the_library_cache(accepted):
 
 def _engine_greedy(model, drafter, states: str):
     made = []
-    cls = {"ours": TimedHybridCache, "snapshots": SnapshotCache, "replay": ReplayCache}[states]
-    extra = {} if states == "ours" else {"positions": drafter.max_nodes}
-    if states == "replay":
-        extra["model"] = model
-
-    def make(config, batch_size, max_len, **kw):
-        made.append(cls(config, batch_size, max_len, **kw, **extra))
-        return made[-1]
-
-    outs = []
+    make = cache_factory(states, model, drafter.max_nodes, made)
     with Engine(model, drafter, max_batch=2, max_len=96, eos_token_id=[], make_cache=make) as engine:
         ids = [engine.add_request(p, max_new_tokens=NEW) for p in PROMPTS]
         got = {i: [] for i in ids}

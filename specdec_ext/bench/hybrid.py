@@ -30,7 +30,7 @@ import torch
 from specdec_ext.bench.state_baselines import BASELINE_CACHES, ReplayCache, TimedHybridCache, state_bytes_per_row
 from specdec_ext.engine import Engine
 
-__all__ = ["format_table", "hybrid_methods", "run_hybrid_bench"]
+__all__ = ["cache_factory", "format_table", "hybrid_methods", "run_hybrid_bench"]
 
 
 def hybrid_methods(chain_drafters=("eagle1", "draft-model"),
@@ -44,8 +44,9 @@ def hybrid_methods(chain_drafters=("eagle1", "draft-model"),
     return methods
 
 
-def _cache_factory(states: str, target, positions: int, made: list):
-    """The engine's ``make_cache`` for ``states``: every cache it makes is kept in ``made`` (the first is the
+def cache_factory(states: str, target, positions: int, made: list):
+    """The engine's ``make_cache`` for ``states`` (``"ours"`` or a key of ``BASELINE_CACHES``; the baselines keep
+    ``positions`` states, the replay runs ``target``): every cache it makes is kept in ``made`` (the first is the
     batch's)."""
     cls = TimedHybridCache if states == "ours" else BASELINE_CACHES[states]
     kwargs = {} if states == "ours" else {"positions": positions}
@@ -65,7 +66,7 @@ def _decode(target, drafter, states: str, prompt: list[int], max_new_tokens: int
     positions = drafter.max_nodes if drafter is not None else 1
     t0 = time.perf_counter()
     engine = Engine(target, drafter, max_batch=1, eos_token_id=[], caller="bench hybrid",
-                    make_cache=_cache_factory(states, target, positions, made))
+                    make_cache=cache_factory(states, target, positions, made))
     with engine:
         rid = engine.add_request(prompt, max_new_tokens=max_new_tokens)
         out: list[int] = []

@@ -78,6 +78,14 @@ def _lightning_only(cache: HybridCache, who: str) -> None:
         raise NotImplementedError(f"{who}: Lightning layers (MiniMax) only, got {cache.kind.name}")
 
 
+def _require_chain(cache: HybridCache, who: str) -> None:
+    """Refuses a verification tree that is not a chain (neither engine verifies a Lightning tree)."""
+    p = cache._pending
+    if p.num_nodes > 1 and not p.chain and not bool((p.parents == torch.arange(-1, p.num_nodes - 1,
+                                                                              device=p.parents.device)).all()):
+        raise ValueError(f"{who}: chains only (that engine verifies a chain of drafts on hybrid targets)")
+
+
 def _rows_at_least(buffer: torch.Tensor, rows: int) -> torch.Tensor:
     """``buffer``, or a zeroed one with ``rows`` rows when it has fewer (rows joined past the capacity)."""
     if buffer.shape[0] >= rows:
@@ -106,13 +114,9 @@ class SnapshotCache(TimedHybridCache):
     def tree_step(self, prefix_lens, tree_mask, num_nodes, chain, validate=True):
         with super().tree_step(prefix_lens, tree_mask, num_nodes, chain, validate):
             self._snapshotting = num_nodes <= self.snapshot_positions
-            if self._snapshotting and num_nodes > 1 and not chain and not self._pending_is_chain():
-                raise ValueError("SnapshotCache: chains only (vLLM verifies a chain of drafts on hybrid targets)")
+            if self._snapshotting:
+                _require_chain(self, "SnapshotCache")
             yield
-
-    def _pending_is_chain(self) -> bool:
-        p = self._pending
-        return bool((p.parents == torch.arange(-1, p.num_nodes - 1, device=p.parents.device)).all())
 
     def record(self, layer_idx: int, **recorded: torch.Tensor) -> None:
         super().record(layer_idx, **recorded)
@@ -145,7 +149,6 @@ class SnapshotCache(TimedHybridCache):
             state.copy_(torch.where((lengths > 0).view(B, 1, 1, 1, 1), chosen, state))
             self._pending = None
             self._snapshotting = False
-
 
 
 class ReplayCache(TimedHybridCache):
@@ -187,10 +190,7 @@ class ReplayCache(TimedHybridCache):
         with super().tree_step(prefix_lens, tree_mask, num_nodes, chain, validate):
             self._verifying = not self._replaying and num_nodes <= self.verify_nodes
             if self._verifying:
-                p = self._pending
-                if num_nodes > 1 and not bool((p.parents == torch.arange(-1, num_nodes - 1,
-                                                                          device=p.parents.device)).all()):
-                    raise ValueError("ReplayCache: chains only (llama.cpp verifies a chain of drafts)")
+                _require_chain(self, "ReplayCache")
                 with self._timed():
                     self._checkpoint = _rows_at_least(self._checkpoint, self.batch_size)
                     self._checkpoint[: self.batch_size].copy_(self._states["state"])

@@ -73,7 +73,7 @@ class ZooSpec:
             raise ValueError(f"ZooSpec.architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
         if self.corpus_part not in CORPUS_PARTS:
             raise ValueError(f"ZooSpec.corpus_part must be one of {CORPUS_PARTS}, got {self.corpus_part!r}")
-        if self.architecture == "minimax" and not 2 <= self.attention_every <= self.num_layers:
+        if self.hybrid and not 2 <= self.attention_every <= self.num_layers:
             raise ValueError(f"ZooSpec.attention_every must be in [2, num_layers={self.num_layers}] for a MiniMax "
                              f"target (some layers Lightning, some attention), got {self.attention_every}")
         if self.target_long_steps < 0:
@@ -90,7 +90,7 @@ class ZooSpec:
     @property
     def layer_types(self) -> list[str] | None:
         """MiniMax's ``config.layer_types`` (None for the attention-only architectures)."""
-        if self.architecture != "minimax":
+        if not self.hybrid:
             return None
         return ["full_attention" if i % self.attention_every == 0 else "linear_attention"
                 for i in range(self.num_layers)]
