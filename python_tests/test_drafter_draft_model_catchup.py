@@ -19,7 +19,7 @@ import test_generate_greedy as greedy_t  # noqa: E402
 from hf_reference import hf_greedy  # noqa: E402
 
 from specdec_ext import AdaptiveDrafter, Engine, RequestSettings  # noqa: E402
-from specdec_ext.drafters import DraftModelDrafter  # noqa: E402
+from specdec_ext.drafters import DraftModelDrafter, ParallelDraftDrafter  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -36,6 +36,10 @@ def _drafter(kind: str, model):
         return DraftModelDrafter(greedy_t.perturbed_copy(model), num_draft_tokens=4)
     if kind == "chain_hf":  # the Hugging Face forward throughout
         return DraftModelDrafter(greedy_t.perturbed_copy(model), num_draft_tokens=4, packed_linears=False)
+    if kind == "parallel":  # a parallel draft: the catch-up forward carries the mask tokens after each row's lag
+        from test_drafter_parallel import parallel_copy
+
+        return ParallelDraftDrafter(parallel_copy(model))
     if kind == "tree":
         return greedy_t.make_drafter("tree", model)
     if kind == "dynamic":
@@ -58,7 +62,7 @@ def _record_catch_ups(drafter) -> list:
     return seen
 
 
-@pytest.mark.parametrize("kind", ["chain_ops", "chain_hf", "tree", "dynamic", "eagle2_tree"])
+@pytest.mark.parametrize("kind", ["chain_ops", "chain_hf", "parallel", "tree", "dynamic", "eagle2_tree"])
 def test_rows_catch_up_on_their_own_lag_in_an_exactly_sized_engine(kind):
     if kind.startswith("eagle"):
         m, _, _ = batch_t.case(kind)

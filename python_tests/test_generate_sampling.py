@@ -23,7 +23,7 @@ stats_mod = pytest.importorskip("scipy.stats")
 
 from test_hf_tree_attention import make_model  # noqa: E402
 
-from specdec_ext.drafters import DraftModelDrafter, NgramDrafter  # noqa: E402
+from specdec_ext.drafters import DraftModelDrafter, NgramDrafter, ParallelDraftDrafter  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.ops.reference import filtered_weights  # noqa: E402
 
@@ -81,6 +81,14 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(stats_mod.chisquare(obs.numpy(), exp.numpy() * float(obs.sum() / exp.sum())).pvalue)
 
 
+def parallel(draft):
+    """``draft`` as a parallel draft: one more vocabulary row, the mask token (its proposals after the first position
+    are whatever the untrained mask gives: lossless verification must not care)."""
+    draft.resize_token_embeddings(V + 1, mean_resizing=False)
+    draft.config.pard_token, draft.config.pard_num_tokens = V, 3
+    return draft
+
+
 def stopping_at_random(drafter: DraftModelDrafter) -> DraftModelDrafter:
     """A draft model whose chains stop early at random (seeded): with one prompt in 5000 rows every row is rarely
     unsure at once, so the real stopping rule would hardly ever cut a chain here. Chains of varying length, with
@@ -99,6 +107,8 @@ def test_speculative_sampling_matches_the_target_distribution(T, top_k, top_p):
                           (5678, DraftModelDrafter(draft, num_draft_tokens=3, tree_width=2)),
                           (6789, DraftModelDrafter(draft, num_draft_tokens=3, tree_width=2, total_tokens=4)),
                           (8765, NgramDrafter(num_pred_tokens=2, max_ngram_size=2)),
+                          (3579, ParallelDraftDrafter(parallel(tiny(21, noise=0.3)))),
+                          (9753, ParallelDraftDrafter(parallel(tiny(21, noise=0.3)), tree_width=2, total_tokens=4)),
                           (2468, stopping_at_random(DraftModelDrafter(draft, num_draft_tokens=3,
                                                                       confidence_threshold=0.5)))):
         gen = torch.Generator().manual_seed(seed)

@@ -3,6 +3,7 @@ and line) and the ``specdec train-medusa`` / ``train-eagle`` / ``train-draft`` c
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -197,6 +198,39 @@ def test_cli_train_draft(model_dir, tmp_path, capsys):
     m = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert m.config.num_hidden_layers == 1
     assert AutoTokenizer.from_pretrained(tmp_path)("w5 w6")["input_ids"] == [5, 6]
+
+
+def test_cli_train_parallel_draft_from_a_draft_lm_and_decode_with_it(model_dir, tmp_path, capsys):
+    from specdec_ext.drafter_args import drafter_from_args
+    from specdec_ext.drafters import ParallelDraftDrafter
+    from specdec_ext.generate import load_model
+
+    lm, pard = tmp_path / "lm", tmp_path / "pard"
+    run(capsys, "train-draft", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), "--out", str(lm),
+        "--layers", "1", "--hidden-size", "64", *COMMON)
+    text = run(capsys, "train-draft", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"),
+               "--out", str(pard), "--init", str(lm), "--parallel", "3", *COMMON)
+    assert "specdec train-draft: 20 steps" in text
+    m = load_model(str(pard))
+    assert (m.config.pard_token, m.config.pard_num_tokens, m.config.vocab_size) == (V, 3, V + 1)
+    assert m.config.num_hidden_layers == 1  # --init's shape
+    log = json.loads((pard / "training_log.json").read_text())
+    assert log["parallel"] == 3 and log["init"] == str(lm)
+    # --draft-model DIR of a parallel draft drafts in parallel, its chain the positions it was trained for
+    ns = argparse.Namespace(ngram=False, suffix=False, draft_model=str(pard), medusa=None, eagle=None, self_spec=None,
+                            draft_quant="none", dtype=None, device="cpu", num_draft_tokens=None, tree_width=1,
+                            tree_total_tokens=None, confidence_threshold=0.0, no_packed_linears=False)
+    drafter = drafter_from_args(ns, load_model(str(model_dir)))
+    assert isinstance(drafter, ParallelDraftDrafter) and drafter.k == 3
+    ns.confidence_threshold = 0.5
+    with pytest.raises(ValueError, match="--confidence-threshold stops a chain drafted token by token"):
+        drafter_from_args(ns, load_model(str(model_dir)))
+    msg = failure(capsys, "train-draft", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"),
+                  "--out", str(tmp_path / "x"), "--init", str(lm), "--layers", "3")
+    assert "--init starts from that draft LM's own shape" in msg
+    msg = failure(capsys, "train-draft", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"),
+                  "--out", str(tmp_path / "x"), "--parallel", "0")
+    assert "--parallel must be >= 1" in msg
 
 
 def test_cli_bad_data(model_dir, tmp_path):

@@ -7,6 +7,7 @@ uninterrupted one."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -243,3 +244,23 @@ def test_resume_equals_uninterrupted(tmp_path):
         torch.testing.assert_close(x, y)
     state = torch.load(a / CHECKPOINT_FILE, weights_only=True)
     assert state["step"] == 12 and state["optimizer"]["state"]
+
+
+def test_parallel_draft_adapts_a_draft_lm_and_accepts_more_than_it_started_with(tmp_path):
+    from specdec_ext.drafters import ParallelDraftDrafter
+    from specdec_ext.generate import load_model
+
+    seqs, prompts = data()
+    draft_lm, _ = train_draft_lm(target(), seqs, cfg(steps=40), num_layers=1)
+    start = copy.deepcopy(draft_lm)
+    model, res = train_draft_lm(target(), seqs, cfg(steps=60), model=draft_lm, parallel=4, retention=0.7,
+                                min_retention=0.3, heldout_prompts=prompts, num_draft_tokens=4)
+    print("parallel draft loss", falls(res.losses, ratio=0.7))
+    assert model.config.pard_token == V and model.config.pard_num_tokens == 4 and model.config.vocab_size == V + 1
+    start.resize_token_embeddings(V + 1, mean_resizing=True)  # the same draft LM, its mask row untrained
+    start.config.pard_token, start.config.pard_num_tokens = V, 4
+    before = check_lossless(ParallelDraftDrafter(start), prompts)
+    model.save_pretrained(tmp_path)
+    after = check_lossless(ParallelDraftDrafter(load_model(str(tmp_path))), prompts)
+    print("accepted", before, "->", after, "(training's own evaluation:", res.evals[-1][1], ")")
+    assert after > before + 0.5 and res.evals[-1][1] == pytest.approx(after)

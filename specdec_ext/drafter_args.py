@@ -13,7 +13,9 @@ __all__ = ["add_drafter_arguments", "check_one_drafter", "draft_quant", "drafter
 
 
 def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft-model", help="directory of a smaller draft model with the same tokenizer")
+    p.add_argument("--draft-model", help="directory of a smaller draft model with the same tokenizer (a parallel "
+                                         "draft, one whose config records a pard_token, drafts every token of a "
+                                         "step in one forward: specdec train-draft --parallel K)")
     p.add_argument("--ngram", action="store_true", help="n-gram (prompt lookup) drafter")
     p.add_argument("--medusa", help="directory of Medusa-1 heads (config.json + medusa_lm_head.pt/.safetensors)")
     p.add_argument("--eagle", help="directory of an EAGLE-1 or EAGLE-3 draft (config.json + weights)")
@@ -33,7 +35,8 @@ def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--medusa-dynamic", action="store_true",
                    help="--medusa: each step keeps the --medusa-nodes choices of highest calibrated head "
                         "probability (a per-step tree) instead of a fixed tree")
-    p.add_argument("--num-draft-tokens", type=int, default=4, help="draft chain length")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="draft chain length (default 4; a parallel draft: the positions it was trained for)")
     p.add_argument("--tree-width", type=int, default=1,
                    help="--draft-model: top-k tree with this many branches at the root (1 = chain)")
     p.add_argument("--tree-total-tokens", type=int, default=None,
@@ -77,21 +80,29 @@ def draft_quant(args: argparse.Namespace) -> str | None:
 def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
     """The drafter the flags choose for ``target`` (None: no drafter flag). Reads ``args.device``, ``args.dtype``
     and ``args.no_packed_linears`` besides the drafter flags."""
-    from specdec_ext.drafters import (DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter, SelfSpecDrafter,
-                                      SuffixDrafter)
+    from specdec_ext.drafters import (DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter,
+                                      ParallelDraftDrafter, SelfSpecDrafter, SuffixDrafter)
+    from specdec_ext.drafters.parallel_draft import parallel_draft_config
     from specdec_ext.drafters.shapes import drafter_shape
     from specdec_ext.generate import load_model
     from specdec_ext.models.checkpoints import resolve_eagle_dtype
 
     check_one_drafter(args)
     dtype = getattr(torch, args.dtype) if args.dtype else None
+    k = args.num_draft_tokens
     if args.draft_model:
-        return DraftModelDrafter(load_model(args.draft_model, dtype=dtype, device=args.device),
-                                 num_draft_tokens=args.num_draft_tokens, tree_width=args.tree_width,
-                                 total_tokens=args.tree_total_tokens, confidence_threshold=args.confidence_threshold,
-                                 packed_linears=not args.no_packed_linears, draft_quant=draft_quant(args))
+        model = load_model(args.draft_model, dtype=dtype, device=args.device)
+        shape = {"tree_width": args.tree_width, "total_tokens": args.tree_total_tokens,
+                 "packed_linears": not args.no_packed_linears, "draft_quant": draft_quant(args)}
+        if parallel_draft_config(model.config) is None:
+            return DraftModelDrafter(model, num_draft_tokens=k or 4, confidence_threshold=args.confidence_threshold,
+                                     **shape)
+        if args.confidence_threshold:
+            raise ValueError("--confidence-threshold stops a chain drafted token by token; a parallel draft "
+                             f"({args.draft_model}) drafts its whole chain in one forward")
+        return ParallelDraftDrafter(model, num_draft_tokens=k, **shape)
     if args.ngram:
-        return NgramDrafter(num_pred_tokens=args.num_draft_tokens, max_ngram_size=args.max_ngram)
+        return NgramDrafter(num_pred_tokens=k or 4, max_ngram_size=args.max_ngram)
     if args.suffix:
         return SuffixDrafter(max_depth=args.suffix_depth, max_nodes=args.suffix_depth + 1,
                              spec_factor=args.suffix_spec_factor, min_prob=args.suffix_min_prob,
@@ -109,7 +120,8 @@ def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
                                             dtype=resolve_eagle_dtype(args.eagle_dtype, tdtype, args.device),
                                             draft_quant=draft_quant(args))
     if args.self_spec:
-        tree = {"num_draft_tokens": args.num_draft_tokens, "tree_width": args.tree_width,
+        tree = {"num_draft_tokens": k, "tree_width": args.tree_width,
                 "total_tokens": args.tree_total_tokens} if args.tree_width > 1 else {}
+        tree = {key: v for key, v in tree.items() if v is not None}
         return SelfSpecDrafter.from_file(args.self_spec, target=target, **tree)
     return None

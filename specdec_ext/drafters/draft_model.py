@@ -139,7 +139,7 @@ class DraftModelDrafter:
               defer_prefill: bool = False) -> None:
         """Checks the pair, allocates the draft cache and prefills it with the prompts (``defer_prefill``: not
         now; the first speculative :meth:`propose` catches up on them)."""
-        check_vocab("DraftModelDrafter", text_config(self.model.config).vocab_size, state.vocab_size)
+        self._check_vocab(state.vocab_size)
         if self.width > state.vocab_size:
             raise ValueError(f"DraftModelDrafter: tree_width = {self.width} exceeds the vocabulary "
                              f"({state.vocab_size})")
@@ -159,6 +159,9 @@ class DraftModelDrafter:
         self._ops, self._ops_built = None, False  # (the prompt's prefill below is long: the Hugging Face forward)
         self.cache, self.valid = None, []
         self.add_rows(target, state, defer_prefill=defer_prefill)
+
+    def _check_vocab(self, target_vocab: int) -> None:
+        check_vocab(type(self).__name__, text_config(self.model.config).vocab_size, target_vocab)
 
     def add_rows(self, target: torch.nn.Module, rows: DecodeState, prefill_hidden_states=None, *,
                  defer_prefill: bool = False) -> None:
@@ -231,15 +234,7 @@ class DraftModelDrafter:
         self.caught_up = k > 0
         if k <= 0:  # a plain step: no draft forward, so the cache does not catch up either (observe keeps valid)
             return plain_tree(root)
-        # The catch-up: one forward of the longest lag T. Each row feeds the last T tokens of its context (from 0
-        # where it has fewer), so no row writes past its context; after its valid prefix, an up-to-date row would
-        # write a joining row's whole prompt there.
-        lengths = [len(t) for t in state.host_tokens]
-        T = max(n - v for n, v in zip(lengths, self.valid))
-        start = to_device([max(n - T, 0) for n in lengths], dev)  # <= valid[b]: the positions before it recompute
-        num = state.lengths - start
-        idx = (start[:, None] + torch.arange(T, device=dev)).clamp(max=state.max_len - 1)
-        logits = self._forward(state.tokens.gather(1, idx), start, num)
+        logits, num = self._catch_up(state)
         last = logits.gather(1, (num - 1)[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0]
         if shape == "dynamic":
             return self._propose_dynamic(state, root, last, k, total)
@@ -263,6 +258,24 @@ class DraftModelDrafter:
         if not state.sampling.greedy:
             draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], 1)  # leaf row: never read
         return DraftTree(tokens, parents, draft_probs)
+
+    def _catch_up(self, state: DecodeState, extra: int = 0, fill: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The catch-up: one forward of the longest lag T, followed by ``extra`` tokens ``fill`` right after each
+        row's context (the parallel draft's mask tokens; their K/V are dropped again). Each row feeds the last T
+        tokens of its context (from 0 where it has fewer), so no row writes past its context; after its valid
+        prefix, an up-to-date row would write a joining row's whole prompt there. Returns ``(logits [B, T + extra,
+        V], num [B])``: row b fed ``num[b]`` context tokens, so its prediction after the context is at ``num[b] -
+        1``."""
+        dev = state.device
+        lengths = [len(t) for t in state.host_tokens]
+        T = max(n - v for n, v in zip(lengths, self.valid))
+        start = to_device([max(n - T, 0) for n in lengths], dev)  # <= valid[b]: the positions before it recompute
+        num = state.lengths - start
+        steps = torch.arange(T + extra, device=dev)
+        tokens = state.tokens.gather(1, (start[:, None] + steps).clamp(max=state.max_len - 1))
+        if extra:
+            tokens = tokens.masked_fill(steps[None] >= num[:, None], fill)
+        return self._forward(tokens, start, num), num
 
     def _unsure(self, logits: torch.Tensor, tok: torch.Tensor, probs: torch.Tensor | None) -> bool:
         """Whether every row's draft ``tok`` had a probability below ``confidence_threshold``."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __all__ = ["CPU_SHAPES", "DRAFTER_NAMES", "drafter_shape", "eagle_tree_shape"]
 
-DRAFTER_NAMES = ("ngram", "suffix", "draft-model", "medusa", "eagle1", "eagle2", "eagle3")
+DRAFTER_NAMES = ("ngram", "suffix", "draft-model", "parallel-draft", "medusa", "eagle1", "eagle2", "eagle3")
 
 # Drafter shapes for a CPU, from sweeps on the shipped family (1 thread, held-out prompts): on a CPU every
 # draft-network forward costs ~1-2 ms of fixed overhead and every verified node real compute (in float32 a 13-node
@@ -37,6 +37,8 @@ CPU_SHAPES = {
     # suffix decoding: SuffixDecoding's shapes (the paper's), as benchmarks/python/bench_suffix.py measured them
     "suffix": {"max_depth": 16, "max_nodes": 17, "spec_factor": 3.0, "min_prob": 0.1},
     "draft-model": {"num_draft_tokens": 4},
+    # a parallel draft (PARD): one draft forward whatever the depth, so deeper chains cost only verification
+    "parallel-draft": {"num_draft_tokens": 6},
     # Medusa's per-step tree (calibrated head probabilities pick 9 of mc_sim_7b_63's choices each step): with aten's
     # products 12 nodes (mean accepted length 2.29, where the best static tree, 8 nodes, reached 1.82) beat 6, 8,
     # 10, 16, 20 and 28; with the packed products, which make each verified node cheaper, 10 nodes lead (above).

@@ -276,14 +276,32 @@ def train_eagle_cmd(args) -> int:
 def train_draft_cmd(args) -> int:
     from specdec_ext.train.draft_lm import draft_lm_drafter, train_draft_lm
 
+    if args.parallel < 1:
+        raise ValueError(f"--parallel must be >= 1 (1 = an ordinary draft LM), got {args.parallel}")
+    for flag, v in (("--retention", args.retention), ("--min-retention", args.min_retention)):
+        if not (math.isfinite(v) and 0 < v <= 1):
+            raise ValueError(f"{flag} must be in (0, 1], got {v:g}")
+    if args.init and (args.layers != 2 or args.hidden_size or args.intermediate_size):
+        raise ValueError("--init starts from that draft LM's own shape: drop --layers / --hidden-size / "
+                         "--intermediate-size")
+    init = None
+    if args.init:
+        from specdec_ext.generate import load_model
+
+        init = load_model(args.init, dtype=torch.float32, device=args.device or "cpu")
     target, tok, train, prompts, cfg = _prepare(args, "train-draft")
     model, result = train_draft_lm(target, train, cfg, num_layers=args.layers, hidden_size=args.hidden_size,
                                    intermediate_size=args.intermediate_size, kl_weight=args.kl_weight,
-                                   heldout_prompts=prompts, num_draft_tokens=args.num_draft_tokens)
+                                   heldout_prompts=prompts, num_draft_tokens=args.num_draft_tokens, model=init,
+                                   parallel=args.parallel, retention=args.retention,
+                                   min_retention=args.min_retention)
     model.save_pretrained(args.out)
     if tok is not None:
         tok.save_pretrained(args.out)
-    _report(args, "train-draft", result, {"layers": args.layers, "hidden_size": model.config.hidden_size},
+    _report(args, "train-draft", result, {"layers": model.config.num_hidden_layers,
+                                          "hidden_size": model.config.hidden_size, "init": args.init,
+                                          "parallel": args.parallel, "retention": args.retention,
+                                          "min_retention": args.min_retention},
             target, draft_lm_drafter(model, target, args.num_draft_tokens), prompts)
     return 0
 
@@ -396,7 +414,17 @@ def add_train_commands(sub) -> None:
     p.add_argument("--kl-weight", type=float, default=1.0, help="KL to the target's logits vs CE on the data")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="draft chain length in the acceptance evaluation and the report (default: the library's chain "
-                        "on the device, 4 on a CPU)")
+                        "on the device, on a CPU 4, or 6 for a parallel draft)")
+    p.add_argument("--init", metavar="DIR", default=None,
+                   help="start from this draft LM (save_pretrained layout, the target's vocabulary) instead of a new "
+                        "one")
+    p.add_argument("--parallel", type=int, default=1, metavar="K",
+                   help="train a parallel draft (PARD) that predicts K tokens in one forward from K - 1 mask tokens "
+                        "after the context (1 = an ordinary draft LM); the mask is a new vocabulary row")
+    p.add_argument("--retention", type=float, default=0.5,
+                   help="--parallel: an anchor keeps mask j with probability max(R ** j, --min-retention) "
+                        "(conditional drop-token training: about 1 + sum of those windows per window)")
+    p.add_argument("--min-retention", type=float, default=0.1, help="--parallel: the least retention rate")
     p.set_defaults(func=train_draft_cmd)
     add_evaluate_command(sub)
 

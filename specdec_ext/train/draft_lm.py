@@ -3,7 +3,14 @@
 half the target's: a draft forward must cost a small fraction of the target's, since a chain of k runs it k times),
 trained
 with KL(target || draft) on the target's logits at every position (``kl_weight``) plus cross-entropy on the data
-(``1 - kl_weight``; on self-distilled data the tokens are the target's own). Saved with ``save_pretrained``."""
+(``1 - kl_weight``; on self-distilled data the tokens are the target's own). Saved with ``save_pretrained``.
+
+``parallel = K > 1`` trains a parallel draft (PARD, :class:`specdec_ext.drafters.ParallelDraftDrafter`) on
+conditional drop-token batches (:mod:`specdec_ext.train.parallel_batch`): every real position learns its next token
+as before, and the kept masks after it learn the tokens 2 .. K places on, each against the target's distribution at
+that place (and the text's token). The mask token is one new vocabulary row after the target's (given a draft LM to
+start from, its embeddings grow by that row, the mean of the others), recorded as ``pard_token`` and K as
+``pard_num_tokens`` in the config."""
 
 from __future__ import annotations
 
@@ -11,10 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from specdec_ext.drafters.draft_model import DraftModelDrafter
+from specdec_ext.drafters.parallel_draft import ParallelDraftDrafter, parallel_draft_config
 from specdec_ext.drafters.shapes import drafter_shape
 from specdec_ext.models.config import text_config
 from specdec_ext.train.common import first_param, freeze, in_target_dtype
 from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
+from specdec_ext.train.parallel_batch import parallel_batch
 
 __all__ = ["draft_config_for", "draft_lm_drafter", "train_draft_lm"]
 
@@ -49,23 +58,50 @@ def draft_config_for(target, num_layers: int = 2, hidden_size: int | None = None
 def draft_lm_drafter(model, target, num_draft_tokens: int | None = None) -> DraftModelDrafter:
     """The drafter that decodes with a trained draft LM (the held-out evaluation's and the report's): a chain of
     ``num_draft_tokens`` (None: the library's chain on the target's device,
-    :func:`~specdec_ext.drafters.shapes.drafter_shape`)."""
-    shape = drafter_shape("draft-model", first_param(target).device.type)
+    :func:`~specdec_ext.drafters.shapes.drafter_shape`), drafted in one forward by a parallel draft."""
+    parallel = parallel_draft_config(model.config) is not None
+    shape = drafter_shape("parallel-draft" if parallel else "draft-model", first_param(target).device.type)
     if num_draft_tokens is not None:
         shape["num_draft_tokens"] = num_draft_tokens
-    return DraftModelDrafter(in_target_dtype(model, target), **shape)
+    return (ParallelDraftDrafter if parallel else DraftModelDrafter)(in_target_dtype(model, target), **shape)
+
+
+def _with_mask_row(model, num_tokens: int):
+    """``model`` with one more vocabulary row, the mask token (the mean embedding; its output row the mean too),
+    recorded in the config with ``num_tokens``; a model that records a mask token already keeps it."""
+    recorded = parallel_draft_config(model.config)
+    if recorded is None:
+        V = text_config(model.config).vocab_size
+        model.resize_token_embeddings(V + 1, mean_resizing=True)
+        model.config.pard_token = V
+    model.config.pard_num_tokens = num_tokens
+    return model
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool attention mask (True: attends) as the additive float mask every attention implementation reads."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
 def train_draft_lm(target, seqs: list[list[int]], cfg: TrainConfig, num_layers: int = 2,
                    hidden_size: int | None = None, intermediate_size: int | None = None, kl_weight: float = 1.0,
                    temperature: float = 1.0, heldout_prompts: list[list[int]] | None = None, model=None,
-                   num_draft_tokens: int | None = None):
-    """``(draft, result)``: a small LlamaForCausalLM distilled from the frozen ``target`` on ``seqs``;
-    ``num_draft_tokens``: the held-out evaluation's chain (:func:`draft_lm_drafter`)."""
+                   num_draft_tokens: int | None = None, parallel: int = 1, retention: float = 0.5,
+                   min_retention: float = 0.1):
+    """``(draft, result)``: a small LlamaForCausalLM distilled from the frozen ``target`` on ``seqs`` (``model``:
+    start from this draft LM instead of a new one); ``num_draft_tokens``: the held-out evaluation's chain
+    (:func:`draft_lm_drafter`). ``parallel = K > 1``: a parallel draft of K positions (module doc), its masks kept
+    at the rates of :func:`~specdec_ext.train.parallel_batch.retention_rates`."""
     import warnings
 
     from transformers import LlamaForCausalLM
 
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ValueError(f"train_draft_lm: parallel must be an integer >= 1 (1 = an ordinary draft LM), got "
+                         f"{parallel!r}")
+    for name, v in (("retention", retention), ("min_retention", min_retention)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
+            raise ValueError(f"train_draft_lm: {name} must be a number in (0, 1], got {v!r}")
     freeze(target)
     device = first_param(target).device
     cfg.device = str(device)
@@ -78,8 +114,32 @@ def train_draft_lm(target, seqs: list[list[int]], cfg: TrainConfig, num_layers: 
             with torch.no_grad():  # start from the target's embeddings and output head when they fit
                 model.get_input_embeddings().weight.copy_(target.get_input_embeddings().weight)
                 model.get_output_embeddings().weight.copy_(target.get_output_embeddings().weight)
+    if parallel > 1:
+        model = _with_mask_row(model, parallel)
     model = model.to(device=device, dtype=torch.float32)
     T = temperature
+    V = text_config(target.config).vocab_size
+
+    def parallel_loss_fn(toks, mask):
+        with torch.no_grad():
+            tl = target(input_ids=toks, attention_mask=mask.long()).logits.float()
+        pb = parallel_batch(toks, mask, parallel, model.config.pard_token, retention, min_retention)
+        dl = model(input_ids=pb.input_ids, position_ids=pb.position_ids,
+                   attention_mask=_additive(pb.attention, torch.float32)).logits.float()
+        ok = pb.source >= 0
+        src = pb.source.clamp(min=0)
+        n = ok.sum().clamp_min(1)
+        loss = 0.0
+        if kl_weight > 0:
+            p = F.log_softmax(tl / T, -1).gather(1, src[..., None].expand(*src.shape, V))
+            q = F.log_softmax(dl / T, -1)[..., :V]  # (the mask row's probability counts against the draft)
+            kl = (p.exp() * (p - q)).sum(-1)
+            loss = loss + kl_weight * (T * T) * (kl * ok).sum() / n
+        if kl_weight < 1:
+            y = toks.gather(1, (src + 1).clamp(max=toks.shape[1] - 1)).masked_fill(~ok, -100)
+            loss = loss + (1 - kl_weight) * F.cross_entropy(dl.reshape(-1, dl.shape[-1]), y.reshape(-1),
+                                                            ignore_index=-100)
+        return loss, int(ok.sum())
 
     def loss_fn(toks, mask):
         with torch.no_grad():
@@ -108,5 +168,8 @@ def train_draft_lm(target, seqs: list[list[int]], cfg: TrainConfig, num_layers: 
 
     c = model.config
     signature = {"layers": c.num_hidden_layers, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size}
-    result = train_loop(model, loss_fn, seqs, cfg, eval_fn, name="draft", signature=signature)
+    if parallel > 1:
+        signature.update(parallel=parallel, retention=retention, min_retention=min_retention)
+    result = train_loop(model, parallel_loss_fn if parallel > 1 else loss_fn, seqs, cfg, eval_fn, name="draft",
+                        signature=signature)
     return model.eval(), result

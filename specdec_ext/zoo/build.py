@@ -272,6 +272,15 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
         tok.save_pretrained(ddir)
         return {**_summary(result), "params": _params(model)}
 
+    def parallel_draft():  # PARD's recipe: adapt the trained draft LM rather than train one from scratch
+        draft_lm = load_causal_lm(os.path.join(out, "draft"), torch.float32)
+        model, result = train_draft_lm(target_model, seqs, drafter_cfg("parallel_draft", spec.parallel_draft_steps),
+                                       model=draft_lm, parallel=spec.parallel_draft_tokens)
+        pdir = os.path.join(out, "parallel_draft")
+        _bf16_copy(model).save_pretrained(pdir)
+        tok.save_pretrained(pdir)
+        return {**_summary(result), "params": _params(model), "tokens": spec.parallel_draft_tokens}
+
     def medusa():
         heads, result = train_medusa(target_model, seqs, drafter_cfg("medusa", spec.medusa_steps),
                                      num_heads=spec.medusa_heads, share_lm_head=True,
@@ -291,6 +300,7 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
         return run
 
     stages.run("draft", draft)
+    stages.run("parallel_draft", parallel_draft)
     stages.run("medusa", medusa)
     stages.run("eagle1", eagle(1, spec.eagle1_steps, ttt_steps=spec.eagle1_ttt_steps))
 
@@ -318,10 +328,10 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
 
     evaluation = stages.run("evaluate", evaluate)
     members = {m: {"bytes": _dir_bytes(os.path.join(out, m)), "params": stages.records[s].get("params")}
-               for m, s in (("target", "target"), ("draft", "draft"), ("medusa", "medusa"), ("eagle1", "eagle1"),
-                            ("eagle3", "eagle3"))}
-    training = {k: stages.records[k] for k in ("corpus", "tokenizer", "target", "target_long", "draft", "medusa",
-                                                "eagle1", "eagle3") if k in stages.records}
+               for m, s in (("target", "target"), ("draft", "draft"), ("parallel_draft", "parallel_draft"),
+                            ("medusa", "medusa"), ("eagle1", "eagle1"), ("eagle3", "eagle3"))}
+    training = {k: stages.records[k] for k in ("corpus", "tokenizer", "target", "target_long", "draft",
+                                                "parallel_draft", "medusa", "eagle1", "eagle3") if k in stages.records}
     card = {
         "name": "specdec-zoo-pystdlib" + ("-hybrid" if spec.hybrid else ""),
         "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -9,6 +9,7 @@ import os
 __all__ = ["write_card", "render_card"]
 
 _ROLE = {"ngram": "prompt lookup (no model)", "suffix": "suffix decoding (no model)", "draft-model": "draft LM, chain",
+         "parallel-draft": "parallel draft LM, chain from one forward",
          "medusa": "Medusa-1 heads",
          "eagle1": "EAGLE-1 draft, chain", "eagle2": "EAGLE-1 draft, EAGLE-2 dynamic tree",
          "eagle3": "EAGLE-3 draft, dynamic tree"}
@@ -56,6 +57,8 @@ def render_card(card: dict) -> str:
                   f"({spec['num_kv_heads']} KV), SwiGLU {spec['intermediate_size']}"
                   + (" (one MoE expert)" if hybrid else "") + f", tied embeddings, {spec['max_positions']} positions",
         "draft": f"Llama draft LM, {spec['draft_layers']} layers, hidden {spec['draft_hidden']}, KL-distilled",
+        "parallel_draft": f"the draft LM adapted to draft {spec.get('parallel_draft_tokens')} tokens in one forward "
+                          "(PARD: mask tokens after the context, a new vocabulary row)",
         "medusa": f"Medusa-1, {spec['medusa_heads']} heads (1 ResBlock each) sharing the target's lm_head",
         "eagle1": "EAGLE-1: fc + 1 decoder layer; uses the target's embeddings and lm_head"
                   + (f"; drafts over the {spec['eagle1_vocab']} most frequent ids (draft_vocab.json)"

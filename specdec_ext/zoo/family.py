@@ -4,6 +4,8 @@ Layout of a family directory (every member in its official format)::
 
     target/   Llama causal LM (the hybrid family: MiniMax) + tokenizer (save_pretrained; bf16 safetensors)
     draft/    small Llama draft LM distilled from the target + the same tokenizer
+    parallel_draft/  that draft LM adapted to draft several tokens in one forward (PARD; a mask token in its config;
+              families built before it have none)
     medusa/   Medusa-1 heads sharing the target's lm_head (config.json + medusa_lm_head.safetensors)
     eagle1/   EAGLE-1 draft (config.json + model.safetensors) and draft_vocab.json (the ids its drafts use)
     eagle3/   EAGLE-3 draft with a reduced vocabulary (d2t / t2d)
@@ -48,15 +50,18 @@ class Family:
     eagle1: torch.nn.Module
     eagle3: torch.nn.Module
     card: dict = field(default_factory=dict)
+    parallel_draft: torch.nn.Module | None = None  # (None: a family built before the member existed)
 
     @property
     def drafter_names(self) -> tuple[str, ...]:
-        return DRAFTER_NAMES
+        """The drafters this family has: every one of ``DRAFTER_NAMES``, less the parallel draft where its member
+        is missing."""
+        return tuple(n for n in DRAFTER_NAMES if n != "parallel-draft" or self.parallel_draft is not None)
 
     def drafter_kwargs(self, name: str) -> dict:
         shapes = {**CPU_SHAPES, **(self.card.get("spec", {}).get("drafters") or {})}
-        if name not in shapes:
-            raise ValueError(f"unknown drafter {name!r}; the family has {', '.join(DRAFTER_NAMES)}")
+        if name not in shapes or name not in self.drafter_names:
+            raise ValueError(f"unknown drafter {name!r}; the family has {', '.join(self.drafter_names)}")
         return dict(shapes[name])
 
     def make_drafter(self, name: str, **overrides):
@@ -65,7 +70,8 @@ class Family:
 
 def make_drafter(family: Family, name: str, **overrides):
     """A fresh drafter ``name`` (one of ``DRAFTER_NAMES``) with the family's shapes, ``overrides`` applied."""
-    from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter, SuffixDrafter
+    from specdec_ext.drafters import (DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter,
+                                      ParallelDraftDrafter, SuffixDrafter)
 
     kw = {**family.drafter_kwargs(name), **overrides}
 
@@ -78,6 +84,8 @@ def make_drafter(family: Family, name: str, **overrides):
         return SuffixDrafter(**kw)
     if name == "draft-model":
         return DraftModelDrafter(own(family.draft_lm), **kw)
+    if name == "parallel-draft":
+        return ParallelDraftDrafter(own(family.parallel_draft), **kw)
     if name == "medusa":
         return MedusaDrafter(own(family.medusa_heads), **kw)
     if name in ("eagle1", "eagle2"):
@@ -127,12 +135,15 @@ def load_family(path: str | os.PathLike | None = None, device: torch.device | st
     target = load_causal_lm(os.path.join(root, "target"), dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(root, "target"), local_files_only=True)
     draft = load_causal_lm(os.path.join(root, "draft"), dtype).to(device).eval()
+    pdir = os.path.join(root, "parallel_draft")
+    parallel = load_causal_lm(pdir, dtype).to(device).eval() if os.path.isdir(pdir) else None
     if packed_linears:
-        pack_linears(target)
-        pack_linears(draft)
+        for model in (target, draft, parallel):
+            if model is not None:
+                pack_linears(model)
     medusa = load_medusa(os.path.join(root, "medusa"), target=target)
     eagle1 = load_eagle(os.path.join(root, "eagle1"), target=target, dtype=eagle_dtype)
     eagle3 = load_eagle(os.path.join(root, "eagle3"), target=target, dtype=eagle_dtype)
     card_file = os.path.join(root, "card.json")
     card = read_json(card_file, "load_family") if os.path.isfile(card_file) else {}
-    return Family(root, target, tokenizer, draft, medusa, eagle1, eagle3, card)
+    return Family(root, target, tokenizer, draft, medusa, eagle1, eagle3, card, parallel)

@@ -48,6 +48,9 @@ class ZooSpec:
     draft_layers: int = 2
     draft_hidden: int = 256
     draft_steps: int = 400
+    # the parallel draft (PARD): the draft LM above, adapted to predict this many tokens in one forward
+    parallel_draft_tokens: int = 8
+    parallel_draft_steps: int = 600
     medusa_heads: int = 4
     medusa_steps: int = 600
     medusa_soft_labels: bool = True  # KL to the target's distributions (mean accepted length 2.21 -> 2.38 vs CE)
@@ -108,7 +111,7 @@ FULL = ZooSpec()
 QUICK = replace(FULL, vocab_size=512, hidden_size=64, num_layers=4, intermediate_size=128, num_heads=2,
                 num_kv_heads=1, max_positions=512, target_seq_len=64, target_batch=4, target_steps=40,
                 target_warmup=5, drafter_seq_len=64, drafter_batch=4, draft_layers=1, draft_hidden=64,
-                draft_steps=15, medusa_heads=3, medusa_steps=15, eagle1_steps=15, eagle3_steps=15, eagle3_vocab=256,
+                draft_steps=15, parallel_draft_tokens=4, parallel_draft_steps=15, medusa_heads=3, medusa_steps=15, eagle1_steps=15, eagle3_steps=15, eagle3_vocab=256,
                 eagle1_vocab=128,
                 eval_prompts=2, eval_prompt_len=16, eval_new_tokens=16, max_files=10,
                 drafters={**{k: dict(v) for k, v in CPU_SHAPES.items()},
