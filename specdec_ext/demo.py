@@ -137,12 +137,12 @@ def demo(args: argparse.Namespace) -> int:
     plain_tps = totals["plain"]["tokens"] / totals["plain"]["seconds"]
     print(f"\n2. Greedy decoding of {len(prompts)} held-out prompts of {args.prompt_tokens} tokens, "
           f"{args.max_new_tokens} new tokens each, measured in this run:\n")
-    print(f"   {'method':<13} {'tokens/s':>9} {'speedup':>8} {'mean accepted length':>21}  same tokens as plain")
+    print(f"   {'method':<15} {'tokens/s':>9} {'speedup':>8} {'mean accepted length':>21}  same tokens as plain")
     for m in methods:
         t = totals[m]
         tps = t["tokens"] / t["seconds"]
         same = "-" if m == "plain" else ("yes" if t["identical"] else "NO")
-        print(f"   {m:<13} {tps:9.1f} {tps / plain_tps:7.2f}x {t['tokens'] / t['forwards']:21.2f}  {same}")
+        print(f"   {m:<15} {tps:9.1f} {tps / plain_tps:7.2f}x {t['tokens'] / t['forwards']:21.2f}  {same}")
     print(f"\n   mean accepted length = tokens per target forward; drafter shapes and training: "
           f"{fam.path}/README.md\n   total demo time {time.perf_counter() - t_start:.0f} s")
     if not all(totals[m]["identical"] for m in methods):

@@ -15,6 +15,7 @@ Reported per method and temperature
     ``mean_accepted_length`` (tokens emitted per target forward; for Hugging Face methods counted with a forward hook
     on the target), ``acceptance_by_depth`` ([d-1] = fraction of steps accepting at least d drafts; ours only),
     ``step_ms`` (mean decode-loop time per step, ours: (draft + verify + bookkeeping) / steps, prefill excluded),
+    ``draft_share`` (the drafter's part of that loop time, ours),
     ``predicted_speedup`` and peak memory (below).
 
 Predicted speedup (ours)
@@ -213,6 +214,7 @@ class _Acc:
     row_steps: int = 0
     loop_s: float = 0.0
     unverified_s: float = 0.0  # draft + bookkeeping time of the decode loop (ours)
+    draft_s: float = 0.0  # the drafter's time in the decode loop (ours)
     forwards: int = 0
     accept_hist: list[int] = field(default_factory=list)
     peak: int = 0
@@ -374,6 +376,7 @@ def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], t
                 acc.forwards += st.target_forwards
                 acc.loop_s += st.draft_s + st.verify_s + st.bookkeeping_s
                 acc.unverified_s += st.draft_s + st.bookkeeping_s
+                acc.draft_s += st.draft_s
                 h = list(st.accept_hist)
                 if len(h) > len(acc.accept_hist):
                     acc.accept_hist += [0] * (len(h) - len(acc.accept_hist))
@@ -443,6 +446,7 @@ def summarise(accs: dict[str, _Acc], temperature: float) -> list[dict]:
             row.update(mean_accepted_length=round(mal, 3) if mal else None,
                        acceptance_by_depth=acceptance_by_depth(a.accept_hist), accept_hist=list(a.accept_hist),
                        step_ms=round(s, 4) if s else None, ideal_speedup=round(mal, 3) if mal else None,
+                       draft_share=round(a.draft_s / a.loop_s, 4) if a.loop_s else None,
                        predicted_speedup=round(mal * plain_step / s, 3) if mal and s and plain_step else None,
                        verification_bound_speedup=round(bound, 3) if bound else None)
         if a.peak:
@@ -560,6 +564,7 @@ def format_row(r: dict) -> str:
     return (f"{r['method']:<18} {f(r['tokens_per_s'], '9.1f')} tok/s  x{f(r.get('speedup'), '.2f')}  "
             f"MAL {f(r.get('mean_accepted_length'), '.2f')}  predicted x{f(r.get('predicted_speedup'), '.2f')}  "
             f"bound x{f(r.get('verification_bound_speedup'), '.2f')}  "
+            f"draft {f(r.get('draft_share'), '.0%')} of the loop  "
             f"peak +{f(r.get('peak_mem_over_start_mb'), '.1f')} MB")
 
 
