@@ -37,8 +37,11 @@ CPU_SHAPES = {
     # suffix decoding: SuffixDecoding's shapes (the paper's), as benchmarks/python/bench_suffix.py measured them
     "suffix": {"max_depth": 16, "max_nodes": 17, "spec_factor": 3.0, "min_prob": 0.1},
     "draft-model": {"num_draft_tokens": 4},
-    # a parallel draft (PARD): one draft forward whatever the depth, so deeper chains cost only verification
-    "parallel-draft": {"num_draft_tokens": 6},
+    # a parallel draft (PARD): one draft forward whatever the depth. On the family (2026-12-03, float32, 8 prompts x
+    # 128 tokens, benchmarks/python/bench_tree_sizes.py) chains of 2 / 3 / 4 / 6 / 8 ran at 1.36 / 1.37 / 1.44 / 1.43
+    # / 1.29x (mean accepted length 2.09 -> 2.42: its guesses beyond the first token are weak) and EAGLE-2 trees of
+    # 4 / 6 / 8 drafts at depth 4 at 1.40 / 1.34 / 1.40x (6 prompts x 96)
+    "parallel-draft": {"num_draft_tokens": 4},
     # Medusa's per-step tree (calibrated head probabilities pick 9 of mc_sim_7b_63's choices each step): with aten's
     # products 12 nodes (mean accepted length 2.29, where the best static tree, 8 nodes, reached 1.82) beat 6, 8,
     # 10, 16, 20 and 28; with the packed products, which make each verified node cheaper, 10 nodes lead (above).

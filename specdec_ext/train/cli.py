@@ -414,7 +414,7 @@ def add_train_commands(sub) -> None:
     p.add_argument("--kl-weight", type=float, default=1.0, help="KL to the target's logits vs CE on the data")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="draft chain length in the acceptance evaluation and the report (default: the library's chain "
-                        "on the device, on a CPU 4, or 6 for a parallel draft)")
+                        "on the device, on a CPU a chain of 4)")
     p.add_argument("--init", metavar="DIR", default=None,
                    help="start from this draft LM (save_pretrained layout, the target's vocabulary) instead of a new "
                         "one")

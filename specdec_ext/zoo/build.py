@@ -339,7 +339,7 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
         "spec": spec.to_dict(),
         "training": training,
         "build_seconds": {"wall": round(sum(r.get("wall_seconds", 0) for r in stages.records.values()), 1),
-                          "cpu": round(sum(r.get("cpu_seconds", 0) for r in stages.records.values()), 1)},
+                          "cpu": round(sum(r.get("cpu_seconds") or 0 for r in stages.records.values()), 1)},
         "members": members,
         "total_bytes": sum(m["bytes"] for m in members.values()),
         "evaluation": evaluation,
