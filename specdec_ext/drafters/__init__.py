@@ -22,5 +22,5 @@ from specdec_ext.drafters.trees import MC_SIM_7B_63, StaticTree, static_tree
 from specdec_ext.models.medusa import MedusaHeads  # (the network; here too for MedusaDrafter's users)
 
 __all__ = ["DecodeState", "DraftModelDrafter", "DraftTree", "Drafter", "EagleDrafter", "MC_SIM_7B_63", "MedusaDrafter",
-           "MedusaHeads", "NgramDrafter", "ParallelDraftDrafter", "SamplingParams", "SelfSpecDrafter", "StaticTree", "StepResult",
-           "SuffixDrafter", "check_vocab", "ngram_lookup", "pad_chains", "pad_trees", "static_tree"]
+           "MedusaHeads", "NgramDrafter", "ParallelDraftDrafter", "SamplingParams", "SelfSpecDrafter", "StaticTree",
+           "StepResult", "SuffixDrafter", "check_vocab", "ngram_lookup", "pad_chains", "pad_trees", "static_tree"]

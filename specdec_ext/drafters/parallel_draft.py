@@ -97,20 +97,20 @@ class ParallelDraftDrafter(DraftModelDrafter):
             return plain_tree(root)
         logits, num = self._catch_up(state, extra=k - 1, fill=self.mask_token_id)
         at = (num - 1)[:, None] + torch.arange(k, device=dev)  # the context's last position, then each mask
-        probs = logits.gather(1, at[..., None].expand(B, k, logits.shape[-1]))[..., :Vt]  # [B, k, Vt]
+        drafts_at = logits.gather(1, at[..., None].expand(B, k, logits.shape[-1]))[..., :Vt]  # [B, k, Vt] logits
         if self.dynamic and total > k:
             w = self.width
 
             def level(d, tok, parent, mask, slots):  # every depth-d node shares position d's prediction
-                return probs[:, d, None].expand(B, w, Vt)
+                return drafts_at[:, d, None].expand(B, w, Vt)
 
-            return grow_dynamic_tree(root, probs[:, 0], level, depth=k, top_k=w, total_tokens=total,
+            return grow_dynamic_tree(root, drafts_at[:, 0], level, depth=k, top_k=w, total_tokens=total,
                                      valid=state.lengths,
                                      kv_len=max(len(t) for t in state.host_tokens) + (k - 1) * w,
                                      calibration=self.calibration if self.calibrate else None)
         parents = ops.chain_parents(B, k + 1, device=dev)
         if state.sampling.greedy:
-            return DraftTree(torch.cat([root[:, None], probs.argmax(-1)], 1), parents, None)
-        drafts, dists = zip(*(sample_drafts(probs[:, d], state) for d in range(k)))
+            return DraftTree(torch.cat([root[:, None], drafts_at.argmax(-1)], 1), parents, None)
+        drafts, dists = zip(*(sample_drafts(drafts_at[:, d], state) for d in range(k)))
         tokens = torch.stack([root, *drafts], 1)
         return DraftTree(tokens, parents, torch.stack([*dists, torch.zeros_like(dists[0])], 1))  # leaf row unread

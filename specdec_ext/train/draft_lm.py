@@ -120,6 +120,22 @@ def train_draft_lm(target, seqs: list[list[int]], cfg: TrainConfig, num_layers: 
     T = temperature
     V = text_config(target.config).vocab_size
 
+    def distill_loss(tl, dl, y, ok):
+        """KL(target || draft) at temperature T over the target's ids (``tl[..., V]`` and ``dl[..., V or V + 1]``
+        logits per entry; a parallel draft's mask row counts against the draft) and cross-entropy on ``y`` (-100: no
+        label), weighted by ``kl_weight``, over the entries ``ok``."""
+        n = ok.sum().clamp_min(1)
+        loss = 0.0
+        if kl_weight > 0:
+            p = F.log_softmax(tl / T, -1)
+            q = F.log_softmax(dl / T, -1)[..., :V]
+            kl = (p.exp() * (p - q)).sum(-1)
+            loss = loss + kl_weight * (T * T) * (kl * ok).sum() / n
+        if kl_weight < 1:
+            loss = loss + (1 - kl_weight) * F.cross_entropy(dl.reshape(-1, dl.shape[-1]), y.reshape(-1),
+                                                            ignore_index=-100)
+        return loss, int(ok.sum())
+
     def parallel_loss_fn(toks, mask):
         with torch.no_grad():
             tl = target(input_ids=toks, attention_mask=mask.long()).logits.float()
@@ -128,37 +144,15 @@ def train_draft_lm(target, seqs: list[list[int]], cfg: TrainConfig, num_layers: 
                    attention_mask=_additive(pb.attention, torch.float32)).logits.float()
         ok = pb.source >= 0
         src = pb.source.clamp(min=0)
-        n = ok.sum().clamp_min(1)
-        loss = 0.0
-        if kl_weight > 0:
-            p = F.log_softmax(tl / T, -1).gather(1, src[..., None].expand(*src.shape, V))
-            q = F.log_softmax(dl / T, -1)[..., :V]  # (the mask row's probability counts against the draft)
-            kl = (p.exp() * (p - q)).sum(-1)
-            loss = loss + kl_weight * (T * T) * (kl * ok).sum() / n
-        if kl_weight < 1:
-            y = toks.gather(1, (src + 1).clamp(max=toks.shape[1] - 1)).masked_fill(~ok, -100)
-            loss = loss + (1 - kl_weight) * F.cross_entropy(dl.reshape(-1, dl.shape[-1]), y.reshape(-1),
-                                                            ignore_index=-100)
-        return loss, int(ok.sum())
+        y = toks.gather(1, (src + 1).clamp(max=toks.shape[1] - 1)).masked_fill(~ok, -100)
+        return distill_loss(tl.gather(1, src[..., None].expand(*src.shape, V)), dl, y, ok)
 
     def loss_fn(toks, mask):
         with torch.no_grad():
             tl = target(input_ids=toks, attention_mask=mask.long()).logits.float()
         dl = model(input_ids=toks, attention_mask=mask.long()).logits.float()
         m = mask[:, :-1] & mask[:, 1:]
-        mf = m.float()
-        n = mf.sum().clamp_min(1)
-        loss = 0.0
-        if kl_weight > 0:
-            p = F.log_softmax(tl[:, :-1] / T, -1)
-            q = F.log_softmax(dl[:, :-1] / T, -1)
-            kl = (p.exp() * (p - q)).sum(-1)
-            loss = loss + kl_weight * (T * T) * (kl * mf).sum() / n
-        if kl_weight < 1:
-            y = toks[:, 1:].masked_fill(~m, -100)
-            loss = loss + (1 - kl_weight) * F.cross_entropy(dl[:, :-1].reshape(-1, dl.shape[-1]), y.reshape(-1),
-                                                            ignore_index=-100)
-        return loss, int(m.sum())
+        return distill_loss(tl[:, :-1], dl[:, :-1], toks[:, 1:].masked_fill(~m, -100), m)
 
     eval_fn = None
     if heldout_prompts:
