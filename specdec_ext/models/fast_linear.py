@@ -29,6 +29,13 @@ prepares its target so by default (:func:`pack_linears_where_fast`; ``packed_lin
 inside such a block, so plain and speculative decoding both use the packed weights while the model is unchanged for
 any other caller (training, Hugging Face's ``generate``). The cost is memory: a packed copy of every weight, built at
 its first product inside the block.
+
+Mixture-of-experts blocks keep their experts as 3-D parameters (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``)
+behind transformers' experts interface, whose CPU route (``grouped_mm``) multiplies a few rows at aten's speed after
+sorting and histogramming them. :func:`pack_linears` points such a model's experts at :data:`EXPERTS_IMPLEMENTATION`
+(``"specdec_packed"``): inside the block each expert's two products are packed products of its rows, weighted and
+summed in expert order (a row's result is again independent of the batch); outside it, or for a layout it does not
+serve (biases, post-expert norms, no gate, expert parallelism), the implementation the model had runs.
 """
 
 from __future__ import annotations
@@ -44,10 +51,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
 from specdec_ext.ops import pack_linear_weight, packed_linear_int8, packed_linear_path
 
-__all__ = ["INT8", "Linear", "PLAIN_LINEAR_TYPES", "PackableLinear", "PackedLinear", "bfloat16_is_fast", "fused_linear",
+__all__ = ["EXPERTS_IMPLEMENTATION", "INT8", "Linear", "PLAIN_LINEAR_TYPES", "PackableLinear", "PackedLinear", "bfloat16_is_fast", "fused_linear",
            "in_packed_linears_block", "layer_operand", "linear", "module_linear", "pack_linears",
            "pack_linears_where_fast", "packed_enabled",
            "packed_linears", "packed_operand", "tensor_version", "unpack_linears"]
@@ -382,15 +390,16 @@ PLAIN_LINEAR_TYPES = (nn.Linear, Linear, PackableLinear)
 
 def pack_linears(model: nn.Module) -> int:
     """Makes every plain ``nn.Linear`` of ``model`` (not subclasses: quantised or custom layers keep their own
-    forward) a :class:`PackableLinear`, in place; returns how many are packable. Idempotent. The packed weights
-    are built at the first product inside :func:`packed_linears` (memory: a copy of each float32 or
+    forward) a :class:`PackableLinear`, and points its mixture-of-experts blocks at :data:`EXPERTS_IMPLEMENTATION`
+    (module doc), in place; returns how many linear layers and experts blocks are packable. Idempotent. The packed
+    weights are built at the first product inside :func:`packed_linears` (memory: a copy of each float32 or
     bfloat16 weight)."""
     n = 0
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = PackableLinear
         n += type(module) is PackableLinear
-    return n
+    return n + _pack_experts(model)
 
 
 def pack_linears_where_fast(model: nn.Module) -> int:
@@ -410,3 +419,98 @@ def unpack_linears(model: nn.Module) -> None:
             module.__class__ = nn.Linear
             module.__dict__.pop("_specdec_packed", None)
             _PACKED.pop(module.weight, None)
+        elif _is_experts(module) and "_specdec_experts_fallback" in module.__dict__:
+            module.config._experts_implementation = module.__dict__.pop("_specdec_experts_fallback")
+            for key in ("_specdec_experts_packed", "_specdec_experts"):
+                module.__dict__.pop(key, None)
+
+
+EXPERTS_IMPLEMENTATION = "specdec_packed"  # transformers' experts interface: the packed products of :func:`pack_linears`
+
+
+def _is_experts(module: nn.Module) -> bool:
+    """Whether ``module`` is a transformers experts block dispatched through the experts interface (the
+    ``use_experts_implementation`` decorator wraps its forward and gives it ``_apply_gate``)."""
+    params = module._parameters
+    return (hasattr(type(module), "_apply_gate") and hasattr(type(module).forward, "__wrapped__")
+            and isinstance(params.get("gate_up_proj"), torch.Tensor) and isinstance(params.get("down_proj"), torch.Tensor)
+            and getattr(module, "config", None) is not None)
+
+
+def _experts_layout_served(module: nn.Module) -> bool:
+    """The layouts the packed route reproduces: gate and up concatenated in one 3-D weight, no biases, no
+    post-expert norm, every expert local."""
+    return (getattr(module, "has_gate", False) and getattr(module, "is_concatenated", False)
+            and not getattr(module, "has_bias", True)
+            and not getattr(module, "has_post_expert_norm", True) and not getattr(module, "_is_expert_parallel", True)
+            and module.gate_up_proj.dim() == 3 and module.down_proj.dim() == 3)
+
+
+def _pack_experts(model: nn.Module) -> int:
+    """Points ``model``'s experts blocks at the packed route (idempotent), each remembering the implementation the
+    model had (blocks share the model's config) and whether the route serves its layout; returns how many it
+    serves."""
+    blocks = [m for m in model.modules() if _is_experts(m)]
+    for block in blocks:
+        block.__dict__.setdefault("_specdec_experts_fallback", block.config._experts_implementation)
+        block.__dict__["_specdec_experts_packed"] = _experts_layout_served(block)
+    for block in blocks:
+        block.config._experts_implementation = EXPERTS_IMPLEMENTATION
+    return sum(block._specdec_experts_packed for block in blocks)
+
+
+def _expert_operand(module: nn.Module, name: str, expert: int) -> PackedLinear:
+    """Expert ``expert``'s weight of parameter ``name`` packed, remembered on the block per (name, expert) and
+    rebuilt when the parameter is replaced or changed in place."""
+    param = module._parameters[name]
+    source = (id(param), tensor_version(param), param.data_ptr())
+    cache = module.__dict__.setdefault("_specdec_experts", {})
+    hit = cache.get((name, expert))
+    if hit is not None and hit.source == source:
+        return hit
+    weight = param[expert].detach()
+    weight = (weight.t() if module.is_transposed else weight).contiguous()  # [out, in]
+    record = PackedLinear(_OURS, pack_linear_weight(weight), None, weight.shape[0], weight.dtype, source, (param,))
+    cache[(name, expert)] = record
+    return record
+
+
+def _expert_rows(module: nn.Module, expert: int, x: torch.Tensor) -> torch.Tensor:
+    """``down(gate(x) * up(x))`` of one expert for its rows ``x [S, H]``."""
+    h = module._apply_gate(_expert_operand(module, "gate_up_proj", expert)(x))
+    return _expert_operand(module, "down_proj", expert)(h)
+
+
+def _fallback_experts(module: nn.Module):
+    name = module.__dict__.get("_specdec_experts_fallback")
+    original = type(module).forward.__wrapped__
+    if name in (None, "eager", EXPERTS_IMPLEMENTATION):  # (never itself: a block whose memory was lost runs eager)
+        return original
+    return ALL_EXPERTS_FUNCTIONS.get_interface(name, original)
+
+
+def packed_experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                           top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The experts interface's function for :data:`EXPERTS_IMPLEMENTATION`: ``hidden_states [S, H]``, each row's
+    experts ``top_k_index [S, k]`` and weights ``top_k_weights [S, k]`` -> ``[S, H]``, the weighted sum of the
+    rows' experts (module doc). Outside a :func:`packed_linears` block, for an input the kernel does not take, or
+    with gradients, the block's previous implementation."""
+    w = module._parameters["gate_up_proj"]
+    if not (_IN_BLOCK.get() and module.__dict__.get("_specdec_experts_packed") and hidden_states.dtype is w.dtype
+            and not hidden_states.is_cuda and not w.is_cuda and not torch.is_grad_enabled()
+            and _kernel_for(w.dtype) == _OURS and _ENABLED):
+        return _fallback_experts(module)(module, hidden_states, top_k_index, top_k_weights)
+    if module.num_experts == 1 and top_k_index.shape[-1] == 1:  # (a dense MLP behind a router: no routing to do)
+        y = _expert_rows(module, 0, hidden_states) * top_k_weights
+        return y.to(hidden_states.dtype)
+    out = torch.zeros_like(hidden_states)
+    for expert in torch.unique(top_k_index).tolist():
+        if expert >= module.num_experts:  # (a sentinel: no local expert)
+            continue
+        rows, slot = torch.where(top_k_index == expert)
+        y = _expert_rows(module, expert, hidden_states[rows]) * top_k_weights[rows, slot, None]
+        out.index_add_(0, rows, y.to(out.dtype))
+    return out
+
+
+ExpertsInterface.register(EXPERTS_IMPLEMENTATION, packed_experts_forward)
