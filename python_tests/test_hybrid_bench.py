@@ -25,6 +25,7 @@ from specdec_ext.bench.hybrid import cache_factory, format_table, hybrid_methods
 from specdec_ext.bench.state_baselines import ReplayCache, SnapshotCache, state_bytes_per_row  # noqa: E402
 from specdec_ext.engine import Engine  # noqa: E402
 from specdec_ext.models import HybridCache, extend, tree_forward, use_tree_attention  # noqa: E402
+from specdec_ext.models.minimax_step import MiniMaxStepOps  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,38 +49,35 @@ def test_baselines_keep_the_states_of_the_library_cache(accepted):
     scratch."""
     model = target()
     use_tree_attention(model)
-    hook = ReplayCache.attach(model)
-    try:
-        gen = torch.Generator().manual_seed(3)
-        prompt = torch.randint(3, 100, (2, 9), generator=gen)
-        chain = torch.randint(3, 100, (2, CHAIN), generator=gen)
-        parents = ops.chain_parents(2, CHAIN)
-        accept_len = torch.tensor([accepted, CHAIN - 1])
-        path = torch.arange(CHAIN).expand(2, CHAIN)
-        after = {}
-        for name, cache in _caches(model, 2).items():
-            extend(model, cache, prompt)
-            tree_forward(model, cache, chain, parents, 9)
-            cache.accept(path, accept_len, 9)
-            assert cache.lengths.tolist() == [9 + accepted + 1, 9 + CHAIN]
-            after[name] = _states(cache)
-        for name in ("snapshots", "replay"):
-            for layer, state in after["ours"].items():
-                torch.testing.assert_close(after[name][layer], state, rtol=1e-5, atol=1e-5, msg=f"{name} {layer}")
-        for b in range(2):  # the library's cache against the accepted sequence from scratch
-            n = int(accept_len[b]) + 1
-            fresh = HybridCache(model.config, 1, 96)
-            extend(model, fresh, torch.cat([prompt[b], chain[b, :n]])[None])
-            for layer, state in _states(fresh).items():
-                torch.testing.assert_close(after["ours"][layer][b], state[0], rtol=1e-5, atol=1e-5)
-    finally:
-        hook.remove()
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 100, (2, 9), generator=gen)
+    chain = torch.randint(3, 100, (2, CHAIN), generator=gen)
+    parents = ops.chain_parents(2, CHAIN)
+    accept_len = torch.tensor([accepted, CHAIN - 1])
+    path = torch.arange(CHAIN).expand(2, CHAIN)
+    after = {}
+    for name, cache in _caches(model, 2).items():
+        extend(model, cache, prompt)
+        tree_forward(model, cache, chain, parents, 9)
+        cache.accept(path, accept_len, 9)
+        assert cache.lengths.tolist() == [9 + accepted + 1, 9 + CHAIN]
+        after[name] = _states(cache)
+    for name in ("snapshots", "replay"):
+        for layer, state in after["ours"].items():
+            torch.testing.assert_close(after[name][layer], state, rtol=1e-5, atol=1e-5, msg=f"{name} {layer}")
+    for b in range(2):  # the library's cache against the accepted sequence from scratch
+        n = int(accept_len[b]) + 1
+        fresh = HybridCache(model.config, 1, 96)
+        extend(model, fresh, torch.cat([prompt[b], chain[b, :n]])[None])
+        for layer, state in _states(fresh).items():
+            torch.testing.assert_close(after["ours"][layer][b], state[0], rtol=1e-5, atol=1e-5)
 
 
 def _engine_greedy(model, drafter, states: str):
     made = []
     make = cache_factory(states, model, drafter.max_nodes, made)
     with Engine(model, drafter, max_batch=2, max_len=96, eos_token_id=[], make_cache=make) as engine:
+        assert isinstance(engine.target_ops, MiniMaxStepOps)  # (every way of keeping states on the same route)
         ids = [engine.add_request(p, max_new_tokens=NEW) for p in PROMPTS]
         got = {i: [] for i in ids}
         while engine.has_unfinished():
@@ -95,11 +93,7 @@ def test_engine_with_each_way_of_keeping_states_equals_hf(states):
     often but not always accepted: Hugging Face's greedy continuations with every cache; the replay baseline
     replays after rejections; bookkeeping was timed."""
     model = target()
-    hook = ReplayCache.attach(model)
-    try:
-        outs, stats, cache = _engine_greedy(model, make_drafter("draft", model), states)
-    finally:
-        hook.remove()
+    outs, stats, cache = _engine_greedy(model, make_drafter("draft", model), states)
     assert outs == references()
     assert 1.2 < stats.mean_accepted_length < CHAIN, stats.mean_accepted_length  # some drafts rejected
     assert cache.bookkeeping_s > 0
@@ -114,16 +108,12 @@ def test_engine_with_each_way_of_keeping_states_equals_hf(states):
 def test_baselines_refuse_trees_and_missing_models():
     model = target()
     use_tree_attention(model)
-    hook = ReplayCache.attach(model)
-    try:
-        star = torch.tensor([[-1, 0, 0]])
-        for cache in (SnapshotCache(model.config, 1, 64, positions=4),
-                      ReplayCache(model.config, 1, 64, model=model, positions=4)):
-            extend(model, cache, torch.tensor([[5, 6, 7]]))
-            with pytest.raises(ValueError, match="chains only"):
-                tree_forward(model, cache, torch.tensor([[8, 9, 10]]), star, 3)
-    finally:
-        hook.remove()
+    star = torch.tensor([[-1, 0, 0]])
+    for cache in (SnapshotCache(model.config, 1, 64, positions=4),
+                  ReplayCache(model.config, 1, 64, model=model, positions=4)):
+        extend(model, cache, torch.tensor([[5, 6, 7]]))
+        with pytest.raises(ValueError, match="chains only"):
+            tree_forward(model, cache, torch.tensor([[8, 9, 10]]), star, 3)
     with pytest.raises(ValueError, match="ReplayCache: model"):
         ReplayCache(model.config, 1, 64)
     with pytest.raises(ValueError, match="positions must be >= 1"):
@@ -145,7 +135,7 @@ def test_run_hybrid_bench_reports_every_method():
     methods = hybrid_methods(chain_drafters=("chain",), tree_drafters=("tree",))
     assert [m for m, _, _ in methods] == ["plain", "chain+snapshots", "chain+replay", "chain", "tree"]
     result = run_hybrid_bench(_TinyFamily(model), PROMPTS[:2], 8, methods, log=lambda *a: None)
-    assert not model._forward_pre_hooks  # (the replay baseline's hook is gone)
+    assert not model._forward_pre_hooks  # (the benchmark leaves the model as it found it)
     rows = result["methods"]
     assert rows["plain"]["speedup"] == 1.0 and rows["plain"]["identical"] is None
     refs = [hf_greedy(model, p, 8) for p in PROMPTS[:2]]

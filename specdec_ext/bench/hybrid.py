@@ -95,11 +95,7 @@ def run_hybrid_bench(family, prompts: list[list[int]], max_new_tokens: int, meth
     def drafter_of(name):
         return None if name is None else family.make_drafter(name)
 
-    hook = ReplayCache.attach(target)  # (the replay baseline's verified tokens)
-    try:
-        return _run(target, drafter_of, prompts, max_new_tokens, methods, warmup, log)
-    finally:
-        hook.remove()
+    return _run(target, drafter_of, prompts, max_new_tokens, methods, warmup, log)
 
 
 def _run(target, drafter_of, prompts, max_new_tokens, methods, warmup, log) -> dict:

@@ -28,6 +28,7 @@ import time
 import torch
 
 from specdec_ext.models.hybrid_cache import HybridCache
+from specdec_ext.models.step_ops import build_step_ops
 from specdec_ext.models.tree_forward import extend
 
 __all__ = ["BASELINE_CACHES", "ReplayCache", "SnapshotCache", "TimedHybridCache", "state_bytes_per_row"]
@@ -111,9 +112,9 @@ class SnapshotCache(TimedHybridCache):
         self._snapshotting = False
 
     @contextlib.contextmanager
-    def tree_step(self, prefix_lens, tree_mask, num_nodes, chain, validate=True):
-        with super().tree_step(prefix_lens, tree_mask, num_nodes, chain, validate):
-            self._snapshotting = num_nodes <= self.snapshot_positions
+    def tree_step(self, tokens, prefix_lens, tree_mask, chain, validate=True):
+        with super().tree_step(tokens, prefix_lens, tree_mask, chain, validate):
+            self._snapshotting = tokens.shape[1] <= self.snapshot_positions
             if self._snapshotting:
                 _require_chain(self, "SnapshotCache")
             yield
@@ -155,8 +156,8 @@ class ReplayCache(TimedHybridCache):
     """llama.cpp's way (module doc): a verification forward of at most ``positions`` nodes checkpoints the states
     first; the commit advances them along the whole chain, and when a row accepted fewer nodes than were verified,
     restores the checkpoint and runs the accepted tokens through ``model`` again (:func:`extend`: every layer, K/V
-    rewritten; every row when one rejected: llama.cpp replays a batch together). The verified tokens come from
-    ``model``'s forward pre-hook (:meth:`attach`)."""
+    rewritten; every row when one rejected: llama.cpp replays a batch together). The verified tokens are the ones
+    the verification forward hands :meth:`tree_step`."""
 
     snapshot_positions = 1  # the checkpoint
 
@@ -170,26 +171,23 @@ class ReplayCache(TimedHybridCache):
         self._verifying = False
         self._replaying = False
         self._tokens: torch.Tensor | None = None
+        self._ops: list | None = None
         self.replays = 0
 
-    @staticmethod
-    def attach(model) -> torch.utils.hooks.RemovableHandle:
-        """Lets ``model``'s forwards hand their token ids to a :class:`ReplayCache` they run on (returns the hook's
-        handle: remove it after the benchmark)."""
-
-        def keep_tokens(module, args, kwargs):
-            for value in kwargs.values():
-                if isinstance(value, ReplayCache):
-                    value._tokens = kwargs.get("input_ids")
-            return None
-
-        return model.register_forward_pre_hook(keep_tokens, with_kwargs=True)
+    def _step_ops(self):
+        """The target's direct-call route over this cache, as the engine's verification forwards use it (None:
+        the modules), built at the first replay."""
+        if self._ops is None:
+            with torch.no_grad():
+                self._ops = [build_step_ops(self.model, self)]
+        return self._ops[0]
 
     @contextlib.contextmanager
-    def tree_step(self, prefix_lens, tree_mask, num_nodes, chain, validate=True):
-        with super().tree_step(prefix_lens, tree_mask, num_nodes, chain, validate):
-            self._verifying = not self._replaying and num_nodes <= self.verify_nodes
+    def tree_step(self, tokens, prefix_lens, tree_mask, chain, validate=True):
+        with super().tree_step(tokens, prefix_lens, tree_mask, chain, validate):
+            self._verifying = not self._replaying and tokens.shape[1] <= self.verify_nodes
             if self._verifying:
+                self._tokens = tokens
                 _require_chain(self, "ReplayCache")
                 with self._timed():
                     self._checkpoint = _rows_at_least(self._checkpoint, self.batch_size)
@@ -204,9 +202,6 @@ class ReplayCache(TimedHybridCache):
         n = self._row_tensor(lengths, "lengths")
         if bool((n == N).all()):  # every draft accepted: the state advanced along the chain is the right one
             return super().compact(src_positions, dst_start, n, validate)
-        if self._tokens is None or self._tokens.shape[1] != N:
-            raise ValueError("ReplayCache: the verified tokens are unknown (call ReplayCache.attach(model) before "
-                             "the engine runs)")
         tokens = self._tokens[:, : int(n.max())]  # (the accepted tokens, rows right-padded)
         with self._timed():
             # the verification forward's decode advanced the states along the whole chain (as llama.cpp's does)...
@@ -217,7 +212,7 @@ class ReplayCache(TimedHybridCache):
             self._pending = None
             self._replaying = True
             try:
-                extend(self.model, self, tokens, n)
+                extend(self.model, self, tokens, n, step_ops=self._step_ops())
             finally:
                 self._replaying = False
             self.replays += 1

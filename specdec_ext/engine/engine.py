@@ -37,11 +37,13 @@ Budget. A greedy row needs no draft past its budget (``remaining - 1`` deep); a 
 depth whatever its budget, since its tree — and so its random stream — must not depend on its neighbours' budgets,
 or a seeded request's tokens would depend on its batch. Tokens past a row's budget are dropped.
 
-The target. Where its decoder layers are plain Llama / Mistral / Qwen2 layers on a CPU, the engine runs them as op
-calls (:class:`~specdec_ext.models.llama_step.LlamaStepOps`, built once with the engine, so it serves the weights
-and hooks the target has then): one ``draft_decoder_layer`` call a layer instead of the modules' ~40 small calls,
-for every tree and every prefill of up to :func:`~specdec_ext.models.tree_forward.extend_kernel_max_tokens` tokens.
-Elsewhere (CUDA, other architectures, hooks, ``packed_linears=False`` or ``tree_attention=False``) the modules run.
+The target. Where a direct-call route reproduces it (:func:`~specdec_ext.models.step_ops.build_step_ops`, built once
+with the engine, so it serves the weights and hooks the target has then), the engine runs that instead of its
+modules, for every tree and every prefill of up to :func:`~specdec_ext.models.tree_forward.extend_kernel_max_tokens`
+tokens: plain Llama / Mistral / Qwen2 layers on a CPU as one ``draft_decoder_layer`` call a layer instead of the
+modules' ~40 small calls (:class:`~specdec_ext.models.llama_step.LlamaStepOps`), a MiniMax hybrid as the module
+route's own calls without the module tree (:class:`~specdec_ext.models.minimax_step.MiniMaxStepOps`). Elsewhere
+(CUDA for Llama, other architectures, hooks, ``packed_linears=False`` or ``tree_attention=False``) the modules run.
 
 Synchronisation. Inside a step every op runs with ``validate=False``; the host reads one small tensor per step
 (accepted lengths and emitted tokens). Times in :attr:`Engine.stats` are host wall times per phase.
@@ -68,7 +70,7 @@ from specdec_ext.engine.verify import Verifier
 from specdec_ext.models import TreeKVCache, make_cache, tree_forward, use_tree_attention
 from specdec_ext.models.config import check_window, text_config
 from specdec_ext.models.fast_linear import pack_linears_where_fast, packed_linears
-from specdec_ext.models.llama_step import LlamaStepOps
+from specdec_ext.models.step_ops import build_step_ops
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
 from specdec_ext.state import DecodeState, SamplingParams, StepResult, plain_tree
 
@@ -166,7 +168,7 @@ class Engine:
         self.cache = make_cache(target.config, 0, self.max_len, dtype=self.dtype, device=self.device,
                                 capacity=self.max_batch)
         with torch.no_grad():  # the target's layers as op calls where they serve it (CPUs; see "The target")
-            self.target_ops = LlamaStepOps.build(target, self.cache) if packed_linears and tree_attention else None
+            self.target_ops = build_step_ops(target, self.cache) if packed_linears and tree_attention else None
         self.scheduler = Scheduler(self.max_batch)
         self.state: DecodeState | None = None
         self.requests: dict[int, Request] = {}  # unfinished requests (running or queued) by id

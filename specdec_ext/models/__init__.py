@@ -10,20 +10,25 @@
   :mod:`~specdec_ext.models.deltanet_layers` (Gated DeltaNet) and :mod:`~specdec_ext.models.mamba2_layers`
   (Mamba-2) run those layers over a tree.
 * :mod:`~specdec_ext.models.tree_forward`: :func:`tree_forward` (the verification forward, logits ``[B, N, V]``),
-  :func:`extend` (append tokens per row: prefill, decoding), :func:`tree_attention_mask` (the 4-D fallback mask).
-* :mod:`~specdec_ext.models.fast_linear`: :func:`pack_linears` (a model's ``nn.Linear`` layers multiply with
-  packed weights inside :func:`packed_linears` blocks, e.g. ``specdec_ext.generate``), :func:`unpack_linears`.
+  :func:`extend` (append tokens per row: prefill, decoding); :func:`tree_attention_mask` (the 4-D fallback mask,
+  from :mod:`~specdec_ext.models.attention`).
+* :mod:`~specdec_ext.models.fast_linear`: :func:`pack_linears` (a model's ``nn.Linear`` layers and mixture-of-experts
+  blocks multiply with packed weights inside :func:`packed_linears` blocks, e.g. ``specdec_ext.generate``),
+  :func:`unpack_linears`.
+* :mod:`~specdec_ext.models.step_ops`: :func:`~specdec_ext.models.step_ops.build_step_ops`, the target's
+  verification forward as direct calls where a route reproduces it (Llama-family op calls, MiniMax hybrids).
 * :mod:`~specdec_ext.models.config`: what is read from a model's config (text config, sliding window), in one place.
 * Draft networks: :mod:`~specdec_ext.models.medusa` (Medusa heads), :mod:`~specdec_ext.models.eagle` (EAGLE-1/3);
   :mod:`~specdec_ext.models.checkpoints` loads and saves them in their published formats.
 """
 
 from specdec_ext.models.attention import (TREE_ATTENTION, is_tree_attention, register, tree_attention_forward,
-                                          tree_metadata, use_tree_attention, uses_attention_interface)
+                                          tree_attention_mask, tree_metadata, use_tree_attention,
+                                          uses_attention_interface)
 from specdec_ext.models.fast_linear import pack_linears, packed_linears, unpack_linears
 from specdec_ext.models.hybrid_cache import HybridCache, make_cache
 from specdec_ext.models.kv_cache import TreeKVCache, TreeKVLayer
-from specdec_ext.models.tree_forward import extend, masked_forward, tree_attention_mask, tree_forward
+from specdec_ext.models.tree_forward import extend, masked_forward, tree_forward
 
 register()
 

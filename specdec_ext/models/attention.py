@@ -33,6 +33,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specdec_ext import ops
 from specdec_ext.models.config import text_config
+from specdec_ext.ops.reference import unpack_tree_mask
 
 TREE_ATTENTION = "specdec_tree"
 PREFIX_LENS_KWARG = "specdec_prefix_lens"
@@ -134,3 +135,24 @@ def use_tree_attention(model: torch.nn.Module) -> bool:
 def is_tree_attention(model: torch.nn.Module) -> bool:
     """Whether ``model`` is currently set to :data:`TREE_ATTENTION`."""
     return getattr(getattr(model, "config", None), "_attn_implementation", None) == TREE_ATTENTION
+
+
+def tree_attention_mask(prefix_lens: torch.Tensor, tree_mask: torch.Tensor, kv_len: int,
+                        dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The dense 4-D mask of a tree verification over ``kv_len`` cache positions: ``[B, 1, N, kv_len]``; node i of
+    row b may attend to positions ``< prefix_lens[b]`` and to ``prefix_lens[b] + j`` for its ancestors-or-self j.
+    ``tree_mask``: dense bool ``[B, N, N]`` or packed int32. Bool (True = attend) when ``dtype`` is None, else
+    additive in ``dtype`` (0 / ``finfo(dtype).min``)."""
+    B, N = tree_mask.shape[:2]
+    dense = tree_mask if tree_mask.dtype == torch.bool else unpack_tree_mask(tree_mask, N)
+    prefix_lens = torch.as_tensor(prefix_lens, dtype=torch.int64, device=dense.device).expand(B)
+    k = torch.arange(kv_len, device=dense.device)
+    rel = k[None, :] - prefix_lens[:, None]  # [B, S]: position relative to the root
+    in_tree = (rel >= 0) & (rel < N)
+    gathered = torch.gather(dense, 2, rel.clamp(0, N - 1)[:, None, :].expand(B, N, kv_len))  # [B, N, S]
+    allowed = (rel < 0)[:, None, :] | (in_tree[:, None, :] & gathered)
+    allowed = allowed[:, None]
+    if dtype is None:
+        return allowed
+    zero = torch.zeros((), dtype=dtype, device=dense.device)
+    return torch.where(allowed, zero, torch.full((), torch.finfo(dtype).min, dtype=dtype, device=dense.device))

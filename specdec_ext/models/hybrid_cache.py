@@ -331,13 +331,14 @@ class HybridCache(TreeKVCache):
         return held[2]
 
     @contextlib.contextmanager
-    def tree_step(self, prefix_lens: torch.Tensor, tree_mask: torch.Tensor, num_nodes: int, chain: bool,
+    def tree_step(self, tokens: torch.Tensor, prefix_lens: torch.Tensor, tree_mask: torch.Tensor, chain: bool,
                   validate: bool = True):
-        """Within this block the linear layers run over a tree of ``num_nodes`` nodes per row rooted right after
+        """Within this block the linear layers run over a tree of the nodes ``tokens [B, N]`` rooted right after
         ``prefix_lens`` (``[B]``, which must be the committed lengths: the states hold exactly those tokens),
         ``tree_mask`` its ancestor-or-self mask (dense or packed; ``chain``: a chain, which long prefills run in
-        chunks). What the layers record stays for :meth:`compact` / :meth:`rewind`."""
-        B, N = self.batch_size, num_nodes
+        chunks). What the layers record stays for :meth:`compact` / :meth:`rewind`. (The token ids themselves are
+        for caches that replay them: the benchmark's llama.cpp-style baseline.)"""
+        B, N = self.batch_size, tokens.shape[1]
         at_state = (prefix_lens.to(self.device) == self._state_lengths).all()
         if validate or self.device.type == "cpu":
             if not bool(at_state):

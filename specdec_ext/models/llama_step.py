@@ -33,17 +33,18 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_hooks
 
+from specdec_ext.models.attention import tree_attention_mask
 from specdec_ext.models.draft_layer import DraftLayer
 from specdec_ext.models.fast_linear import PackedLinear
 from specdec_ext.models.kv_cache import TreeKVCache
 from specdec_ext.models.quantized import Int8Embedding, embedding_lookup, linear_dtype, linear_operand
 
-__all__ = ["LlamaStepOps", "StepOutput"]
+__all__ = ["LlamaStepOps", "StepOutput", "op_route_allowed", "rope_is_default"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
-def _rope_is_default(config) -> bool:
+def rope_is_default(config) -> bool:
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     return params.get("rope_type", params.get("type", "default")) == "default"
 
@@ -82,6 +83,13 @@ def _foreign_hooks(module: nn.Module) -> bool:
                for h in (*module._forward_hooks.values(), *module._forward_pre_hooks.values()))
 
 
+def op_route_allowed(model: nn.Module) -> bool:
+    """Whether a route that bypasses ``model``'s modules may run it: eval mode, no gradients, and no forward hooks
+    (global, or on any module) that the route would skip."""
+    return not (torch.is_grad_enabled() or model.training or _module_hooks._global_forward_hooks
+                or _module_hooks._global_forward_pre_hooks or any(_foreign_hooks(m) for m in model.modules()))
+
+
 @dataclass(slots=True, eq=False)
 class StepOutput:
     """What :meth:`LlamaStepOps.run` computed, named as a Hugging Face model's output is: ``logits`` ``[B, T', V]``
@@ -106,16 +114,11 @@ class LlamaStepOps:
     @classmethod
     def build(cls, model: nn.Module, cache: TreeKVCache) -> "LlamaStepOps | None":
         """The operands, or None where the Hugging Face forward must run (module doc)."""
-        if torch.is_grad_enabled() or model.training or _module_hooks._global_forward_hooks \
-                or _module_hooks._global_forward_pre_hooks:
-            return None
         cfg = model.config
         if getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES or getattr(cfg, "hidden_act", None) != "silu" \
-                or not _rope_is_default(cfg) or getattr(cfg, "pretraining_tp", 1) != 1:
+                or not rope_is_default(cfg) or getattr(cfg, "pretraining_tp", 1) != 1:
             return None
-        if not _serves_cache(cache):
-            return None
-        if any(_foreign_hooks(m) for m in model.modules()):
+        if not _serves_cache(cache) or not op_route_allowed(model):
             return None
         base = getattr(model, "model", None)
         lm_head = getattr(model, "lm_head", None)
@@ -165,6 +168,19 @@ class LlamaStepOps:
             states[-1] = h
         logits = self._lm(h[:, -logits_to_keep:] if logits_to_keep > 0 else h)
         return StepOutput(logits, tuple(states) if states is not None else None)
+
+    def verify(self, tokens: torch.Tensor, prefix: torch.Tensor, tree_mask: torch.Tensor, chain: bool,
+               position_ids: torch.Tensor, *, hidden_states: bool = False, logits_to_keep: int = 0,
+               validate: bool = True) -> StepOutput:
+        """A tree forward (:func:`~specdec_ext.models.tree_forward`'s op route): ``tokens [B, N]`` written at slots
+        ``prefix[b] + j``, each attending to its row's prefix and its ancestors (``tree_mask``, dense or packed), as
+        one bool mask over the slots in use. ``chain`` and ``validate`` are the tree's (unused here: the mask says
+        it all). The cache's lengths are left to the caller."""
+        N = tokens.shape[1]
+        kv_len = int((prefix + N).max())  # (the op route runs on CPUs: a read, not a device synchronisation)
+        mask = tree_attention_mask(prefix, tree_mask, kv_len)[:, 0]
+        slots = prefix[:, None] + torch.arange(N, device=tokens.device)
+        return self.run(tokens, position_ids, slots, mask, hidden_states=hidden_states, logits_to_keep=logits_to_keep)
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor, write_slots: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:

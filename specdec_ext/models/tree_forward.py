@@ -7,9 +7,10 @@ after the root-to-node-i path. A tree that carries its :class:`~specdec_ext.stat
 made once) hands those two in; otherwise they are derived from ``parents`` here. Three routes, the same results to
 the dtype's rounding:
 
-* the op calls (``step_ops``, a :class:`~specdec_ext.models.llama_step.LlamaStepOps` of the model, which the engine
-  builds for a Llama-family target on a CPU): one ``draft_decoder_layer`` op per layer, the tree as one bool mask
-  over the cache slots in use, no module forward at all (the model must also be set to ``"specdec_tree"``);
+* the direct calls (``step_ops``, :func:`~specdec_ext.models.step_ops.build_step_ops` of the model, which the
+  engine builds): for a Llama-family target on a CPU one ``draft_decoder_layer`` op per layer, the tree as one bool
+  mask over the cache slots in use; for a MiniMax hybrid the kernel route's own calls without the module tree; no
+  module forward at all (the model must also be set to ``"specdec_tree"``);
 * the kernel: the model is set to ``"specdec_tree"`` (:func:`~specdec_ext.models.attention.use_tree_attention`);
   the metadata travels as forward kwargs (and a context variable) to the attention function, which calls
   ``ops.tree_attention``. The model's ``attention_mask`` argument is then a zero-stride placeholder (no [B, N, S]
@@ -33,36 +34,14 @@ import inspect
 import torch
 
 from specdec_ext import ops
-from specdec_ext.ops.reference import unpack_tree_mask
 from specdec_ext.models.attention import (PREFIX_LENS_KWARG, TREE_MASK_KWARG, is_tree_attention,
-                                          tree_metadata)
+                                          tree_attention_mask, tree_metadata)
 from specdec_ext.models.config import row_tensor, text_config
 from specdec_ext.models.hybrid_cache import HybridCache
 from specdec_ext.models.kv_cache import TreeKVCache
 from specdec_ext.models.linear_layers import prepare as prepare_linear_layers
-from specdec_ext.models.llama_step import LlamaStepOps, StepOutput
+from specdec_ext.models.step_ops import StepOps
 from specdec_ext.state import TreeTables
-
-
-def tree_attention_mask(prefix_lens: torch.Tensor, tree_mask: torch.Tensor, kv_len: int,
-                        dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The dense 4-D mask of a tree verification over ``kv_len`` cache positions: ``[B, 1, N, kv_len]``; node i of
-    row b may attend to positions ``< prefix_lens[b]`` and to ``prefix_lens[b] + j`` for its ancestors-or-self j.
-    ``tree_mask``: dense bool ``[B, N, N]`` or packed int32. Bool (True = attend) when ``dtype`` is None, else
-    additive in ``dtype`` (0 / ``finfo(dtype).min``)."""
-    B, N = tree_mask.shape[:2]
-    dense = tree_mask if tree_mask.dtype == torch.bool else unpack_tree_mask(tree_mask, N)
-    prefix_lens = torch.as_tensor(prefix_lens, dtype=torch.int64, device=dense.device).expand(B)
-    k = torch.arange(kv_len, device=dense.device)
-    rel = k[None, :] - prefix_lens[:, None]  # [B, S]: position relative to the root
-    in_tree = (rel >= 0) & (rel < N)
-    gathered = torch.gather(dense, 2, rel.clamp(0, N - 1)[:, None, :].expand(B, N, kv_len))  # [B, N, S]
-    allowed = (rel < 0)[:, None, :] | (in_tree[:, None, :] & gathered)
-    allowed = allowed[:, None]
-    if dtype is None:
-        return allowed
-    zero = torch.zeros((), dtype=dtype, device=dense.device)
-    return torch.where(allowed, zero, torch.full((), torch.finfo(dtype).min, dtype=dtype, device=dense.device))
 
 
 _CACHE_KWARG: dict[type, str] = {}
@@ -113,29 +92,18 @@ def _check_tables(tables: TreeTables, B: int, N: int, device: torch.device) -> N
 _OP_MODEL_KWARGS = frozenset({"output_hidden_states", "logits_to_keep"})
 
 
-def _op_forward(op_calls: LlamaStepOps, tokens: torch.Tensor, prefix: torch.Tensor, tables: TreeTables,
-                position_ids: torch.Tensor, model_kwargs: dict, validate: bool) -> StepOutput:
-    """The tree's forward as op calls: node j of row b written at slot ``prefix[b] + j``, attending to the row's
-    prefix and its ancestors (the kernel route's contract, as one bool mask over the slots in use)."""
-    N = tokens.shape[1]
-    if validate:  # (the modules' embedding checks its ids; an int8 table's op-path lookup does not)
-        vocab = op_calls.vocab_size
-        if bool(((tokens < 0) | (tokens >= vocab)).any()):
-            raise ValueError(f"tree_forward: tokens must be token ids in [0, {vocab}), got values in "
-                             f"[{int(tokens.min())}, {int(tokens.max())}]")
-    kv_len = int((prefix + N).max())  # (the op route runs on CPUs: a read, not a device synchronisation)
-    mask = tree_attention_mask(prefix, tables.mask, kv_len)[:, 0]
-    slots = prefix[:, None] + torch.arange(N, device=tokens.device)
-    return op_calls.run(tokens, position_ids, slots, mask,
-                        hidden_states=bool(model_kwargs.get("output_hidden_states")),
-                        logits_to_keep=int(model_kwargs.get("logits_to_keep") or 0))
+def _check_token_ids(tokens: torch.Tensor, vocab: int) -> None:
+    # (the modules' embedding checks its ids; an int8 table's op-path lookup does not)
+    if bool(((tokens < 0) | (tokens >= vocab)).any()):
+        raise ValueError(f"tree_forward: tokens must be token ids in [0, {vocab}), got values in "
+                         f"[{int(tokens.min())}, {int(tokens.max())}]")
 
 
 @torch.no_grad()  # a KV cache is inference state: writing K/V that require grad into it would fail in place
 def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch.Tensor | None,
                  prefix_lens: torch.Tensor | int | None = None, *, use_kernel: bool | None = None,
                  packed: bool = True, validate: bool = True, return_outputs: bool = False,
-                 tables: TreeTables | None = None, step_ops: LlamaStepOps | None = None,
+                 tables: TreeTables | None = None, step_ops: StepOps | None = None,
                  **model_kwargs) -> torch.Tensor:
     """Verification forward of a draft tree per row; returns logits ``[B, N, V]``.
 
@@ -151,8 +119,8 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     max_len`` (one host sync).
     Extra ``model_kwargs`` go to the model's forward (e.g. ``output_hidden_states=True``); with
     ``return_outputs`` the model's whole output (logits, hidden states) is returned instead of the logits.
-    ``step_ops``: the model as op calls (:class:`~specdec_ext.models.llama_step.LlamaStepOps`, built for it by the
-    caller, who answers for its weights being the model's): the kernel route then runs them instead of the
+    ``step_ops``: the model as direct calls (:func:`~specdec_ext.models.step_ops.build_step_ops`, built for it by
+    the caller, who answers for its weights being the model's): the kernel route then runs them instead of the
     model's modules, for trees of at most :func:`extend_kernel_max_tokens` nodes whose only model kwargs are
     ``output_hidden_states`` and ``logits_to_keep``.
     """
@@ -198,17 +166,22 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     position_ids = prefix[:, None] + tables.depth
     cache.rewind(prefix, validate=validate)
     hybrid = isinstance(cache, HybridCache)
-    op_calls = (step_ops.on(cache) if step_ops is not None and use_kernel and not hybrid
+    op_calls = (step_ops.on(cache) if step_ops is not None and use_kernel
                 and N <= extend_kernel_max_tokens(device) and model_kwargs.keys() <= _OP_MODEL_KWARGS else None)
-    if op_calls is not None:  # (the ops leave the cache's lengths where the rewind above set them)
-        out = _op_forward(op_calls, tokens, prefix, tables, position_ids, model_kwargs, validate)
+    if op_calls is not None:
+        if validate:
+            _check_token_ids(tokens, op_calls.vocab_size)
+        out = op_calls.verify(tokens, prefix, tables.mask, chain, position_ids,
+                              hidden_states=bool(model_kwargs.get("output_hidden_states")),
+                              logits_to_keep=int(model_kwargs.get("logits_to_keep") or 0), validate=validate)
+        cache.rewind(prefix, validate=False)  # (the lengths the forward started from)
         return out if return_outputs else out.logits
     kwargs = dict(model_kwargs)
     kwargs[_cache_kwarg(model)] = cache
     tree_mask = tables.mask
     use_cache = _use_cache(model)
     # (a hybrid's linear layers read the tree from the cache, inside its tree_step)
-    step = (cache.tree_step(prefix, tree_mask, N, chain, validate=validate) if hybrid
+    step = (cache.tree_step(tokens, prefix, tree_mask, chain, validate=validate) if hybrid
             else contextlib.nullcontext())
     if hybrid:
         prepare_linear_layers(model, cache)
