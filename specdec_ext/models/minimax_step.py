@@ -49,6 +49,12 @@ def _attention(module: MiniMaxAttention, cache: HybridCache, x: torch.Tensor, co
     return module_linear(module.o_proj, out.transpose(1, 2).reshape(B, N, H * D))
 
 
+def _weighted_sum(residual: torch.Tensor, alpha, out: torch.Tensor, beta) -> torch.Tensor:
+    """MiniMax's ``residual * alpha + out * beta``; with both factors 1 (the usual config) the sum alone, which
+    is the same bits without two elementwise calls."""
+    return residual + out if alpha == 1 and beta == 1 else residual * alpha + out * beta
+
+
 def _single_expert(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A mixture-of-experts block of one expert: its router picks expert 0 with weight exactly 1.0 for every row
     (the softmax of one logit), so the experts run with those without the router's calls."""
@@ -117,10 +123,10 @@ class MiniMaxStepOps:
                     out, _ = lightning_tree_forward(attn, cache, x)
                 else:
                     out = _attention(attn, cache, x, cos, sin, prefix, tree_mask)
-                h = x * layer.attn_alpha_factor + out * layer.attn_beta_factor
+                h = _weighted_sum(x, layer.attn_alpha_factor, out, layer.attn_beta_factor)
                 x = layer.post_attention_layernorm.forward(h)
                 mlp = _single_expert(layer.mlp, x) if self._one_expert else layer.mlp.forward(x)
-                h = x * layer.mlp_alpha_factor + mlp * layer.mlp_beta_factor
+                h = _weighted_sum(x, layer.mlp_alpha_factor, mlp, layer.mlp_beta_factor)
                 if states is not None:
                     states.append(h)
         h = self._norm.forward(h)
