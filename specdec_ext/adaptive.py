@@ -206,7 +206,7 @@ class CostCurve:
                 for x, (y, n) in measured.items():
                     if n < self.SETTLED:
                         others = self._isotonic({k: m for k, m in measured.items() if k != x})
-                        means[x] = (min(y, _interpolate(*others, x, steep_ends=True)), n)
+                        means[x] = (min(y, _interpolate(*others, x)), n)
             self._fit = self._isotonic(means)
         return self._fit
 
@@ -216,11 +216,9 @@ class CostCurve:
         return _interpolate(*self._fitted(), x)
 
 
-def _interpolate(xs: list[float], ys: list[float], x: float, steep_ends: bool = False) -> float:
+def _interpolate(xs: list[float], ys: list[float], x: float) -> float:
     """The piecewise-linear curve through ``(xs, ys)`` (sorted, non-decreasing) at ``x``: linear between points,
-    outside them the slope over the whole range (>= 0; flat with one point), never below 0. ``steep_ends``: outside
-    them whichever of that slope and the end segment's gives the higher value (a cap must not underprice the end of
-    a curve that steepens, as a target's cost does at many rows)."""
+    outside them the slope over the whole range (>= 0; flat with one point), never below 0."""
     if len(xs) == 1:
         return ys[0]
     i = bisect.bisect_left(xs, x)
@@ -231,10 +229,6 @@ def _interpolate(xs: list[float], ys: list[float], x: float, steep_ends: bool = 
     else:  # outside the measured range: the slope over the whole range (neighbouring points can be noisy)
         j, k = 0, len(xs) - 1
     slope = max((ys[k] - ys[j]) / (xs[k] - xs[j]), 0.0)
-    if steep_ends and not 0 < i < len(xs):  # (the higher of the two values: the steeper slope above, the
-        e = (0, 1) if i == 0 else (len(xs) - 2, len(xs) - 1)  # shallower one below)
-        end = (ys[e[1]] - ys[e[0]]) / (xs[e[1]] - xs[e[0]])
-        slope = min(slope, end) if i == 0 else max(slope, end)
     base = j if i < len(xs) else k
     return max(ys[base] + slope * (x - xs[base]), 0.0)
 
