@@ -513,10 +513,7 @@ def test_exploring_out_of_plain_steps_is_skipped_where_the_catch_up_costs_more_t
         if budget < 1:
             assert ad.catchup[8] == pytest.approx(1e-3, rel=0.25), ad.catchup  # per lagging token and row
             assert ad._draft_time(8, 1) < 2e-3  # the depth's own cost, not the catch-up
-    # (3, not 2: the cost curves price a depth measured once or twice no dearer than the others' curve, and the
-    # target's curve here mixes the 2-row phase's flat costs with the 8-row phase's steep ones, so one more
-    # exploration happens before the measurements settle it)
-    assert out[0.05] <= 3 and out[float("inf")] >= 20, out
+    assert out[0.05] <= 2 and out[float("inf")] >= 20, out
 
 
 def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():
@@ -711,24 +708,17 @@ def test_finished_rows_are_left_out_of_acceptance():
 
 
 def test_cost_curve():
-    c = CostCurve(alpha=0.5)  # (a point's estimate: the median of its last 2 samples; settled after 3)
+    c = CostCurve(alpha=0.5)
     assert c.predict(3) is None
     c.add(10, 1.0)
     assert c.predict(1) == 1.0 and c.predict(100) == 1.0  # one point: flat
     c.add(20, 3.0)
     assert c.predict(15) == pytest.approx(2.0) and c.predict(30) == pytest.approx(5.0)
     assert c.predict(5) == pytest.approx(0.0)  # extrapolated down, never below 0
-    c.add(30, 2.0)  # three points of one sample each: 20 is priced no dearer than the others' line there
-    assert c.predict(20) == pytest.approx(1.5) and c.predict(30) == pytest.approx(2.0)
-    c.add(20, 3.0)
-    c.add(20, 3.0)  # settled: its own estimate stands, and 30 above it is a violator, pooled (weights 2 and 1)
-    assert c.predict(20) == pytest.approx(8 / 3) and c.predict(30) == pytest.approx(8 / 3)
-    c.add(10, 3.0)  # the median of the last two samples: (1 + 3) / 2
+    c.add(30, 2.0)  # a violator: pooled with 20 (non-decreasing fit)
+    assert c.predict(20) == pytest.approx(2.5) and c.predict(30) == pytest.approx(2.5)
+    c.add(10, 3.0)  # moving average: (1 + 3) / 2 at the second sample
     assert c.points[10][0] == pytest.approx(2.0)
-    d = CostCurve(alpha=0.2)  # (5 samples kept)
-    for y in (1.0, 1.0, 50.0, 1.0, 1.0):
-        d.add(5, y)
-    assert d.points[5][0] == 1.0  # (a mean would be 10.8)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -902,36 +892,3 @@ def test_a_wide_drafter_drafts_trees_at_one_row_and_chains_at_eight():
     assert sum(chain and d >= 2 for d, chain in tail) >= 45, tail  # chains at eight, not plain steps
     assert sum(ad.chain_hist.values()) == sum(chain for _, chain in shapes)
     assert ad.conditional_acceptance(3, chain=True) < 0.5 < ad.conditional_acceptance(3)  # one table per shape
-
-
-def test_one_slow_measurement_at_a_rarely_run_depth_does_not_hold_the_best_depth_off():
-    """Timing hiccups are positive and land anywhere. At one row a depth deeper than the choice runs only in
-    explorations (one every 16-64 steps), so a hiccup measured there stayed in its cost points (averaged in) until
-    it had been explored several more times, and the choice stayed a depth short (the engine suite's C = 1
-    shortfall). With each point's recent median, and points of fewer than three samples priced no dearer than the
-    settled ones' curve, depth 6 (acceptance 0.9 per depth, 0.5 ms of drafting and 0.3 ms of verification per depth
-    on a 10 ms step: the best) is taken soon after its first, slow, measurements (a draft and a verification) and
-    held."""
-    clock = FakeClock()
-    seen = {"target": 0, "draft": 0}
-
-    def draft_time(d):
-        if d == 6:
-            seen["draft"] += 1
-            if seen["draft"] == 1:  # the first draft at depth 6: +2 ms
-                return 0.2e-3 + 0.5e-3 * d + 2e-3
-        return (0.2e-3 + 0.5e-3 * d) if d else 1e-4
-
-    def target_time(x):
-        if x == 7:
-            seen["target"] += 1
-            if seen["target"] == 1:  # the first verification of 7 nodes: +9 ms
-                return 10e-3 + 0.3e-3 * (x - 1) + 9e-3
-        return 10e-3 + 0.3e-3 * (x - 1)
-
-    ad = AdaptiveDrafter(FakeChain(clock, D=6, draft_time=draft_time), clock=clock)
-    for g in range(6):  # six requests of 40 steps, one drafter
-        fake_run(ad, clock, 40, B=1, target_time=target_time, accept=geometric(0.9, 500 + g))
-    h = dict(ad.depth_hist)
-    assert seen["target"] >= 1 and seen["draft"] >= 1  # the hiccups happened
-    assert h.get(6, 0) > 150 and h[6] == max(h.values()), h

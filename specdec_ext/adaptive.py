@@ -26,10 +26,8 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
   ``prior_weight`` row-steps) makes depths never tried look good enough to be tried once, but never better than the
   measured shallower depths (the product bounds it).
 * ``t_target(x)``: the target's forward + verification + the loop's bookkeeping as a function of tokens in flight
-  ``x = B * N(d)``: the median of the last few timings per measured ``x`` (a point measured fewer than three times
-  priced no dearer than the other points' curve there: timing noise is positive, and a rarely run depth's one slow
-  sample would otherwise hold it off), made non-decreasing (isotonic), linearly interpolated between measured points
-  and extrapolated with the slope over the measured range (flat with one point).
+  ``x = B * N(d)``: a decayed mean per measured ``x``, made non-decreasing (isotonic), linearly interpolated between
+  measured points and extrapolated with the slope over the measured range (flat with one point).
 * ``t_draft(B, d)``: the inner drafter's propose + observe time, the same kind of fit over depths per batch size;
   where B measured too few depths to say how the cost grows with d, the curve of the nearest batch size that did,
   scaled by the ratio of the two at the depths both measured.
@@ -91,8 +89,6 @@ rows and not at eight, where the chain of the same drafter is ahead; ``chain_his
 from __future__ import annotations
 
 import bisect
-import collections
-import statistics
 import time
 
 import torch
@@ -147,33 +143,28 @@ class DepthAcceptance:
 class CostCurve:
     """A decayed, non-decreasing, piecewise-linear curve y(x) learned from measurements.
 
-    Each measured x keeps the median of its last ``round(1 / alpha)`` samples (a moving average's memory, without
-    its weight on a slow outlier: timing noise is positive, and one hiccup averaged in held a depth's price up for
-    as many samples again). A point with fewer than :attr:`SETTLED` samples is priced no higher than the curve of
-    the other points (two at least, for a slope) predicts at its x: a sparse point is one the wrapper rarely runs (a depth deeper than its choice,
-    tried in explorations), so one slow first sample there would hold a better choice off until it was explored
-    several times more; an optimistic price is corrected within a few steps of running it. Prediction uses the isotonic (non-decreasing) fit of those means (pool-adjacent-violators,
-    weighted by sample counts), linear between measured points, extrapolated with the slope over the whole measured
-    range (>= 0; flat with one point; robust where neighbouring points are close and noisy), never below 0.
+    Each measured x keeps an exponential moving average of its y (the first measurements are averaged plainly,
+    then weight ``alpha`` on the newest). Prediction uses the isotonic (non-decreasing) fit of those means
+    (pool-adjacent-violators, weighted by sample counts), linear between measured points, extrapolated with the
+    slope over the whole measured range (>= 0; flat with one point; robust where neighbouring points are close and
+    noisy), never below 0.
     """
-
-    SETTLED = 3  # samples after which a point's own estimate is believed over the curve of the others
 
     def __init__(self, alpha: float = 0.2):
         self.alpha = alpha
-        self.window = max(1, round(1.0 / alpha))
-        self.points: dict[float, list[float]] = {}  # x -> [estimate of y (the recent median), count]
-        self._recent: dict[float, collections.deque] = {}
+        self.points: dict[float, list[float]] = {}  # x -> [mean y, count]
         self._fit: tuple[list[float], list[float]] | None = None
 
     def __len__(self) -> int:
         return len(self.points)
 
     def add(self, x: float, y: float) -> None:
-        recent = self._recent.setdefault(x, collections.deque(maxlen=self.window))
-        recent.append(float(y))
-        count = self.points[x][1] + 1.0 if x in self.points else 1.0
-        self.points[x] = [statistics.median(recent), count]
+        p = self.points.get(x)
+        if p is None:
+            self.points[x] = [float(y), 1.0]
+        else:
+            p[1] += 1.0
+            p[0] += max(1.0 / p[1], self.alpha) * (y - p[0])
         self._fit = None
 
     def measured(self, x: float) -> bool:
@@ -183,54 +174,38 @@ class CostCurve:
         """Whether x was measured or lies between measured points (a prediction there is an interpolation)."""
         return x in self.points or (len(self.points) > 1 and min(self.points) <= x <= max(self.points))
 
-    def _isotonic(self, means: dict[float, tuple[float, float]]) -> tuple[list[float], list[float]]:
-        """The non-decreasing fit of ``{x: (mean, count)}``, weighted by the counts (capped where the moving
-        average stops averaging)."""
-        xs = sorted(means)
-        cap = 1.0 / self.alpha
-        blocks: list[list[float]] = []  # [mean, weight, n_points]
-        for x in xs:
-            y, n = means[x]
-            blocks.append([y, min(n, cap), 1])
-            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-                y2, w2, k2 = blocks.pop()
-                y1, w1, k1 = blocks.pop()
-                blocks.append([(y1 * w1 + y2 * w2) / (w1 + w2), w1 + w2, k1 + k2])
-        return xs, [b[0] for b in blocks for _ in range(int(b[2]))]
-
     def _fitted(self) -> tuple[list[float], list[float]]:
         if self._fit is None:
-            measured = {x: (y, n) for x, (y, n) in self.points.items()}
-            means = dict(measured)
-            if len(measured) > 2:  # (the others must give a slope to go by)
-                for x, (y, n) in measured.items():
-                    if n < self.SETTLED:
-                        others = self._isotonic({k: m for k, m in measured.items() if k != x})
-                        means[x] = (min(y, _interpolate(*others, x)), n)
-            self._fit = self._isotonic(means)
+            xs = sorted(self.points)
+            cap = 1.0 / self.alpha  # weights stop growing where the moving average stops averaging
+            blocks: list[list[float]] = []  # [mean, weight, n_points]
+            for x in xs:
+                y, n = self.points[x]
+                blocks.append([y, min(n, cap), 1])
+                while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                    y2, w2, k2 = blocks.pop()
+                    y1, w1, k1 = blocks.pop()
+                    blocks.append([(y1 * w1 + y2 * w2) / (w1 + w2), w1 + w2, k1 + k2])
+            ys = [b[0] for b in blocks for _ in range(int(b[2]))]
+            self._fit = (xs, ys)
         return self._fit
 
     def predict(self, x: float) -> float | None:
         if not self.points:
             return None
-        return _interpolate(*self._fitted(), x)
-
-
-def _interpolate(xs: list[float], ys: list[float], x: float) -> float:
-    """The piecewise-linear curve through ``(xs, ys)`` (sorted, non-decreasing) at ``x``: linear between points,
-    outside them the slope over the whole range (>= 0; flat with one point), never below 0."""
-    if len(xs) == 1:
-        return ys[0]
-    i = bisect.bisect_left(xs, x)
-    if i < len(xs) and xs[i] == x:
-        return ys[i]
-    if 0 < i < len(xs):
-        j, k = i - 1, i
-    else:  # outside the measured range: the slope over the whole range (neighbouring points can be noisy)
-        j, k = 0, len(xs) - 1
-    slope = max((ys[k] - ys[j]) / (xs[k] - xs[j]), 0.0)
-    base = j if i < len(xs) else k
-    return max(ys[base] + slope * (x - xs[base]), 0.0)
+        xs, ys = self._fitted()
+        if len(xs) == 1:
+            return ys[0]
+        i = bisect.bisect_left(xs, x)
+        if i < len(xs) and xs[i] == x:
+            return ys[i]
+        if 0 < i < len(xs):
+            j, k = i - 1, i
+        else:  # outside the measured range: the slope over the whole range (neighbouring points can be noisy)
+            j, k = 0, len(xs) - 1
+        slope = max((ys[k] - ys[j]) / (xs[k] - xs[j]), 0.0)
+        base = j if i < len(xs) else k
+        return max(ys[base] + slope * (x - xs[base]), 0.0)
 
 
 def _check_number(name: str, value, low: float, high: float, low_open: bool = False, high_open: bool = False):
@@ -254,8 +229,7 @@ class AdaptiveDrafter:
     exceeds this share of a step (``inf``: never skipped). ``optimism``: standard errors added to measured acceptance
     in the choice (0: the plain estimate).
     ``prior_accept`` / ``prior_weight``: the prior of each depth's conditional acceptance and its weight in
-    row-steps. ``cost_alpha``: weight of the newest timing in the join and catch-up moving averages; the cost
-    curves keep the median of a point's last ``1 / cost_alpha`` timings (:class:`CostCurve`). ``clock``: a
+    row-steps. ``cost_alpha``: weight of the newest timing in the cost curves' moving averages. ``clock``: a
     function returning seconds (default ``time.perf_counter``).
 
     After a generation: ``depth_hist`` ({depth: steps}, all generations), ``chain_hist`` (the same, of the steps
