@@ -62,7 +62,8 @@ def float64_experts(experts, x, index, weights):
         for j in range(index.shape[1]):
             e = int(index[s, j])
             gate, up = (x[s].double() @ experts.gate_up_proj[e].double().t()).chunk(2)
-            out[s] += weights[s, j].double() * ((torch.nn.functional.silu(gate) * up) @ experts.down_proj[e].double().t())
+            hidden = torch.nn.functional.silu(gate) * up
+            out[s] += weights[s, j].double() * (hidden @ experts.down_proj[e].double().t())
     return out
 
 

@@ -55,10 +55,10 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterfac
 
 from specdec_ext.ops import pack_linear_weight, packed_linear_int8, packed_linear_path
 
-__all__ = ["EXPERTS_IMPLEMENTATION", "INT8", "Linear", "PLAIN_LINEAR_TYPES", "PackableLinear", "PackedLinear", "bfloat16_is_fast", "fused_linear",
-           "in_packed_linears_block", "layer_operand", "linear", "module_linear", "pack_linears",
-           "pack_linears_where_fast", "packed_enabled",
-           "packed_linears", "packed_operand", "tensor_version", "unpack_linears"]
+__all__ = ["EXPERTS_IMPLEMENTATION", "INT8", "Linear", "PLAIN_LINEAR_TYPES", "PackableLinear", "PackedLinear",
+           "bfloat16_is_fast", "fused_linear", "in_packed_linears_block", "layer_operand", "linear", "module_linear",
+           "pack_linears", "pack_linears_where_fast", "packed_enabled", "packed_linears", "packed_operand",
+           "packed_experts_forward", "tensor_version", "unpack_linears"]
 
 _ENABLED = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
 _PACKED = WeakIdKeyDictionary()  # weight -> its PackedLinear (source: the weight's version and address)
@@ -425,7 +425,7 @@ def unpack_linears(model: nn.Module) -> None:
                 module.__dict__.pop(key, None)
 
 
-EXPERTS_IMPLEMENTATION = "specdec_packed"  # transformers' experts interface: the packed products of :func:`pack_linears`
+EXPERTS_IMPLEMENTATION = "specdec_packed"  # (in transformers' experts interface: pack_linears's packed products)
 
 
 def _is_experts(module: nn.Module) -> bool:
@@ -433,7 +433,8 @@ def _is_experts(module: nn.Module) -> bool:
     ``use_experts_implementation`` decorator wraps its forward and gives it ``_apply_gate``)."""
     params = module._parameters
     return (hasattr(type(module), "_apply_gate") and hasattr(type(module).forward, "__wrapped__")
-            and isinstance(params.get("gate_up_proj"), torch.Tensor) and isinstance(params.get("down_proj"), torch.Tensor)
+            and isinstance(params.get("gate_up_proj"), torch.Tensor)
+            and isinstance(params.get("down_proj"), torch.Tensor)
             and getattr(module, "config", None) is not None)
 
 

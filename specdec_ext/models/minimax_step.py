@@ -9,9 +9,10 @@ the cache write, :func:`specdec_ext.ops.tree_attention`, the o product) or the L
 (:func:`~specdec_ext.models.linear_layers.lightning_tree_forward`), MiniMax's weighted residual
 (``residual * alpha + out * beta``, the residual being the normed input), the post-attention RMSNorm, the
 mixture-of-experts block (packed experts: :func:`~specdec_ext.models.fast_linear.pack_linears`; a block of one
-expert without its router, whose weight for it is exactly 1) and its weighted residual; the final norm and the vocabulary product. The same operations on the same operands in the same order, so
-its logits and hidden states are bit for bit those of the module route (tested), and plain and speculative decoding
-through either route give the same tokens.
+expert without its router, whose weight for it is exactly 1) and its weighted residual; the final norm and the
+vocabulary product. The same operations on the same operands in the same order, so its logits and hidden states are
+bit for bit those of the module route (tested), and plain and speculative decoding through either route give the
+same tokens.
 
 :meth:`MiniMaxStepOps.build` returns None (the modules run) unless the model is a MiniMax causal LM over a
 ``HybridCache`` with default RoPE, SiLU experts, no forward hooks on any module (transformers' own output capturing
@@ -45,7 +46,9 @@ def _attention(module: MiniMaxAttention, cache: HybridCache, x: torch.Tensor, co
     q, k, v = (t.view(B, N, -1, D).transpose(1, 2) for t in torch.split(qkv, (H * D, Hkv * D, Hkv * D), dim=-1))
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     keys, values = cache.update(k, v, module.layer_idx)
-    out = ops.tree_attention(q, keys, values, prefix, tree_mask, scale=module.scaling, validate=True)
+    # (validation reads a status back: on CUDA a device sync per layer, as in the kernel route's attention function)
+    out = ops.tree_attention(q, keys, values, prefix, tree_mask, scale=module.scaling,
+                             validate=q.device.type == "cpu")
     return module_linear(module.o_proj, out.transpose(1, 2).reshape(B, N, H * D))
 
 
