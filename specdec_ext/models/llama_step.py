@@ -175,7 +175,7 @@ class LlamaStepOps:
         """A tree forward (:func:`~specdec_ext.models.tree_forward`'s op route): ``tokens [B, N]`` written at slots
         ``prefix[b] + j``, each attending to its row's prefix and its ancestors (``tree_mask``, dense or packed), as
         one bool mask over the slots in use. ``chain`` and ``validate`` are the tree's (unused here: the mask says
-        it all). The cache's lengths are left to the caller."""
+        it all). The cache's lengths are left as they were."""
         N = tokens.shape[1]
         kv_len = int((prefix + N).max())  # (the op route runs on CPUs: a read, not a device synchronisation)
         mask = tree_attention_mask(prefix, tree_mask, kv_len)[:, 0]

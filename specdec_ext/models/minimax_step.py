@@ -58,13 +58,19 @@ def _weighted_sum(residual: torch.Tensor, alpha, out: torch.Tensor, beta) -> tor
     return residual + out if alpha == 1 and beta == 1 else residual * alpha + out * beta
 
 
-def _single_expert(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A mixture-of-experts block of one expert: its router picks expert 0 with weight exactly 1.0 for every row
-    (the softmax of one logit), so the experts run with those without the router's calls."""
-    rows = x.reshape(-1, x.shape[-1])
-    index = torch.zeros(rows.shape[0], 1, dtype=torch.int64, device=x.device)
-    weights = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=x.device)
-    return mlp.experts(rows, index, weights).reshape(x.shape)
+def _single_expert_routing(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the router of a one-expert block answers for every row: expert 0 with weight exactly 1.0 (the softmax
+    of one logit), so the experts run with it without the router's calls: ``(index [rows, 1], weights [rows, 1])``,
+    made once per forward for all layers."""
+    return (torch.zeros(rows, 1, dtype=torch.int64, device=device),
+            torch.ones(rows, 1, dtype=torch.float32, device=device))
+
+
+def _mlp(mlp: nn.Module, x: torch.Tensor, routing: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The mixture-of-experts block over ``x``: its own forward, or its experts with ``routing`` given."""
+    if routing is None:
+        return mlp.forward(x)
+    return mlp.experts(x.reshape(-1, x.shape[-1]), *routing).reshape(x.shape)
 
 
 class MiniMaxStepOps:
@@ -113,11 +119,12 @@ class MiniMaxStepOps:
         """The tree forward of ``tokens [B, N]`` rooted after ``prefix [B]`` (the cache's committed lengths) with
         ancestor mask ``tree_mask`` at ``position_ids [B, N]``: the nodes' K/V written at ``prefix + j``, the
         Lightning layers' node inputs recorded for the commit (:meth:`HybridCache.tree_step`). The cache's
-        lengths are left to the caller."""
+        lengths are left at ``prefix``, as the op route leaves them."""
         cache = self.cache
         h = self._embed.forward(tokens)
         states = [h] if hidden_states else None
         cos, sin = self._rotary.forward(h, position_ids)
+        routing = _single_expert_routing(tokens.numel(), tokens.device) if self._one_expert else None
         with cache.tree_step(tokens, prefix, tree_mask, chain, validate=validate):
             for layer in self._layers:
                 x = layer.input_layernorm.forward(h)
@@ -128,10 +135,10 @@ class MiniMaxStepOps:
                     out = _attention(attn, cache, x, cos, sin, prefix, tree_mask)
                 h = _weighted_sum(x, layer.attn_alpha_factor, out, layer.attn_beta_factor)
                 x = layer.post_attention_layernorm.forward(h)
-                mlp = _single_expert(layer.mlp, x) if self._one_expert else layer.mlp.forward(x)
-                h = _weighted_sum(x, layer.mlp_alpha_factor, mlp, layer.mlp_beta_factor)
+                h = _weighted_sum(x, layer.mlp_alpha_factor, _mlp(layer.mlp, x, routing), layer.mlp_beta_factor)
                 if states is not None:
                     states.append(h)
+        cache.rewind(prefix, validate=False)  # (the attention layers' cache writes moved the lengths)
         h = self._norm.forward(h)
         if states is not None:
             states[-1] = h

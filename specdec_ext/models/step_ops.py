@@ -7,7 +7,7 @@ engine, one type for :func:`~specdec_ext.models.tree_forward`'s ``step_ops``.
   route's calls without the module tree; its bits).
 
 Both answer ``on(cache)`` (the same route over another cache of the model, or None) and ``verify(...)`` (a tree's
-forward, the cache's lengths left to the caller).
+forward, the cache's lengths left as they were).
 """
 
 from __future__ import annotations

@@ -174,8 +174,7 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
         out = op_calls.verify(tokens, prefix, tables.mask, chain, position_ids,
                               hidden_states=bool(model_kwargs.get("output_hidden_states")),
                               logits_to_keep=int(model_kwargs.get("logits_to_keep") or 0), validate=validate)
-        cache.rewind(prefix, validate=False)  # (the lengths the forward started from)
-        return out if return_outputs else out.logits
+        return out if return_outputs else out.logits  # (the routes leave the lengths where the rewind above set them)
     kwargs = dict(model_kwargs)
     kwargs[_cache_kwarg(model)] = cache
     tree_mask = tables.mask
