@@ -171,16 +171,15 @@ def test_batch_of_prompts_of_different_lengths(shape, skip, op_calls):
         assert stats.mean_accepted_length > 1.5, stats.mean_accepted_length
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_engine_rows_joining_and_leaving_equal_decoding_alone(shape):
-    """Requests arrive at different steps into an engine of fewer rows than requests, with different budgets."""
-    m = target()
+def check_engine_rows(m, drafter) -> None:
+    """Requests arrive at different steps into an engine of fewer rows than requests, with different budgets: each
+    one's tokens are Hugging Face's greedy tokens of its prompt alone (shared with test_drafter_early_exit)."""
     prompts = [greedy_t.prompt_of(n, 70 + n) for n in (7, 1, 12, 4, 9, 15)]
     budgets = [16 - 3 * (b % 4) for b in range(len(prompts))]
     arrivals = {}
     for b, p in enumerate(prompts):  # three at the start, then one a step
         arrivals.setdefault(0 if b < 3 else b - 2, []).append((b, p, RequestSettings(max_new_tokens=budgets[b])))
-    with Engine(m, make_drafter(shape), max_batch=3, max_len=96, eos_token_id=[]) as engine:
+    with Engine(m, drafter, max_batch=3, max_len=96, eos_token_id=[]) as engine:
         tokens, reasons, _ = engine_t.run(engine, arrivals)
         stats = engine.stats
     for b, p in enumerate(prompts):
@@ -189,42 +188,63 @@ def test_engine_rows_joining_and_leaving_equal_decoding_alone(shape):
     assert stats.joins >= 3 and stats.retirements >= 3 and stats.mean_accepted_length > 1.5
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_inside_the_adaptive_drafter(shape):
-    m = target()
-    drafter = AdaptiveDrafter(make_drafter(shape), explore_every=2)
+def check_adaptive(m, drafter) -> None:
+    """``drafter`` inside the adaptive drafter: Hugging Face's greedy tokens, and more than one depth chosen."""
+    adaptive = AdaptiveDrafter(drafter, explore_every=2)
     prompts = [greedy_t.prompt_of(n, 80 + n) for n in (5, 10)]
-    outs, stats = generate(m, drafter, prompts, max_new_tokens=30, eos_token_id=[])
+    outs, stats = generate(m, adaptive, prompts, max_new_tokens=30, eos_token_id=[])
     for p, o in zip(prompts, outs):
         assert o.tolist() == p + hf_greedy(m, p, 30)
-    assert len(drafter.depth_hist) >= 2, drafter.depth_hist  # it switched depths (plain steps included or not)
+    assert len(adaptive.depth_hist) >= 2, adaptive.depth_hist  # it switched depths (plain steps included or not)
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_engine_rows_joining_and_leaving_equal_decoding_alone(shape):
+    check_engine_rows(target(), make_drafter(shape))
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_inside_the_adaptive_drafter(shape):
+    check_adaptive(target(), make_drafter(shape))
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Sampling: lossless.
 
-@pytest.mark.parametrize("T,top_k,top_p", [(1.0, 0, 1.0), (0.8, 5, 0.9)])
-def test_sampling_matches_the_target_distribution(T, top_k, top_p):
-    """The chi-square test of test_generate_sampling (V = 8, 5000 rows of one prompt, p < 1e-3 per test) on a
-    2-layer target drafting with its layer 1 skipped: sampled chains and a dynamic tree."""
+def sampling_target():
+    """The 2-layer V = 8 target of the chi-square tests (sharper distributions than its near-uniform random init)."""
+    tgt = make_model("llama", seed=21, vocab_size=pytest.importorskip("test_generate_sampling").V,
+                     num_hidden_layers=2, num_attention_heads=1, num_key_value_heads=1, hidden_size=32,
+                     intermediate_size=64)
+    with torch.no_grad():
+        tgt.lm_head.weight.mul_(8.0)
+    return tgt
+
+
+def check_lossless(tgt, drafters, T: float, top_k: int, top_p: float) -> None:
+    """The chi-square test of test_generate_sampling (5000 rows of one prompt, p < 1e-3 per test) for each
+    ``(seed, drafter)``: the first two tokens' joint distribution and the third's are the target's, and the test is
+    not vacuous (drafts were accepted, and some rejected: the residual distribution was sampled)."""
     sampling = pytest.importorskip("test_generate_sampling")
     Vs = sampling.V
-    tgt = make_model("llama", seed=21, vocab_size=Vs, num_hidden_layers=2, num_attention_heads=1,
-                     num_key_value_heads=1, hidden_size=32, intermediate_size=64)
-    with torch.no_grad():  # sharper distributions than the near-uniform random init
-        tgt.lm_head.weight.mul_(8.0)
     joint, third = sampling.exact_distributions(tgt, T, top_k, top_p)
     prompts = torch.tensor(sampling.PROMPT).expand(sampling.ROWS, -1).contiguous()
-    for seed, drafter in ((4321, SelfSpecDrafter([1], num_draft_tokens=3)),
-                          (6789, SelfSpecDrafter([1], num_draft_tokens=3, tree_width=2, total_tokens=4))):
+    for seed, drafter in drafters:
         out, st = generate(tgt, drafter, prompts, max_new_tokens=3, eos_token_id=[], temperature=T, top_k=top_k,
                            top_p=top_p, generator=torch.Generator().manual_seed(seed))
         new = out[:, len(sampling.PROMPT):]
         p_pair = sampling.chi_square_p(torch.bincount(new[:, 0] * Vs + new[:, 1], minlength=Vs * Vs), joint)
         p_third = sampling.chi_square_p(torch.bincount(new[:, 2], minlength=Vs), third)
         assert p_pair > 1e-3 and p_third > 1e-3, (drafter.dynamic, p_pair, p_third)
-        # not vacuous: drafts were accepted, and some rejected (the residual distribution was sampled)
         assert st.accept_hist[0] > 0 and sum(st.accept_hist[1:]) > sampling.ROWS // 10, st.accept_hist
+
+
+@pytest.mark.parametrize("T,top_k,top_p", [(1.0, 0, 1.0), (0.8, 5, 0.9)])
+def test_sampling_matches_the_target_distribution(T, top_k, top_p):
+    """On the 2-layer target drafting with its layer 1 skipped: sampled chains and a dynamic tree."""
+    check_lossless(sampling_target(), ((4321, SelfSpecDrafter([1], num_draft_tokens=3)),
+                                       (6789, SelfSpecDrafter([1], num_draft_tokens=3, tree_width=2,
+                                                              total_tokens=4))), T, top_k, top_p)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The drafter flags of the command line (``--draft-model DIR | --ngram | --suffix | --medusa DIR | --eagle DIR |
---self-spec FILE`` and their shapes), shared by ``specdec generate`` and ``specdec serve``: :func:`add_drafter_arguments` declares them,
-:func:`drafter_from_args` builds the drafter they choose (None: plain decoding).
+--self-spec FILE | --early-exit DIR`` and their shapes), shared by ``specdec generate`` and ``specdec serve``:
+:func:`add_drafter_arguments` declares them, :func:`drafter_from_args` builds the drafter they choose (None: plain
+decoding).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
                    help="self-speculation: the target drafts with the layers of FILE (specdec tune-self-spec) skipped, "
                         "a chain of the file's length (with --tree-width > 1 and --tree-total-tokens: an EAGLE-2 "
                         "tree of depth --num-draft-tokens)")
+    p.add_argument("--early-exit", metavar="DIR",
+                   help="self-speculation by early exit: the target's first layers, the adapter in DIR (specdec "
+                        "train-self-spec) and the target's LM head draft a chain of --num-draft-tokens (default 4; "
+                        "with --tree-width > 1 and --tree-total-tokens: an EAGLE-2 tree of that depth)")
     p.add_argument("--suffix-corpus-tokens", type=int, default=1 << 18,
                    help="--suffix: tokens of earlier outputs kept (oldest evicted first; 0: the context only)")
     p.add_argument("--draft-quant", choices=["none", "int8"], default="none",
@@ -63,13 +68,16 @@ def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_one_drafter(args: argparse.Namespace) -> None:
-    if sum(map(bool, (args.ngram, args.suffix, args.draft_model, args.medusa, args.eagle, args.self_spec))) > 1:
-        raise ValueError("choose one drafter (--ngram, --suffix, --draft-model, --medusa, --eagle or --self-spec)")
+    chosen = (args.ngram, args.suffix, args.draft_model, args.medusa, args.eagle, args.self_spec, args.early_exit)
+    if sum(map(bool, chosen)) > 1:
+        raise ValueError("choose one drafter (--ngram, --suffix, --draft-model, --medusa, --eagle, --self-spec or "
+                         "--early-exit)")
     if draft_quant(args) is not None and (args.ngram or args.suffix):
         raise ValueError("--draft-quant quantises a drafter's network; --ngram and --suffix have none")
-    if draft_quant(args) is not None and args.self_spec:
-        raise ValueError("--draft-quant: --self-spec drafts with the target's own weights (the target on int8 weights "
-                         "as its own draft is DraftModelDrafter.from_target)")
+    own = "--self-spec" if args.self_spec else "--early-exit" if args.early_exit else None
+    if draft_quant(args) is not None and own:
+        raise ValueError(f"--draft-quant: {own} drafts with the target's own weights (the target on int8 weights as "
+                         "its own draft is DraftModelDrafter.from_target)")
 
 
 def draft_quant(args: argparse.Namespace) -> str | None:
@@ -80,7 +88,7 @@ def draft_quant(args: argparse.Namespace) -> str | None:
 def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
     """The drafter the flags choose for ``target`` (None: no drafter flag). Reads ``args.device``, ``args.dtype``
     and ``args.no_packed_linears`` besides the drafter flags."""
-    from specdec_ext.drafters import (DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter,
+    from specdec_ext.drafters import (DraftModelDrafter, EagleDrafter, EarlyExitDrafter, MedusaDrafter, NgramDrafter,
                                       ParallelDraftDrafter, SelfSpecDrafter, SuffixDrafter)
     from specdec_ext.drafters.parallel_draft import parallel_draft_config
     from specdec_ext.drafters.shapes import drafter_shape
@@ -124,4 +132,7 @@ def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
                 "total_tokens": args.tree_total_tokens} if args.tree_width > 1 else {}
         tree = {key: v for key, v in tree.items() if v is not None}
         return SelfSpecDrafter.from_file(args.self_spec, target=target, **tree)
+    if args.early_exit:
+        tree = {"tree_width": args.tree_width, "total_tokens": args.tree_total_tokens} if args.tree_width > 1 else {}
+        return EarlyExitDrafter.from_pretrained(args.early_exit, target, num_draft_tokens=k or 4, **tree)
     return None

@@ -3,6 +3,8 @@
 * :class:`DraftTree`: one step's draft tree per row (``tokens[B, N]``, ``parents[B, N]``, ``draft_probs``), and
   optionally its :class:`TreeTables` (position offsets and ancestor mask), which a tree that is the same every step
   computes once; :func:`plain_tree` is the 1-node tree of a plain decoding step.
+* :class:`ShallowStates`: a chain's residual stream after the target's first layers, computed while drafting (an
+  early-exit draft), from which verification runs only the remaining layers.
 * :class:`SamplingParams`: per-row temperature (0 = greedy), top-k and top-p, as ``[B]`` tensors.
 * :class:`DecodeState`: every row's context, lengths, sampling and random stream; rows join (:meth:`append`) and
   leave (:meth:`keep_rows`) between steps.
@@ -20,8 +22,8 @@ import torch
 
 from specdec_ext import ops
 
-__all__ = ["DecodeState", "DraftTree", "GREEDY_TEMPERATURE", "SamplingParams", "StepResult", "TreeTables",
-           "plain_tree"]
+__all__ = ["DecodeState", "DraftTree", "GREEDY_TEMPERATURE", "SamplingParams", "ShallowStates", "StepResult",
+           "TreeTables", "plain_tree"]
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this are greedy: the ops' epsilon (docs/ARCHITECTURE.md)
 
@@ -44,6 +46,19 @@ class TreeTables:
         return cls(depth, ops.tree_ancestor_mask(parents, packed=packed, validate=False))
 
 
+@dataclass(frozen=True)
+class ShallowStates:
+    """Every tree node's residual stream after the target's first ``layer`` decoder layers, ``hidden[B, N, H]`` in the
+    target's dtype, with those layers' K/V of every node already in the target's cache at the slots the
+    verification writes (``prefix_lens[b] + j``): an early-exit draft ran the target's shallow layers on the very
+    tokens, positions and masks the verification would (a chain), so the verification forward may start at layer
+    ``layer`` (:meth:`~specdec_ext.models.llama_step.LlamaStepOps.run`). A route that cannot start there runs every
+    layer and writes the same K/V again."""
+
+    layer: int
+    hidden: torch.Tensor
+
+
 @dataclass
 class DraftTree:
     """One step's draft tree per row (see :mod:`specdec_ext.drafters.base`). ``tables``: the tree's
@@ -59,6 +74,7 @@ class DraftTree:
     tables: TreeTables | None = None
     row_depth: list[int] | None = None  # host ints, one per row (set together with row_nodes)
     row_nodes: list[int] | None = None
+    shallow: ShallowStates | None = None  # the nodes' shallow layers, already run (an early-exit draft's chain)
 
     @property
     def num_nodes(self) -> int:

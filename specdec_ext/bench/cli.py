@@ -95,6 +95,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--prompts-file", help="text file or directory to cut prompts from (default: the zoo's held-out "
                                           "Python files)")
     s.add_argument("--num-draft-tokens", type=int, default=4, help="--model: n-gram / draft-model chain length")
+    s.add_argument("--self-spec", metavar="FILE", help="e2e: add the method self-spec (a specdec tune-self-spec file)")
+    s.add_argument("--early-exit", metavar="DIR",
+                   help="e2e: add the method early-exit (a specdec train-self-spec adapter directory)")
     s.add_argument("--seed", type=int, default=0)
     add_threads_argument(s)
     e = p.add_argument_group("engine suite (requests arriving at an Engine: closed and open loops)")
@@ -320,7 +323,8 @@ def run(args: argparse.Namespace, log=print) -> tuple[dict, list[str]]:
         cfg = E2EConfig(num_prompts=st["num_prompts"], prompt_len=st["prompt_len"],
                         max_new_tokens=st["max_new_tokens"], temperatures=tuple(st["temperatures"]),
                         methods=st["methods"], hf=not args.no_hf, warmup_tokens=st["warmup_tokens"], seed=args.seed,
-                        num_draft_tokens=args.num_draft_tokens, hf_packed_linears=args.hf_packed_linears)
+                        num_draft_tokens=args.num_draft_tokens, hf_packed_linears=args.hf_packed_linears,
+                        self_spec=args.self_spec, early_exit=args.early_exit)
         try:
             results["e2e"] = run_e2e(models, cfg, log=log)
         except ValueError as err:

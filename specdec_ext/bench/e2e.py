@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from specdec_ext.bench.models import BenchModels
-from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, SelfSpecDrafter
+from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, EarlyExitDrafter, MedusaDrafter, SelfSpecDrafter
 from specdec_ext.engine.stats import reached_fractions
 from specdec_ext.models.fast_linear import PackableLinear, packed_linears
 from specdec_ext.models.quantized import module_bytes
@@ -90,6 +90,9 @@ class E2EConfig:
     # a `specdec tune-self-spec` file: adds the method "self-spec" (the target drafting for itself, those layers
     # skipped; with_self_spec)
     self_spec: str | None = None
+    # a `specdec train-self-spec` directory: adds the method "early-exit" (the target's first layers and that
+    # adapter draft; with_early_exit)
+    early_exit: str | None = None
 
 
 # ---- memory ------------------------------------------------------------------------------------------------------
@@ -388,8 +391,8 @@ def measure(models: BenchModels, methods: list[str], prompts: list[list[int]], t
 
 def drafter_weight_bytes(drafter) -> int | None:
     """Bytes of a drafter's own weights: the draft model, the EAGLE draft (with its draft-vocabulary rows of the
-    target's lm_head, a copy it holds) or the Medusa heads; 0 for self-speculation (the target's own layers); None
-    for drafters without a network."""
+    target's lm_head, a copy it holds) or the Medusa heads; 0 for self-speculation (the target's own layers), the
+    adapter's for early exit; None for drafters without a network."""
     if isinstance(drafter, DraftModelDrafter):
         return module_bytes(drafter.model)
     if isinstance(drafter, EagleDrafter):
@@ -399,6 +402,8 @@ def drafter_weight_bytes(drafter) -> int | None:
         return module_bytes(drafter.heads)
     if isinstance(drafter, SelfSpecDrafter):
         return 0  # (its network is the target's own layers)
+    if isinstance(drafter, EarlyExitDrafter):
+        return module_bytes(drafter.adapter)  # (and the target's own first layers and head)
     return None
 
 
@@ -474,24 +479,38 @@ def greedy_checks(accs: dict[str, _Acc]) -> list[dict]:
     return checks
 
 
-SELF_SPEC = "self-spec"
+SELF_SPEC, EARLY_EXIT = "self-spec", "early-exit"
+
+
+def with_drafter(models: BenchModels, name: str, make_one, info: dict) -> BenchModels:
+    """``models`` with one more drafter ``name``, made by ``make_one()`` (a drafter of the target's own weights:
+    no draft keywords apply), ``info`` added to the models' record."""
+    make_one()  # (checked against the target now)
+
+    def make(n: str, **kw):
+        if n != name:
+            return models.make_drafter(n, **kw)
+        if kw:
+            raise ValueError(f"{name} drafts with the target's own weights ({', '.join(kw)} does not apply); the "
+                             "target on int8 weights drafting for itself is the method self-int8")
+        return make_one()
+
+    return replace(models, drafter_names=[*models.drafter_names, name], make_drafter=make,
+                   info={**models.info, **info})
 
 
 def with_self_spec(models: BenchModels, path: str) -> BenchModels:
-    """``models`` with one more drafter, :data:`SELF_SPEC`: the target drafting for itself with the layers of the
-    self-speculation file ``path`` skipped (checked against the target now)."""
-    SelfSpecDrafter.from_file(path, target=models.target)
+    """``models`` with the drafter :data:`SELF_SPEC`: the target drafting for itself with the layers of the
+    self-speculation file ``path`` skipped."""
+    return with_drafter(models, SELF_SPEC, lambda: SelfSpecDrafter.from_file(path, target=models.target),
+                        {"self_spec_file": path})
 
-    def make(name: str, **kw):
-        if name != SELF_SPEC:
-            return models.make_drafter(name, **kw)
-        if kw:
-            raise ValueError(f"{SELF_SPEC} drafts with the target's own weights ({', '.join(kw)} does not apply); the "
-                             "target on int8 weights drafting for itself is the method self-int8")
-        return SelfSpecDrafter.from_file(path, target=models.target)
 
-    return replace(models, drafter_names=[*models.drafter_names, SELF_SPEC], make_drafter=make,
-                   info={**models.info, "self_spec_file": path})
+def with_early_exit(models: BenchModels, path: str) -> BenchModels:
+    """``models`` with the drafter :data:`EARLY_EXIT`: the target's first layers and the adapter in ``path``
+    (chains of 4, verified from the exit layer)."""
+    return with_drafter(models, EARLY_EXIT, lambda: EarlyExitDrafter.from_pretrained(path, models.target),
+                        {"early_exit_dir": path})
 
 
 def available_methods(models: BenchModels, cfg: E2EConfig) -> list[str]:
@@ -517,6 +536,8 @@ def run_e2e(models: BenchModels, cfg: E2EConfig | None = None, log=print) -> dic
     cfg = cfg or E2EConfig()
     if cfg.self_spec:
         models = with_self_spec(models, cfg.self_spec)
+    if cfg.early_exit:
+        models = with_early_exit(models, cfg.early_exit)
     methods = available_methods(models, cfg)
     limit = models.max_positions
     if limit is not None and cfg.prompt_len + cfg.max_new_tokens > limit:

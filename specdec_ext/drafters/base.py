@@ -74,6 +74,9 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from specdec_ext import ops
+from specdec_ext.models.config import check_window, text_config
+from specdec_ext.models.hybrid_cache import HybridCache
+from specdec_ext.models.kv_cache import TreeKVCache
 from specdec_ext.state import DecodeState, DraftTree, SamplingParams, StepResult, plain_tree
 
 __all__ = ["DecodeState", "DraftTree", "Drafter", "REQUIRED_MEMBERS", "SamplingParams", "StepResult", "check_drafter",
@@ -198,6 +201,23 @@ def sample_drafts(logits: torch.Tensor, state: DecodeState) -> tuple[torch.Tenso
         return logits.argmax(-1), None
     return ops.sample_tokens(logits, state.uniforms(logits.shape[0]), s.temperature, s.top_k, s.top_p,
                              validate=False)
+
+
+def own_target_cache(owner: str, target, rows: DecodeState, tree_width: int) -> TreeKVCache:
+    """``rows.target_cache``, checked for a drafter that drafts with the target's own layers over it (self-speculation):
+    the KV cache of an attention model, a vocabulary of the target's and at least ``tree_width`` ids, a context that
+    fits the target's attention window; a ValueError naming ``owner`` otherwise."""
+    cache = rows.target_cache
+    if not isinstance(cache, TreeKVCache) or isinstance(cache, HybridCache):
+        raise ValueError(f"{owner}: needs the target's KV cache (a TreeKVCache of an attention model) in "
+                         f"state.target_cache, got {type(cache).__name__}; run it through specdec_ext.Engine or "
+                         "generate(), which set it")
+    if tree_width > rows.vocab_size:
+        raise ValueError(f"{owner}: tree_width = {tree_width} exceeds the vocabulary ({rows.vocab_size})")
+    check_window(owner, target.config, rows.max_len - 1)
+    if text_config(target.config).vocab_size != rows.vocab_size:
+        raise ValueError(f"{owner}: the state's vocabulary differs from the target's")
+    return cache
 
 
 def check_vocab(name: str, drafter_vocab: int, target_vocab: int) -> None:

@@ -49,7 +49,8 @@ import torch
 
 from specdec_ext import ops
 from specdec_ext.drafters.base import check_vocab, sample_drafts, to_device
-from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
+from specdec_ext.drafters.dynamic_tree import (CalibratedScores, ScoreCalibration, check_tree_shape, grow_dynamic_tree,
+                                               max_tree_nodes)
 from specdec_ext.models import TreeKVCache, masked_forward, tree_forward, use_tree_attention
 from specdec_ext.models.config import check_window, text_config
 from specdec_ext.models import draft_layer
@@ -64,7 +65,7 @@ def _param(model: torch.nn.Module) -> torch.Tensor:
     return next(p for p in model.parameters() if p.is_floating_point())
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(CalibratedScores):
     """Chain drafts of ``num_draft_tokens`` tokens from ``model`` (see the module doc).
 
     ``tree_width``: 1 = a chain; w > 1 = the top-k tree of the module doc (``1 + w * k`` nodes), or with
@@ -320,15 +321,6 @@ class DraftModelDrafter:
                                  calibration=self.calibration if self.calibrate else None)
         self.cache.rewind(valid)
         return tree
-
-    @property
-    def score_scale(self) -> float:
-        """The dynamic tree's calibrated score scale (1.0 before any calibration; reading it synchronises)."""
-        return self.calibration.scale
-
-    def reset_calibration(self) -> None:
-        """Forgets the calibrated scale (back to 1.0)."""
-        self.calibration.reset()
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
         self.calibration.update(result)

@@ -45,7 +45,8 @@ import torch
 from specdec_ext import ops
 from specdec_ext.state import DraftTree, StepResult
 
-__all__ = ["ScoreCalibration", "check_tree_shape", "grow_dynamic_tree", "max_tree_nodes"]
+__all__ = ["CalibratedScores", "ScoreCalibration", "check_tree_shape", "grow_dynamic_tree", "max_tree_nodes",
+           "scratch_tree_nodes"]
 
 _MIN_LOG_SCALE, _MAX_LOG_SCALE = -math.log(16.0), math.log(16.0)
 
@@ -62,6 +63,22 @@ def check_tree_shape(owner: str, depth: int, top_k: int, total_tokens: int,
 def max_tree_nodes(depth: int, top_k: int, total_tokens: int) -> int:
     """Nodes of the largest dynamic tree, root included."""
     return 1 + min(total_tokens, top_k + (depth - 1) * top_k * top_k)
+
+
+def scratch_tree_nodes(owner: str, num_draft_tokens: int, tree_width: int, total_tokens: int | None) -> int:
+    """The ``max_nodes`` of a drafter of chains (``tree_width = 1``, no ``total_tokens``) or dynamic trees
+    (``tree_width >= 2`` with ``total_tokens``) whose levels write scratch K/V into the target's cache after the
+    prefix (self-speculation): the larger of the largest tree and the scratch, ``1 + (depth - 1) * width`` slots, so
+    that the room the engine leaves after each row holds both. A ValueError naming ``owner`` and the argument for a
+    bad shape."""
+    check_tree_shape(owner, num_draft_tokens, tree_width, 1 if total_tokens is None else total_tokens,
+                     names=("num_draft_tokens", "tree_width", "total_tokens"))
+    if (total_tokens is None) != (tree_width == 1):
+        raise ValueError(f"{owner}: a dynamic tree needs tree_width >= 2 and total_tokens, a chain tree_width = 1 "
+                         f"without total_tokens; got tree_width = {tree_width}, total_tokens = {total_tokens}")
+    if total_tokens is None:
+        return 1 + num_draft_tokens
+    return max(max_tree_nodes(num_draft_tokens, tree_width, total_tokens), 1 + (num_draft_tokens - 1) * tree_width)
 
 
 class ScoreCalibration:
@@ -106,6 +123,23 @@ class ScoreCalibration:
 # level(d, tokens [B, k] target ids, parent [B, k] index into the previous frontier, mask [B, k, kv_len] bool,
 #       slots [B, k] int64) -> logits [B, k, Vd] of the frontier's children
 LevelFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class CalibratedScores:
+    """The two members of a drafter whose trees rank candidates by calibrated scores (its :class:`ScoreCalibration`
+    in ``self.calibration``), one definition for all of them."""
+
+    calibration: ScoreCalibration
+
+    @property
+    def score_scale(self) -> float:
+        """The factor on the draft logits that ranks tree candidates (1.0 before any calibration; reading it
+        synchronises with the device)."""
+        return self.calibration.scale
+
+    def reset_calibration(self) -> None:
+        """Forgets the calibrated scale (back to 1.0)."""
+        self.calibration.reset()
 
 
 @functools.lru_cache(maxsize=32)

@@ -46,7 +46,8 @@ from torch.nn.utils import skip_init
 
 from specdec_ext import ops
 from specdec_ext.drafters.base import check_vocab, to_device
-from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
+from specdec_ext.drafters.dynamic_tree import (CalibratedScores, ScoreCalibration, check_tree_shape, grow_dynamic_tree,
+                                               max_tree_nodes)
 from specdec_ext.drafters.shapes import eagle_tree_shape
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.checkpoints import load_eagle
@@ -62,7 +63,7 @@ from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 __all__ = ["EagleDrafter"]
 
 
-class EagleDrafter:
+class EagleDrafter(CalibratedScores):
     """EAGLE drafting with ``model`` (:class:`Eagle1Model` or :class:`Eagle3Model`) on EAGLE-2 dynamic trees.
 
     ``depth`` (levels below the root: the deepest draft token), ``top_k`` (children scored per frontier node and
@@ -261,16 +262,6 @@ class EagleDrafter:
             cache, feats, valid, self._ops = running
             cache.k, cache.v = append_batch_rows(cache.k, self.cache.k), append_batch_rows(cache.v, self.cache.v)
             self.cache, self.feats, self.valid = cache, append_batch_rows(feats, self.feats), valid + self.valid
-
-    @property
-    def score_scale(self) -> float:
-        """The factor on the draft logits that ranks tree candidates (1.0 before any calibration; reading it
-        synchronises with the device)."""
-        return self.calibration.scale
-
-    def reset_calibration(self) -> None:
-        """Forgets the calibrated scale (back to 1.0)."""
-        self.calibration.reset()
 
     def _draft(self, hidden: torch.Tensor, ids: torch.Tensor, position_ids: torch.Tensor, **kw) -> torch.Tensor:
         """The draft network's predicted features (see :meth:`EagleStepOps.forward` for the arguments): this step's

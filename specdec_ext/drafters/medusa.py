@@ -34,7 +34,7 @@ from torch import nn
 
 from specdec_ext import ops
 from specdec_ext.drafters.base import check_vocab
-from specdec_ext.drafters.dynamic_tree import ScoreCalibration
+from specdec_ext.drafters.dynamic_tree import CalibratedScores, ScoreCalibration
 from specdec_ext.drafters.trees import MC_SIM_7B_63, StaticTree, static_tree
 from specdec_ext.models.checkpoints import load_medusa
 from specdec_ext.models.config import text_config
@@ -45,7 +45,7 @@ from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 __all__ = ["MedusaDrafter"]
 
 
-class MedusaDrafter:
+class MedusaDrafter(CalibratedScores):
     """Medusa-1 drafting with ``heads`` (:class:`MedusaHeads`) on a static tree (see the module doc).
 
     ``choices``: a Medusa choices list or a :class:`StaticTree`; the default, None, is ``mc_sim_7b_63`` without
@@ -212,15 +212,6 @@ class MedusaDrafter:
         tokens, parents = ops.select_tree_nodes(tokens, score, tree.candidate_parents_tensor(B, dev), root,
                                                 max_nodes - 1, validate=False)
         return DraftTree(tokens, parents, None)
-
-    @property
-    def score_scale(self) -> float:
-        """The per-step tree's calibrated score scale (1.0 before any calibration; reading it synchronises)."""
-        return self.calibration.scale
-
-    def reset_calibration(self) -> None:
-        """Forgets the calibrated scale (back to 1.0)."""
-        self.calibration.reset()
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
         self.calibration.update(result)

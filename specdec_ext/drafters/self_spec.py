@@ -38,12 +38,10 @@ from __future__ import annotations
 import torch
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import sample_drafts
-from specdec_ext.drafters.dynamic_tree import ScoreCalibration, check_tree_shape, grow_dynamic_tree, max_tree_nodes
+from specdec_ext.drafters.base import own_target_cache, sample_drafts
+from specdec_ext.drafters.dynamic_tree import CalibratedScores, ScoreCalibration, grow_dynamic_tree, scratch_tree_nodes
 from specdec_ext.drafters.self_spec_file import SelfSpecFile, read_self_spec
 from specdec_ext.models import TreeKVCache, draft_layer, masked_forward, tree_forward
-from specdec_ext.models.config import check_window, text_config
-from specdec_ext.models.hybrid_cache import HybridCache
 from specdec_ext.models.layer_skip import KeptLayers, LayerSkipLM, check_skip_layers
 from specdec_ext.models.llama_step import LlamaStepOps
 from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
@@ -51,7 +49,7 @@ from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 __all__ = ["SelfSpecDrafter"]
 
 
-class SelfSpecDrafter:
+class SelfSpecDrafter(CalibratedScores):
     """Drafts with the target itself, the decoder layers ``skip_layers`` skipped (see the module doc).
 
     ``num_draft_tokens``: the chain's length, or the dynamic tree's depth. ``tree_width``: 1 = a chain; w >= 2 with
@@ -70,17 +68,10 @@ class SelfSpecDrafter:
     def __init__(self, skip_layers, num_draft_tokens: int = 4, tree_width: int = 1, total_tokens: int | None = None,
                  calibrate: bool = True, calibration_rate: float = 0.2, op_calls: bool = True):
         self.skip_layers = check_skip_layers("SelfSpecDrafter", skip_layers)
-        check_tree_shape("SelfSpecDrafter", num_draft_tokens, tree_width, 1 if total_tokens is None else total_tokens,
-                         names=("num_draft_tokens", "tree_width", "total_tokens"))
-        if (total_tokens is None) != (tree_width == 1):
-            raise ValueError(f"SelfSpecDrafter: a dynamic tree needs tree_width >= 2 and total_tokens, a chain "
-                             f"tree_width = 1 without total_tokens; got tree_width = {tree_width}, total_tokens = "
-                             f"{total_tokens}")
+        self.max_nodes = scratch_tree_nodes("SelfSpecDrafter", num_draft_tokens, tree_width, total_tokens)
         self.k = self.max_depth = num_draft_tokens
         self.width, self.total_tokens = tree_width, total_tokens
         self.dynamic = total_tokens is not None
-        self.max_nodes = (max(max_tree_nodes(num_draft_tokens, tree_width, total_tokens),
-                              1 + (num_draft_tokens - 1) * tree_width) if self.dynamic else 1 + num_draft_tokens)
         self.op_calls = bool(op_calls)
         self.calibrate = bool(calibrate)
         self.calibration = ScoreCalibration(calibration_rate, "SelfSpecDrafter")
@@ -115,16 +106,7 @@ class SelfSpecDrafter:
     def add_rows(self, target: torch.nn.Module, rows: DecodeState, prefill_hidden_states=None, *,
                  defer_prefill: bool = False) -> None:
         """Nothing per row (the rows' prefill is in the target's cache); checks that the rows carry that cache."""
-        cache = rows.target_cache
-        if not isinstance(cache, TreeKVCache) or isinstance(cache, HybridCache):
-            raise ValueError("SelfSpecDrafter: needs the target's KV cache (a TreeKVCache of an attention model) in "
-                             f"state.target_cache, got {type(cache).__name__}; run it through specdec_ext.Engine "
-                             "or generate(), which set it")
-        if self.width > rows.vocab_size:
-            raise ValueError(f"SelfSpecDrafter: tree_width = {self.width} exceeds the vocabulary ({rows.vocab_size})")
-        check_window("SelfSpecDrafter", target.config, rows.max_len - 1)
-        if text_config(target.config).vocab_size != rows.vocab_size:
-            raise ValueError("SelfSpecDrafter: the state's vocabulary differs from the target's")
+        cache = own_target_cache("SelfSpecDrafter", target, rows, self.width)
         if cache is not self.cache:
             self.cache = cache
             self._ops, self._ops_built = None, False
@@ -202,12 +184,3 @@ class SelfSpecDrafter:
         return grow_dynamic_tree(root, last, level, depth=k, top_k=w, total_tokens=total, valid=valid,
                                  kv_len=max(len(t) for t in state.host_tokens) + (k - 1) * w,
                                  calibration=self.calibration if self.calibrate else None)
-
-    @property
-    def score_scale(self) -> float:
-        """The dynamic tree's calibrated score scale (1.0 before any calibration; reading it synchronises)."""
-        return self.calibration.scale
-
-    def reset_calibration(self) -> None:
-        """Forgets the calibrated scale (back to 1.0)."""
-        self.calibration.reset()

@@ -270,7 +270,7 @@ class Engine:
         t1 = time.perf_counter()
         prefix = st.prefix_lens
         out = tree_forward(self.target, self.cache, tree.tokens, tree.parents, prefix, validate=False,
-                           tables=tree.tables, step_ops=self.target_ops, **self._hidden_kwargs)
+                           tables=tree.tables, step_ops=self.target_ops, shallow=tree.shallow, **self._hidden_kwargs)
         v = self.verify(out.logits if self.layers else out, tree, st)
         self.cache.accept(v.accepted, v.accept_len, prefix, validate=False)
         emitted, host = self._read_back(tree, v)

@@ -34,13 +34,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec_ext.models.config import text_config
 from specdec_ext.models.draft_layer import NATIVE_LAYER_MAX_ROWS, DraftLayer
 from specdec_ext.models.fast_linear import Linear, module_linear
 from specdec_ext.models.quantized import fused_product, linear_dtype
 from specdec_ext.models.kv_cache import copy_rows, flat_row_index
 
 __all__ = ["NATIVE_LAYER_MAX_ROWS", "Eagle1Model", "Eagle3Model", "EagleConfig", "EagleKVCache", "Rotary",
-           "apply_rotary", "default_eagle3_layers"]
+           "apply_rotary", "default_eagle3_layers", "layer_operands", "native_layer"]
 
 
 def default_eagle3_layers(num_target_layers: int) -> tuple[int, ...]:
@@ -77,6 +78,22 @@ class EagleConfig:
             self.draft_vocab_size = self.vocab_size
         if self.target_hidden_size is None:
             self.target_hidden_size = self.hidden_size
+
+    @classmethod
+    def for_target(cls, target, draft_vocab_size: int | None = None, aux_layers=None) -> "EagleConfig":
+        """One decoder layer of ``target``'s shape (its hidden and MLP sizes, heads, norm eps and RoPE; default RoPE
+        recorded as none), with an EAGLE-3 draft vocabulary and feature layers when given."""
+        t = text_config(target.config)
+        rope = getattr(t, "rope_scaling", None) or getattr(t, "rope_parameters", None)
+        theta = getattr(t, "rope_theta", None) or (rope or {}).get("rope_theta") or 10000.0
+        if rope and rope.get("rope_type", rope.get("type", "default")) == "default":
+            rope = None
+        return cls(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+                   num_attention_heads=t.num_attention_heads,
+                   num_key_value_heads=getattr(t, "num_key_value_heads", None) or t.num_attention_heads,
+                   vocab_size=t.vocab_size, head_dim=getattr(t, "head_dim", None),
+                   rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6), rope_theta=float(theta), rope_scaling=rope,
+                   draft_vocab_size=draft_vocab_size, aux_layers=tuple(aux_layers) if aux_layers else None)
 
     @classmethod
     def from_dict(cls, d: dict) -> "EagleConfig":
@@ -266,8 +283,8 @@ class Attention(nn.Module):
         return self.o_proj(o.view(B, self.nH, T, self.hd).transpose(1, 2).reshape(B, T, self.nH * self.hd))
 
 
-def _native_layer(layer: "Eagle1Layer | Eagle3Layer", h: torch.Tensor, position_ids: torch.Tensor, attn: dict,
-                  embeds: torch.Tensor | None = None) -> torch.Tensor | None:
+def native_layer(layer: "Eagle1Layer | Eagle3Layer", h: torch.Tensor, position_ids: torch.Tensor, attn: dict,
+                 embeds: torch.Tensor | None = None) -> torch.Tensor | None:
     """The decoder layer ``layer`` (EAGLE-1's; EAGLE-3's when ``embeds`` is given) as one
     :func:`specdec_ext.ops.draft_decoder_layer` call over its packed weights, or None where the module's own path
     runs: no cache, mask or write slots, a call the op does not take (:meth:`DraftLayer.takes`) or a layer it may
@@ -288,8 +305,8 @@ def _native_layer(layer: "Eagle1Layer | Eagle3Layer", h: torch.Tensor, position_
     return op(x, h, position_ids, cache.k, cache.v, slots, mask)
 
 
-def _draft_layer(layer: nn.Module, dtype: torch.dtype, device: torch.device, cache_dtype: torch.dtype,
-                 input_norm_weight: torch.Tensor | None = None, input_norm_segments: int = 1) -> DraftLayer | None:
+def layer_operands(layer: nn.Module, dtype: torch.dtype, device: torch.device, cache_dtype: torch.dtype,
+                   input_norm_weight: torch.Tensor | None = None, input_norm_segments: int = 1) -> DraftLayer | None:
     """The op's operands of an EAGLE decoder layer (its attention's heads and RoPE, its post-attention norm's eps)."""
     sa = layer._modules["self_attn"]
     return DraftLayer.of(layer, dtype=dtype, device=device, cache_dtype=cache_dtype, num_heads=sa.nH,
@@ -308,10 +325,10 @@ class Eagle1Layer(nn.Module):
 
     def draft_layer(self, dtype: torch.dtype, device: torch.device, cache_dtype: torch.dtype) -> DraftLayer | None:
         """This layer's operands of :func:`specdec_ext.ops.draft_decoder_layer` (None where it may not run it)."""
-        return _draft_layer(self, dtype, device, cache_dtype)
+        return layer_operands(self, dtype, device, cache_dtype)
 
     def forward(self, h, position_ids, **attn):
-        out = _native_layer(self, h, position_ids, attn)
+        out = native_layer(self, h, position_ids, attn)
         if out is not None:
             return out
         h = h + self.self_attn(h, position_ids, **attn)
@@ -389,11 +406,11 @@ class Eagle3Layer(nn.Module):
         first, second, norm = mods["input_layernorm"], mods["hidden_norm"], mods["post_attention_layernorm"]
         if not first.eps == second.eps == norm.eps:
             return None
-        return _draft_layer(self, dtype, device, cache_dtype,
-                            torch.cat((first._parameters["weight"], second._parameters["weight"])), 2)
+        return layer_operands(self, dtype, device, cache_dtype,
+                              torch.cat((first._parameters["weight"], second._parameters["weight"])), 2)
 
     def forward(self, h, embeds, position_ids, **attn):
-        out = _native_layer(self, h, position_ids, attn, embeds=embeds)
+        out = native_layer(self, h, position_ids, attn, embeds=embeds)
         if out is not None:
             return out
         x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(h)), -1)

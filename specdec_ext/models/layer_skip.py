@@ -90,6 +90,13 @@ class LayerSkipLM(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache,
                 use_cache: bool = True, **kwargs) -> CausalLMOutputWithPast:
+        h = self.hidden(input_ids, attention_mask, position_ids, cache, use_cache, **kwargs)
+        return CausalLMOutputWithPast(logits=self.lm_head(self.model.norm(h)))
+
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache,
+               use_cache: bool = True, **kwargs) -> torch.Tensor:
+        """The residual stream ``[B, T, H]`` after the kept layers (before the final norm): :meth:`forward` without
+        its head, for a draft that reads the target's shallow layers (an early-exit draft keeps the first ones)."""
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
             raise ValueError("LayerSkipLM: attention_mask must be a 4-D mask (run it through tree_forward or "
                              "masked_forward)")
@@ -99,7 +106,7 @@ class LayerSkipLM(torch.nn.Module):
         for layer in base.layers:  # (each with its own layer_idx: its own layer of the cache)
             h = layer(h, attention_mask=attention_mask, position_embeddings=rope, position_ids=position_ids,
                       cache=cache, use_cache=use_cache, **kwargs)
-        return CausalLMOutputWithPast(logits=self.lm_head(base.norm(h)))
+        return h
 
 
 class KeptLayers:

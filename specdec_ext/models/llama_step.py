@@ -38,6 +38,7 @@ from specdec_ext.models.draft_layer import DraftLayer
 from specdec_ext.models.fast_linear import PackedLinear
 from specdec_ext.models.kv_cache import TreeKVCache
 from specdec_ext.models.quantized import Int8Embedding, embedding_lookup, linear_dtype, linear_operand
+from specdec_ext.state import ShallowStates
 
 __all__ = ["LlamaStepOps", "StepOutput", "op_route_allowed", "rope_is_default"]
 
@@ -152,35 +153,61 @@ class LlamaStepOps:
         return LlamaStepOps(cache, self._embed, self.vocab_size, self._layers, self._norm, self._lm)
 
     def run(self, tokens: torch.Tensor, position_ids: torch.Tensor, write_slots: torch.Tensor, mask: torch.Tensor,
-            *, hidden_states: bool = False, logits_to_keep: int = 0) -> StepOutput:
+            *, hidden_states: bool = False, logits_to_keep: int = 0,
+            shallow: ShallowStates | None = None) -> StepOutput:
         """``tokens[B, T]`` at ``position_ids[B, T]``; their K/V are written at cache slots ``write_slots[B, T]`` of
         every layer and token t attends to the slots s < kv_len with ``mask[b, t, s]`` (bool ``[B, T, kv_len]``).
         The cache's lengths are left to the caller. ``logits_to_keep`` > 0: the logits of the last that many tokens
-        only; ``hidden_states``: also Hugging Face's hidden-state tuple (:class:`StepOutput`)."""
-        h = self._embed(tokens)
-        states = [h] if hidden_states else None
-        for view, layer in zip(self.cache.layers, self._layers):
-            h = layer(h, h, position_ids, view.keys, view.values, write_slots, mask)
-            if states is not None:
-                states.append(h)
+        only; ``hidden_states``: also Hugging Face's hidden-state tuple (:class:`StepOutput`). ``shallow``: the
+        tokens' residual stream after the first ``shallow.layer`` layers, whose K/V are already at ``write_slots``
+        (an early-exit draft ran them): only the layers after those run, and the tuple's entries before
+        ``shallow.layer`` are None."""
+        start = 0 if shallow is None else shallow.layer
+        h = self._embed(tokens) if shallow is None else shallow.hidden
+        states = [None] * start + [h] if hidden_states else None
+        h = self.layers(h, position_ids, write_slots, mask, start, len(self._layers), states)
         h = self._norm.forward(h)
         if states is not None:
             states[-1] = h
         logits = self._lm(h[:, -logits_to_keep:] if logits_to_keep > 0 else h)
         return StepOutput(logits, tuple(states) if states is not None else None)
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The token embeddings ``[B, T, H]`` of ``tokens[B, T]``."""
+        return self._embed(tokens)
+
+    def layers(self, h: torch.Tensor, position_ids: torch.Tensor, write_slots: torch.Tensor, mask: torch.Tensor,
+               start: int, stop: int, states: list | None = None) -> torch.Tensor:
+        """Decoder layers ``start .. stop - 1`` over the residual stream ``h[B, T, H]`` (arguments as :meth:`run`'s;
+        each layer's K/V written at ``write_slots``); each layer's output is appended to ``states`` when given."""
+        views = self.cache.layers
+        for i in range(start, stop):
+            h = self._layers[i](h, h, position_ids, views[i].keys, views[i].values, write_slots, mask)
+            if states is not None:
+                states.append(h)
+        return h
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """The logits ``[..., V]`` of a residual stream ``h[..., H]``: the final norm, then the vocabulary product."""
+        return self._lm(self._norm.forward(h))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
     def verify(self, tokens: torch.Tensor, prefix: torch.Tensor, tree_mask: torch.Tensor, chain: bool,
                position_ids: torch.Tensor, *, hidden_states: bool = False, logits_to_keep: int = 0,
-               validate: bool = True) -> StepOutput:
+               validate: bool = True, shallow: ShallowStates | None = None) -> StepOutput:
         """A tree forward (:func:`~specdec_ext.models.tree_forward`'s op route): ``tokens [B, N]`` written at slots
         ``prefix[b] + j``, each attending to its row's prefix and its ancestors (``tree_mask``, dense or packed), as
         one bool mask over the slots in use. ``chain`` and ``validate`` are the tree's (unused here: the mask says
-        it all). The cache's lengths are left as they were."""
+        it all). ``shallow``: as :meth:`run`'s. The cache's lengths are left as they were."""
         N = tokens.shape[1]
         kv_len = int((prefix + N).max())  # (the op route runs on CPUs: a read, not a device synchronisation)
         mask = tree_attention_mask(prefix, tree_mask, kv_len)[:, 0]
         slots = prefix[:, None] + torch.arange(N, device=tokens.device)
-        return self.run(tokens, position_ids, slots, mask, hidden_states=hidden_states, logits_to_keep=logits_to_keep)
+        return self.run(tokens, position_ids, slots, mask, hidden_states=hidden_states, logits_to_keep=logits_to_keep,
+                        shallow=shallow)
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor, write_slots: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ from specdec_ext.models.fast_linear import fused_linear, module_linear
 from specdec_ext.models.hybrid_cache import HybridCache
 from specdec_ext.models.linear_layers import TreeLightningAttention, lightning_tree_forward
 from specdec_ext.models.llama_step import StepOutput, op_route_allowed, rope_is_default
+from specdec_ext.state import ShallowStates
 
 __all__ = ["MiniMaxStepOps"]
 
@@ -115,11 +116,12 @@ class MiniMaxStepOps:
 
     def verify(self, tokens: torch.Tensor, prefix: torch.Tensor, tree_mask: torch.Tensor, chain: bool,
                position_ids: torch.Tensor, *, hidden_states: bool = False, logits_to_keep: int = 0,
-               validate: bool = True) -> StepOutput:
+               validate: bool = True, shallow: ShallowStates | None = None) -> StepOutput:
         """The tree forward of ``tokens [B, N]`` rooted after ``prefix [B]`` (the cache's committed lengths) with
         ancestor mask ``tree_mask`` at ``position_ids [B, N]``: the nodes' K/V written at ``prefix + j``, the
         Lightning layers' node inputs recorded for the commit (:meth:`HybridCache.tree_step`). The cache's
-        lengths are left at ``prefix``, as the op route leaves them."""
+        lengths are left at ``prefix``, as the op route leaves them. ``shallow`` is not used: every layer runs
+        (a hybrid's linear layers take the whole tree in their tree step)."""
         cache = self.cache
         h = self._embed.forward(tokens)
         states = [h] if hidden_states else None

@@ -41,7 +41,7 @@ from specdec_ext.models.hybrid_cache import HybridCache
 from specdec_ext.models.kv_cache import TreeKVCache
 from specdec_ext.models.linear_layers import prepare as prepare_linear_layers
 from specdec_ext.models.step_ops import StepOps
-from specdec_ext.state import TreeTables
+from specdec_ext.state import ShallowStates, TreeTables
 
 
 _CACHE_KWARG: dict[type, str] = {}
@@ -104,7 +104,7 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
                  prefix_lens: torch.Tensor | int | None = None, *, use_kernel: bool | None = None,
                  packed: bool = True, validate: bool = True, return_outputs: bool = False,
                  tables: TreeTables | None = None, step_ops: StepOps | None = None,
-                 **model_kwargs) -> torch.Tensor:
+                 shallow: ShallowStates | None = None, **model_kwargs) -> torch.Tensor:
     """Verification forward of a draft tree per row; returns logits ``[B, N, V]``.
 
     ``tokens[B, N]`` / ``parents[B, N]`` (int64; node 0 the root, parents earlier than children; ``None``: a chain,
@@ -122,7 +122,9 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     ``step_ops``: the model as direct calls (:func:`~specdec_ext.models.step_ops.build_step_ops`, built for it by
     the caller, who answers for its weights being the model's): the kernel route then runs them instead of the
     model's modules, for trees of at most :func:`extend_kernel_max_tokens` nodes whose only model kwargs are
-    ``output_hidden_states`` and ``logits_to_keep``.
+    ``output_hidden_states`` and ``logits_to_keep``. ``shallow``: the nodes' states after the model's first
+    layers, whose K/V are already in the cache (:class:`~specdec_ext.state.ShallowStates`): the op route starts
+    there; the module route runs every layer, writing the same K/V again.
     """
     chain = parents is None
     if tokens.dim() != 2 or (not chain and parents.shape != tokens.shape):
@@ -173,7 +175,8 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
             _check_token_ids(tokens, op_calls.vocab_size)
         out = op_calls.verify(tokens, prefix, tables.mask, chain, position_ids,
                               hidden_states=bool(model_kwargs.get("output_hidden_states")),
-                              logits_to_keep=int(model_kwargs.get("logits_to_keep") or 0), validate=validate)
+                              logits_to_keep=int(model_kwargs.get("logits_to_keep") or 0), validate=validate,
+                              shallow=shallow)
         return out if return_outputs else out.logits  # (the routes leave the lengths where the rewind above set them)
     kwargs = dict(model_kwargs)
     kwargs[_cache_kwarg(model)] = cache

@@ -155,9 +155,12 @@ def build_server(args: argparse.Namespace):
 
         if any((args.ngram, args.draft_model, args.medusa, args.eagle)):
             raise ValueError("--zoo brings its drafters: choose one with --zoo-drafter, not --ngram/--eagle/... "
-                             "(--suffix and --self-spec, which need no model, go with the family's target)")
-        if (args.suffix or args.self_spec) and args.zoo_drafter != "best":
-            raise ValueError(f"{'--suffix' if args.suffix else '--self-spec'} chooses the drafter: drop --zoo-drafter")
+                             "(--suffix, --self-spec and --early-exit, drafters of the family's own target, go with "
+                             "it)")
+        own = next((flag for flag, given in (("--suffix", args.suffix), ("--self-spec", args.self_spec),
+                                             ("--early-exit", args.early_exit)) if given), None)
+        if own and args.zoo_drafter != "best":
+            raise ValueError(f"{own} chooses the drafter: drop --zoo-drafter")
         if args.zoo_drafter not in ("best", "plain", *DRAFTER_NAMES):
             raise ValueError(f"--zoo-drafter must be best, plain or one of {', '.join(DRAFTER_NAMES)}, got "
                              f"{args.zoo_drafter!r}")
@@ -167,7 +170,7 @@ def build_server(args: argparse.Namespace):
                           packed_linears=not args.no_packed_linears, eagle_dtype="auto")
         name = best_drafter(fam.card, fam.drafter_names) if args.zoo_drafter == "best" else args.zoo_drafter
         target, tokenizer = fam.target, fam.tokenizer
-        if args.suffix or args.self_spec:  # (drafters of the family's own target: no model of their own)
+        if own:  # (drafters of the family's own target: no draft model of their own)
             drafter = drafter_from_args(args, target)
         else:
             quant = draft_quant(args)

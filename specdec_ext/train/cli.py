@@ -1,6 +1,7 @@
-"""``specdec train-medusa`` / ``train-eagle`` / ``train-draft``: argument parsing and the shared pipeline (load the
-target and its tokenizer, read the corpus, optionally self-distill, hold out evaluation prompts, train, save, report:
-:mod:`specdec_ext.train.report`); ``specdec evaluate-drafter``: that report for any drafter."""
+"""``specdec train-medusa`` / ``train-eagle`` / ``train-draft`` / ``train-self-spec``: argument parsing and the
+shared pipeline (load the target and its tokenizer, read the corpus, optionally self-distill, hold out evaluation
+prompts, train, save, report: :mod:`specdec_ext.train.report`); ``specdec evaluate-drafter``: that report for any
+drafter."""
 
 from __future__ import annotations
 
@@ -306,6 +307,26 @@ def train_draft_cmd(args) -> int:
     return 0
 
 
+def train_self_spec_cmd(args) -> int:
+    from specdec_ext.models.early_exit import load_early_exit, save_early_exit
+    from specdec_ext.train.early_exit import early_exit_drafter, train_early_exit
+
+    if args.num_draft_tokens < 1:
+        raise ValueError(f"--num-draft-tokens must be >= 1, got {args.num_draft_tokens}")
+    if args.init and args.exit_layer is not None:
+        raise ValueError("--init continues that adapter at its own exit layer: drop --exit-layer")
+    target, _, train, prompts, cfg = _prepare(args, "train-self-spec")
+    init = load_early_exit(args.init, target=target, dtype=torch.float32) if args.init else None
+    adapter, result = train_early_exit(target, train, cfg, exit_layer=args.exit_layer, heldout_prompts=prompts,
+                                       num_draft_tokens=args.num_draft_tokens, adapter=init)
+    save_early_exit(adapter, args.out, base_model_name_or_path=args.model,
+                    dtype=next(q for q in target.parameters() if q.is_floating_point()).dtype)
+    _report(args, "train-self-spec", result, {"exit_layer": adapter.exit_layer, "init": args.init,
+                                              "num_draft_tokens": args.num_draft_tokens},
+            target, early_exit_drafter(adapter, target, args.num_draft_tokens), prompts)
+    return 0
+
+
 def evaluate_drafter_cmd(args) -> int:
     from specdec_ext.drafter_args import check_one_drafter, drafter_from_args
     from specdec_ext.train.data import prompt_of
@@ -426,5 +447,14 @@ def add_train_commands(sub) -> None:
                         "(conditional drop-token training: about 1 + sum of those windows per window)")
     p.add_argument("--min-retention", type=float, default=0.1, help="--parallel: the least retention rate")
     p.set_defaults(func=train_draft_cmd)
+    p = sub.add_parser("train-self-spec", help="train an early-exit adapter (Kangaroo-style self-speculation: the "
+                                               "target's first layers + the adapter + its own LM head draft)")
+    _common(p, lr=3e-4)
+    p.add_argument("--exit-layer", type=int, default=None, metavar="L",
+                   help="target decoder layers before the adapter (default: a quarter of them, at least 1)")
+    p.add_argument("--num-draft-tokens", type=int, default=4, metavar="K",
+                   help="the chain the held-out evaluation drafts")
+    p.add_argument("--init", metavar="DIR", default=None, help="continue training this adapter directory")
+    p.set_defaults(func=train_self_spec_cmd)
     add_evaluate_command(sub)
 

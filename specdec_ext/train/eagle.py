@@ -32,18 +32,8 @@ __all__ = ["DEFAULT_TTT_STEPS", "eagle_config_for", "eagle_drafter", "train_eagl
 
 
 def eagle_config_for(target, draft_vocab: int | None = None, aux_layers=None) -> EagleConfig:
-    """An EAGLE draft config matching ``target`` (one decoder layer of the target's shape)."""
-    t = text_config(target.config)
-    rope = getattr(t, "rope_scaling", None) or getattr(t, "rope_parameters", None)
-    theta = getattr(t, "rope_theta", None) or (rope or {}).get("rope_theta") or 10000.0
-    if rope and rope.get("rope_type", rope.get("type", "default")) == "default":
-        rope = None
-    return EagleConfig(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
-                       num_attention_heads=t.num_attention_heads,
-                       num_key_value_heads=getattr(t, "num_key_value_heads", None) or t.num_attention_heads,
-                       vocab_size=t.vocab_size, head_dim=getattr(t, "head_dim", None),
-                       rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6), rope_theta=float(theta), rope_scaling=rope,
-                       draft_vocab_size=draft_vocab, aux_layers=tuple(aux_layers) if aux_layers else None)
+    """An EAGLE draft config matching ``target`` (:meth:`EagleConfig.for_target`: one decoder layer of its shape)."""
+    return EagleConfig.for_target(target, draft_vocab, aux_layers)
 
 
 def _training_time_test(m, feats, embeds, pos, valid, steps):
