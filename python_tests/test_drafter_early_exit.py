@@ -207,6 +207,36 @@ def test_batch_of_prompts_of_different_lengths(shape, op_calls, reuse):
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_draft_vocabulary(shape):
+    """Drafting over some of the vocabulary (FR-Spec ids): token-identical still, fewer drafts accepted than over
+    all of it when the ids leave out tokens the target emits, and the drafts are ids of the draft vocabulary."""
+    m = target()
+    prompts = [greedy_t.prompt_of(n, 40 + n) for n in (7, 1, 12, 4)]
+    half = list(range(0, m.config.vocab_size, 2)) + list(range(1, 40, 2))
+    drafter = make_drafter(m, shape, draft_vocab=half)
+    proposed = []
+    propose = drafter.propose
+
+    def spy(state, *a):
+        tree = propose(state, *a)
+        proposed.append(tree.tokens[:, 1:])
+        return tree
+
+    drafter.propose = spy
+    outs, stats = generate(m, drafter, prompts, max_new_tokens=14, eos_token_id=[])
+    for b, (p, o) in enumerate(zip(prompts, outs)):
+        assert o.tolist() == p + hf_greedy(m, p, 14), b
+    allowed = torch.zeros(m.config.vocab_size, dtype=torch.bool)
+    allowed[half] = True
+    assert all(bool(allowed[t].all()) for t in proposed)
+    assert drafter._lm_sub is not None and drafter._lm_sub.weight.shape[0] == len(half)
+    with pytest.raises(ValueError, match="draft_vocab holds ids outside"):
+        generate(m, make_drafter(m, shape, draft_vocab=[0, m.config.vocab_size]), prompts[0], max_new_tokens=2)
+    with pytest.raises(ValueError, match="distinct token ids"):
+        make_drafter(m, shape, draft_vocab=[3, 3])
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
 def test_engine_rows_joining_and_leaving_equal_decoding_alone(shape):
     m = target()
     self_spec_t.check_engine_rows(m, make_drafter(m, shape))
@@ -224,15 +254,17 @@ def test_inside_the_adaptive_drafter(shape):
 @pytest.mark.parametrize("T,top_k,top_p", [(1.0, 0, 1.0), (0.8, 5, 0.9)])
 def test_sampling_matches_the_target_distribution(T, top_k, top_p):
     """test_drafter_self_spec's chi-square test on its 2-layer target drafting with its layer 0 and an adapter
-    copied from its layer 1, perturbed (drafts accepted often, rejected sometimes): sampled chains and a dynamic
-    tree."""
+    copied from its layer 1, perturbed (drafts accepted often, rejected sometimes): sampled chains, a dynamic tree,
+    and sampled chains over six of the eight ids (a draft distribution that is zero on the other two)."""
     tgt = self_spec_t.sampling_target()
     adapter = EarlyExitAdapter.from_target_layer(tgt, 1).eval().requires_grad_(False)
     with torch.no_grad():
         adapter.mlp.down_proj.weight.mul_(0.5)
     self_spec_t.check_lossless(tgt, ((4321, EarlyExitDrafter(adapter, num_draft_tokens=3)),
                                      (6789, EarlyExitDrafter(adapter, num_draft_tokens=3, tree_width=2,
-                                                             total_tokens=4))), T, top_k, top_p)
+                                                             total_tokens=4)),
+                                     (2468, EarlyExitDrafter(adapter, num_draft_tokens=3,
+                                                             draft_vocab=[0, 1, 2, 4, 5, 7]))), T, top_k, top_p)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -360,11 +392,21 @@ def test_cli_train_then_generate(tmp_path, capsys):
     assert "mean accepted length" in capsys.readouterr().out
     adapter = load_early_exit(out, target=m)
     assert adapter.exit_layer == 1  # a quarter of 4 layers
+    assert not (out / "draft_vocab.json").exists()  # (the tiny vocabulary is under the default's 1024 ids)
     prompt = greedy_t.prompt_of(8, 4)
     assert main(["generate", "--model", str(tmp_path / "model"), "--early-exit", str(out), "--prompt-ids",
                  " ".join(map(str, prompt)), "--max-new-tokens", "12", "--eos-id", "0", "--no-stream"]) == 0
     printed = capsys.readouterr().out
     assert " ".join(map(str, hf_greedy(m, prompt, 12, eos=0))) in printed and "accepted" in printed
+    vocab_dir = tmp_path / "ee_vocab"  # the draft vocabulary: the data's 40 most frequent ids, beside the adapter
+    assert main(["train-self-spec", "--model", str(tmp_path / "model"), "--data", str(data), "--out", str(vocab_dir),
+                 "--steps", "1", "--heldout", "0", "--draft-vocab", "40", "--exit-layer", "2", "--no-progress",
+                 "--no-report"]) == 0
+    drafter = EarlyExitDrafter.from_pretrained(str(vocab_dir), m)
+    assert drafter.exit_layer == 2 and drafter.draft_vocab.numel() == 40
+    assert main(["generate", "--model", str(tmp_path / "model"), "--early-exit", str(vocab_dir), "--prompt-ids",
+                 " ".join(map(str, prompt)), "--max-new-tokens", "12", "--eos-id", "0", "--no-stream"]) == 0
+    assert " ".join(map(str, hf_greedy(m, prompt, 12, eos=0))) in capsys.readouterr().out
     with pytest.raises(SystemExit, match="choose one drafter"):
         main(["generate", "--model", str(tmp_path / "model"), "--early-exit", str(out), "--ngram", "--prompt-ids",
               "3 4"])

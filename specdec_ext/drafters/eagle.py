@@ -42,9 +42,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import skip_init
 
-from specdec_ext import ops
 from specdec_ext.drafters.base import check_vocab, to_device
 from specdec_ext.drafters.dynamic_tree import (CalibratedScores, ScoreCalibration, check_tree_shape, grow_dynamic_tree,
                                                max_tree_nodes)
@@ -52,10 +50,10 @@ from specdec_ext.drafters.shapes import eagle_tree_shape
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.checkpoints import load_eagle
 from specdec_ext.models.config import text_config
-from specdec_ext.models.draft_vocab import read_draft_vocab
+from specdec_ext.models.draft_vocab import read_draft_vocab, vocab_rows
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
 from specdec_ext.models.eagle_step import EagleStepOps
-from specdec_ext.models.fast_linear import Linear, tensor_version
+from specdec_ext.models.fast_linear import tensor_version
 from specdec_ext.models.kv_cache import append_batch_rows, keep_batch_rows, write_rows
 from specdec_ext.models.quantized import Int8Linear, check_draft_quant, linear_dtype, quantize_weights
 from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
@@ -221,14 +219,7 @@ class EagleDrafter(CalibratedScores):
             key = (tensor_version(w), w.data_ptr(), state.device, p.dtype)
             if self._lm_sub_weight is not w or self._lm_sub_key != key:
                 self._vocab_ids = self.draft_vocab.to(state.device)
-                with torch.no_grad():
-                    bias = getattr(self._lm_head, "bias", None)
-                    # a layer of its own, so that it remembers its packed weight as the draft's layers do
-                    sub = skip_init(Linear, w.shape[1], self._vocab_ids.numel(), bias=bias is not None,
-                                    device=state.device, dtype=p.dtype).requires_grad_(False)
-                    sub.weight.copy_(w.index_select(0, self._vocab_ids))
-                    if bias is not None:
-                        sub.bias.copy_(bias.index_select(0, self._vocab_ids))
+                sub = vocab_rows(self._lm_head, self._vocab_ids, p.dtype, state.device)
                 self._lm_sub = sub if self.draft_quant is None else Int8Linear.of(sub)
                 self._lm_sub_weight, self._lm_sub_key = w, key
         self._tree_slots = max((self.depth - 1) * self.top_k, self.max_nodes)

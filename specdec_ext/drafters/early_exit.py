@@ -41,6 +41,7 @@ from specdec_ext.drafters.base import own_target_cache, sample_drafts, to_device
 from specdec_ext.drafters.dynamic_tree import CalibratedScores, ScoreCalibration, grow_dynamic_tree, scratch_tree_nodes
 from specdec_ext.models import TreeKVCache, draft_layer
 from specdec_ext.models.config import text_config
+from specdec_ext.models.draft_vocab import read_draft_vocab, vocab_rows
 from specdec_ext.models.early_exit import EarlyExitAdapter, check_adapter_target, load_early_exit
 from specdec_ext.models.eagle import EagleKVCache
 from specdec_ext.models.kv_cache import append_batch_rows, keep_batch_rows, write_rows
@@ -58,13 +59,16 @@ class EarlyExitDrafter(CalibratedScores):
     ``calibrate`` / ``calibration_rate``: as :class:`~specdec_ext.drafters.SelfSpecDrafter`'s. ``reuse_shallow``:
     a chain's verification starts at the exit layer (module doc). ``op_calls``: the shallow layers, the adapter
     and the head as op calls where they serve (CPUs), else the modules; the drafts agree to float rounding.
+    ``draft_vocab``: target token ids (FR-Spec, :mod:`~specdec_ext.models.draft_vocab`) the draft scores instead of
+    the whole vocabulary: a copy of those rows of the LM head, and a head product that reads only them; sampled
+    drafts keep their distribution over those ids (zero elsewhere), so sampling stays lossless.
     """
 
     defers_prefill = True  # (the first propose's catch-up reads the prompt's features)
 
     def __init__(self, adapter: EarlyExitAdapter, num_draft_tokens: int = 4, tree_width: int = 1,
                  total_tokens: int | None = None, calibrate: bool = True, calibration_rate: float = 0.2,
-                 reuse_shallow: bool = True, op_calls: bool = True):
+                 reuse_shallow: bool = True, op_calls: bool = True, draft_vocab=None):
         if not isinstance(adapter, EarlyExitAdapter):
             raise ValueError(f"EarlyExitDrafter: adapter must be an EarlyExitAdapter (load_early_exit), got "
                              f"{type(adapter).__name__}")
@@ -77,6 +81,12 @@ class EarlyExitDrafter(CalibratedScores):
         self.dynamic = total_tokens is not None
         self.reuse_shallow, self.op_calls, self.calibrate = bool(reuse_shallow), bool(op_calls), bool(calibrate)
         self.calibration = ScoreCalibration(calibration_rate, "EarlyExitDrafter")
+        self.draft_vocab = None if draft_vocab is None else torch.as_tensor(draft_vocab, dtype=torch.int64)
+        if self.draft_vocab is not None and (self.draft_vocab.dim() != 1 or not self.draft_vocab.numel()
+                                             or self.draft_vocab.unique().numel() != self.draft_vocab.numel()):
+            raise ValueError("EarlyExitDrafter: draft_vocab must be a non-empty list of distinct token ids")
+        self._vocab_ids = None  # draft_vocab on the device
+        self._lm_sub = None  # the LM head's draft_vocab rows
         self.target = None
         self.view: LayerSkipLM | None = None  # the target's first exit_layer layers (the modules' route)
         self.cache: TreeKVCache | None = None  # the engine's target cache (state.target_cache)
@@ -91,7 +101,9 @@ class EarlyExitDrafter(CalibratedScores):
     @classmethod
     def from_pretrained(cls, path: str, target: torch.nn.Module, **shape) -> "EarlyExitDrafter":
         """The drafter of a ``specdec train-self-spec`` directory (:func:`~specdec_ext.models.early_exit.
-        load_early_exit`), checked against ``target``, in its dtype and on its device."""
+        load_early_exit`), checked against ``target``, in its dtype and on its device; over the directory's
+        ``draft_vocab.json`` when it has one (unless ``shape`` gives ``draft_vocab``)."""
+        shape.setdefault("draft_vocab", read_draft_vocab(path, "EarlyExitDrafter"))
         return cls(load_early_exit(path, target=target), **shape)
 
     # ---- rows ---------------------------------------------------------------------------------------------------
@@ -108,6 +120,16 @@ class EarlyExitDrafter(CalibratedScores):
             self.view = LayerSkipLM(target, list(range(a.exit_layer, N)), owner="EarlyExitDrafter")
         self.target = target
         self._dtype = next(q for q in target.parameters() if q.is_floating_point()).dtype
+        self._vocab_ids, self._lm_sub = None, None
+        if self.draft_vocab is not None:
+            V = text_config(target.config).vocab_size
+            if int(self.draft_vocab.min()) < 0 or int(self.draft_vocab.max()) >= V:
+                raise ValueError(f"EarlyExitDrafter: draft_vocab holds ids outside the target's vocabulary [0, {V})")
+            if self.width > self.draft_vocab.numel():
+                raise ValueError(f"EarlyExitDrafter: tree_width = {self.width} exceeds the draft vocabulary "
+                                 f"({self.draft_vocab.numel()} ids)")
+            self._vocab_ids = self.draft_vocab.to(state.device)
+            self._lm_sub = vocab_rows(target.lm_head, self._vocab_ids, self._dtype, state.device)
         self.akv, self.feats, self.valid = None, None, []
         self._ops, self._ops_built = None, False
         self.forwards = 0
@@ -194,9 +216,23 @@ class EarlyExitDrafter(CalibratedScores):
                             kv_len=mask.shape[2])
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
+        """The draft logits of the adapter's output: over the whole vocabulary, or over ``draft_vocab``."""
+        h = h.to(self._dtype)
+        if self._lm_sub is not None:
+            return self._lm_sub(self.view.model.norm(h))
         if self._ops is not None:
-            return self._ops.head(h.to(self._dtype))
-        return self.target.lm_head(self.view.model.norm(h.to(self._dtype)))
+            return self._ops.head(h)
+        return self.target.lm_head(self.view.model.norm(h))
+
+    def _sample(self, logits: torch.Tensor, state: DecodeState):
+        """A draft token per row from ``logits[B, Vd]`` and its distribution over the target's vocabulary (None when
+        greedy): :func:`~specdec_ext.drafters.base.sample_drafts`, mapped from the draft vocabulary."""
+        tok, p = sample_drafts(logits, state)
+        if self._vocab_ids is None:
+            return tok, p
+        if p is not None:
+            p = p.new_zeros(p.shape[0], state.vocab_size).index_copy_(1, self._vocab_ids, p)
+        return self._vocab_ids[tok], p
 
     def _draft(self, tokens, pos, slots, mask):
         """One draft forward: ``(h_L, logits)`` of ``tokens[B, T]`` (the logits of the token after each)."""
@@ -254,7 +290,7 @@ class EarlyExitDrafter(CalibratedScores):
         at = state.lengths[:, None]  # the next draft's slot and position: after the root's
         arange = torch.arange(kv_len + k, device=root.device)
         for i in range(k):
-            tok, p = sample_drafts(last, state)
+            tok, p = self._sample(last, state)
             drafts.append(tok)
             probs.append(p)
             if i < k - 1 or self.reuse_shallow:
@@ -283,6 +319,8 @@ class EarlyExitDrafter(CalibratedScores):
             pos = (root_pos + d)[:, None].expand(B, w)
             return self._draft(tok, pos, slots, mask)[1]
 
+        ids = self._vocab_ids
         return grow_dynamic_tree(root, last, level, depth=k, top_k=w, total_tokens=total, valid=valid,
                                  kv_len=max(len(t) for t in state.host_tokens) + (k - 1) * w,
+                                 target_ids=None if ids is None else ids.__getitem__,
                                  calibration=self.calibration if self.calibrate else None)

@@ -14,11 +14,13 @@ import json
 import os
 
 import torch
+from torch.nn.utils import skip_init
 
+from specdec_ext.models.fast_linear import Linear
 from specdec_ext.models.safe_files import read_json
 
-__all__ = ["DRAFT_VOCAB_FILE", "default_draft_vocab_size", "draft_vocab_ids", "write_draft_vocab",
-           "read_draft_vocab"]
+__all__ = ["DRAFT_VOCAB_FILE", "default_draft_vocab_size", "draft_vocab_ids", "read_draft_vocab", "vocab_rows",
+           "write_draft_vocab"]
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 
@@ -59,3 +61,16 @@ def read_draft_vocab(directory: str | os.PathLike, who: str) -> torch.Tensor | N
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ValueError(f"{who}: {path!r} must hold {{\"ids\": [token ids]}}")
     return torch.tensor(ids, dtype=torch.int64)
+
+
+@torch.no_grad()
+def vocab_rows(lm_head: torch.nn.Module, ids: torch.Tensor, dtype: torch.dtype, device) -> Linear:
+    """A layer of its own holding ``lm_head``'s rows ``ids`` (a copy, in ``dtype`` on ``device``): the draft
+    vocabulary's logits, ``[..., len(ids)]``, in one few-row product (it packs its weight once, as every layer)."""
+    w, bias = lm_head.weight, getattr(lm_head, "bias", None)
+    sub = skip_init(Linear, w.shape[1], ids.numel(), bias=bias is not None, device=device,
+                    dtype=dtype).requires_grad_(False)
+    sub.weight.copy_(w.index_select(0, ids.to(w.device)))
+    if bias is not None:
+        sub.bias.copy_(bias.index_select(0, ids.to(w.device)))
+    return sub

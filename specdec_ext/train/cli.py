@@ -308,6 +308,8 @@ def train_draft_cmd(args) -> int:
 
 
 def train_self_spec_cmd(args) -> int:
+    from specdec_ext.models.config import text_config
+    from specdec_ext.models.draft_vocab import default_draft_vocab_size, draft_vocab_ids, write_draft_vocab
     from specdec_ext.models.early_exit import load_early_exit, save_early_exit
     from specdec_ext.train.early_exit import early_exit_drafter, train_early_exit
 
@@ -315,15 +317,25 @@ def train_self_spec_cmd(args) -> int:
         raise ValueError(f"--num-draft-tokens must be >= 1, got {args.num_draft_tokens}")
     if args.init and args.exit_layer is not None:
         raise ValueError("--init continues that adapter at its own exit layer: drop --exit-layer")
+    if args.draft_vocab is not None and args.draft_vocab < 0:
+        raise ValueError(f"--draft-vocab must be >= 0 (0 = the whole vocabulary), got {args.draft_vocab}")
     target, _, train, prompts, cfg = _prepare(args, "train-self-spec")
+    V = text_config(target.config).vocab_size
+    n = default_draft_vocab_size(V) if args.draft_vocab is None else (args.draft_vocab or None)
+    if n is not None and n > V:
+        raise ValueError(f"--draft-vocab {n} exceeds the target's vocabulary ({V} ids)")
+    ids = draft_vocab_ids(train, V, n) if n is not None and n < V else None
     init = load_early_exit(args.init, target=target, dtype=torch.float32) if args.init else None
     adapter, result = train_early_exit(target, train, cfg, exit_layer=args.exit_layer, heldout_prompts=prompts,
-                                       num_draft_tokens=args.num_draft_tokens, adapter=init)
+                                       num_draft_tokens=args.num_draft_tokens, adapter=init, draft_vocab=ids)
     save_early_exit(adapter, args.out, base_model_name_or_path=args.model,
                     dtype=next(q for q in target.parameters() if q.is_floating_point()).dtype)
+    if ids is not None:
+        write_draft_vocab(args.out, ids.tolist())
     _report(args, "train-self-spec", result, {"exit_layer": adapter.exit_layer, "init": args.init,
-                                              "num_draft_tokens": args.num_draft_tokens},
-            target, early_exit_drafter(adapter, target, args.num_draft_tokens), prompts)
+                                              "num_draft_tokens": args.num_draft_tokens,
+                                              "draft_vocab": None if ids is None else ids.numel()},
+            target, early_exit_drafter(adapter, target, args.num_draft_tokens, draft_vocab=ids), prompts)
     return 0
 
 
@@ -455,6 +467,9 @@ def add_train_commands(sub) -> None:
     p.add_argument("--num-draft-tokens", type=int, default=4, metavar="K",
                    help="the chain the held-out evaluation drafts")
     p.add_argument("--init", metavar="DIR", default=None, help="continue training this adapter directory")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="the draft scores the N most frequent token ids of the data (draft_vocab.json beside the "
+                        "adapter; default: a quarter of the vocabulary, at least 1024; 0 = all)")
     p.set_defaults(func=train_self_spec_cmd)
     add_evaluate_command(sub)
 

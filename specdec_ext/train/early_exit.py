@@ -62,9 +62,11 @@ def early_exit_drafter(adapter: EarlyExitAdapter, target, num_draft_tokens: int 
 
 def train_early_exit(target, seqs: list[list[int]], cfg: TrainConfig, exit_layer: int | None = None,
                      heldout_prompts: list[list[int]] | None = None,
-                     num_draft_tokens: int = DEFAULT_DRAFT_TOKENS, adapter: EarlyExitAdapter | None = None):
+                     num_draft_tokens: int = DEFAULT_DRAFT_TOKENS, adapter: EarlyExitAdapter | None = None,
+                     draft_vocab: torch.Tensor | None = None):
     """``(adapter, result)``: an early-exit adapter trained on ``seqs`` for ``target`` (``exit_layer`` default
-    :func:`default_exit_layer`; ``adapter``: continue from this one)."""
+    :func:`default_exit_layer`; ``adapter``: continue from this one; ``draft_vocab``: the ids the held-out
+    evaluation drafts over)."""
     t = text_config(target.config)
     N = t.num_hidden_layers
     if adapter is None:
@@ -84,7 +86,8 @@ def train_early_exit(target, seqs: list[list[int]], cfg: TrainConfig, exit_layer
     eval_fn = None
     if heldout_prompts:
         def eval_fn(step):
-            return evaluate_acceptance(target, early_exit_drafter(adapter, target, num_draft_tokens),
+            return evaluate_acceptance(target, early_exit_drafter(adapter, target, num_draft_tokens,
+                                                                  draft_vocab=draft_vocab),
                                        heldout_prompts, cfg.eval_new_tokens)
 
     signature = {"exit_layer": adapter.exit_layer, "hidden_size": adapter.config.hidden_size}
