@@ -35,12 +35,14 @@ sampled under the rows' settings with their probabilities (lossless), or an EAGL
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from specdec_ext import ops
 from specdec_ext.drafters.base import own_target_cache, sample_drafts, to_device
 from specdec_ext.drafters.dynamic_tree import CalibratedScores, ScoreCalibration, grow_dynamic_tree, scratch_tree_nodes
 from specdec_ext.models import TreeKVCache, draft_layer
 from specdec_ext.models.config import text_config
+from specdec_ext.models.draft_layer import DraftLayer
 from specdec_ext.models.draft_vocab import read_draft_vocab, vocab_rows
 from specdec_ext.models.early_exit import EarlyExitAdapter, check_adapter_target, load_early_exit
 from specdec_ext.models.eagle import EagleKVCache
@@ -94,6 +96,7 @@ class EarlyExitDrafter(CalibratedScores):
         self.feats: torch.Tensor | None = None  # [B, max_len + 1, H]: every context position's h_L
         self.valid: list[int] = []
         self._ops: LlamaStepOps | None = None
+        self._adapter_op: DraftLayer | None = None  # the adapter as an op call (with _ops)
         self._ops_built = False
         self._drafted = 0  # the last propose's adapter forwards at the rows' own slots from prefix_lens (chain: k)
         self.forwards = 0
@@ -150,6 +153,7 @@ class EarlyExitDrafter(CalibratedScores):
         B, dev = rows.batch_size, rows.device
         S = rows.max_len + self.max_nodes + 1  # the last slot takes padding writes, never read
         self.akv = EagleKVCache(B, c.num_key_value_heads, S, c.head_dim, p.dtype, dev)
+        self._positions = torch.arange(S, device=dev)
         self.feats = torch.zeros(B, rows.max_len + 1, c.hidden_size, dtype=p.dtype, device=dev)
         if prefill_hidden_states is not None:
             h = prefill_hidden_states[0]
@@ -211,15 +215,19 @@ class EarlyExitDrafter(CalibratedScores):
 
     def _adapt(self, h: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The adapter over ``h_L[B, T, H]`` at ``pos``, its K/V written at ``slots``, attending to its K/V under
-        ``mask[B, T, kv_len]``."""
-        return self.adapter(h.to(self.feats.dtype), pos, mask=mask, cache=self.akv, write_slots=slots,
-                            kv_len=mask.shape[2])
+        ``mask[B, T, kv_len]``: its op call (operands looked up once a generation) where it takes the call."""
+        h = h.to(self.feats.dtype)
+        op, akv = self._adapter_op, self.akv
+        if op is not None and DraftLayer.takes(h.shape[0] * h.shape[1], mask, None):
+            return op(h, h, pos, akv.k, akv.v, slots, mask)
+        return self.adapter(h, pos, mask=mask, cache=akv, write_slots=slots, kv_len=mask.shape[2])
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         """The draft logits of the adapter's output: over the whole vocabulary, or over ``draft_vocab``."""
         h = h.to(self._dtype)
         if self._lm_sub is not None:
-            return self._lm_sub(self.view.model.norm(h))
+            norm = self.view.model.norm
+            return self._lm_sub(F.rms_norm(h, norm.weight.shape, norm.weight, norm.variance_epsilon))
         if self._ops is not None:
             return self._ops.head(h)
         return self.target.lm_head(self.view.model.norm(h))
@@ -248,14 +256,19 @@ class EarlyExitDrafter(CalibratedScores):
         if not any(count):
             return
         B, T, dev = state.batch_size, max(count), state.device
-        start_t, count_t = to_device([self.valid, count], dev)
-        j = torch.arange(T, device=dev)
-        pos = start_t[:, None] + j
-        slots = torch.where(j < count_t[:, None], pos, self.akv.max_len - 1)
         kv_len = max(v + c for v, c in zip(self.valid, count))
-        mask = torch.arange(kv_len, device=dev)[None, None, :] <= pos[:, :, None]
-        H = self.feats.shape[-1]
-        feat = self.feats.gather(1, pos.clamp(max=self.feats.shape[1] - 1)[:, :, None].expand(B, T, H))
+        if self.valid.count(self.valid[0]) == B and count.count(T) == B:  # rows in step (batch 1): slices, no gathers
+            start = self.valid[0]
+            pos = self._positions[start: start + T].expand(B, T)
+            feat, slots = self.feats[:, start: start + T], pos
+        else:
+            start_t, count_t = to_device([self.valid, count], dev)
+            j = self._positions[:T]
+            pos = start_t[:, None] + j
+            slots = torch.where(j < count_t[:, None], pos, self.akv.max_len - 1)
+            H = self.feats.shape[-1]
+            feat = self.feats.gather(1, pos.clamp(max=self.feats.shape[1] - 1)[:, :, None].expand(B, T, H))
+        mask = self._positions[:kv_len][None, None, :] <= pos[:, :, None]
         self._adapt(feat, pos, slots, mask)
         self.valid = [v + c for v, c in zip(self.valid, count)]
 
@@ -268,13 +281,15 @@ class EarlyExitDrafter(CalibratedScores):
             return plain_tree(root)
         if not self._ops_built:
             self._ops = LlamaStepOps.build(self.target, self.cache) if self.op_calls else None
+            self._adapter_op = None if self._ops is None else self.adapter.draft_layer(
+                self.feats.dtype, self.feats.device, self.akv.k.dtype)
             self._ops_built = True
         self._catch_up(state)
         prefix = state.prefix_lens
         kv_len = max(len(t) for t in state.host_tokens)  # slots up to the root's
         try:
             pos = prefix[:, None]
-            mask = torch.arange(kv_len, device=root.device)[None, None, :] <= pos[:, :, None]
+            mask = self._positions[:kv_len][None, None, :] <= pos[:, :, None]
             h_root, logits = self._draft(root[:, None], pos, pos, mask)
             total = min(self.total_tokens, int(max_nodes) - 1) if self.dynamic else 0
             if self.dynamic and total > k:
@@ -287,21 +302,21 @@ class EarlyExitDrafter(CalibratedScores):
 
     def _propose_chain(self, state, root, h_root, last, k, kv_len) -> DraftTree:
         drafts, probs, shallow = [], [], [h_root]
-        at = state.lengths[:, None]  # the next draft's slot and position: after the root's
-        arange = torch.arange(kv_len + k, device=root.device)
+        # every draft's slot and position (after the root's), and the slots each one attends to
+        at = state.lengths[:, None] + self._positions[:k]
+        masks = self._positions[None, None, : kv_len + k] <= at[:, :, None]
         for i in range(k):
             tok, p = self._sample(last, state)
             drafts.append(tok)
             probs.append(p)
             if i < k - 1 or self.reuse_shallow:
-                mask = arange[None, None, : kv_len + i + 1] <= at[:, :, None]
+                here, mask = at[:, i: i + 1], masks[:, i: i + 1, : kv_len + i + 1]
                 if i < k - 1:
-                    h, logits = self._draft(tok[:, None], at, at, mask)
+                    h, logits = self._draft(tok[:, None], here, here, mask)
                     last = logits[:, 0]
                 else:  # the last draft's shallow layers only: verification starts after them
-                    h = self._shallow(tok[:, None], at, at, mask)
+                    h = self._shallow(tok[:, None], here, here, mask)
                 shallow.append(h)
-                at = at + 1
         tokens = torch.stack([root] + drafts, 1)
         draft_probs = None
         if not state.sampling.greedy:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 __all__ = ["CPU_SHAPES", "DRAFTER_NAMES", "drafter_shape", "eagle_tree_shape"]
 
-DRAFTER_NAMES = ("ngram", "suffix", "draft-model", "parallel-draft", "medusa", "eagle1", "eagle2", "eagle3")
+DRAFTER_NAMES = ("ngram", "suffix", "draft-model", "parallel-draft", "medusa", "eagle1", "eagle2", "eagle3",
+                 "early-exit")
 
 # Drafter shapes for a CPU, from sweeps on the shipped family (1 thread, held-out prompts): on a CPU every
 # draft-network forward costs ~1-2 ms of fixed overhead and every verified node real compute (in float32 a 13-node
@@ -54,6 +55,9 @@ CPU_SHAPES = {
     "eagle1": {"depth": 6, "top_k": 1, "total_tokens": 6, "draft_vocab": "frequent"},  # EAGLE-1 network, chain
     "eagle2": {"depth": 6, "top_k": 2, "total_tokens": 8, "draft_vocab": "frequent"},  # EAGLE-2 dynamic tree
     "eagle3": {"depth": 5, "top_k": 2, "total_tokens": 8},  # EAGLE-3 network, dynamic tree
+    # self-speculation by early exit (the target's first layers + the family's adapter + its LM head), chains
+    # verified from the exit layer, over the adapter's draft vocabulary
+    "early-exit": {"num_draft_tokens": 4},
 }
 
 

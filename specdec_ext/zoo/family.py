@@ -9,6 +9,8 @@ Layout of a family directory (every member in its official format)::
     medusa/   Medusa-1 heads sharing the target's lm_head (config.json + medusa_lm_head.safetensors)
     eagle1/   EAGLE-1 draft (config.json + model.safetensors) and draft_vocab.json (the ids its drafts use)
     eagle3/   EAGLE-3 draft with a reduced vocabulary (d2t / t2d)
+    early_exit/  the early-exit adapter of self-speculation (config.json + adapter.safetensors, draft_vocab.json;
+              attention targets only, families built before it have none)
     card.json the model card's data: corpus, sizes, training, losses, accepted lengths and their test floors
     README.md the model card
 """
@@ -51,12 +53,14 @@ class Family:
     eagle3: torch.nn.Module
     card: dict = field(default_factory=dict)
     parallel_draft: torch.nn.Module | None = None  # (None: a family built before the member existed)
+    early_exit: torch.nn.Module | None = None  # (None: likewise, or a hybrid target)
 
     @property
     def drafter_names(self) -> tuple[str, ...]:
-        """The drafters this family has: every one of ``DRAFTER_NAMES``, less the parallel draft where its member
-        is missing."""
-        return tuple(n for n in DRAFTER_NAMES if n != "parallel-draft" or self.parallel_draft is not None)
+        """The drafters this family has: every one of ``DRAFTER_NAMES``, less those whose member is missing (the
+        parallel draft, the early-exit adapter)."""
+        missing = {"parallel-draft": self.parallel_draft is None, "early-exit": self.early_exit is None}
+        return tuple(n for n in DRAFTER_NAMES if not missing.get(n, False))
 
     def drafter_kwargs(self, name: str) -> dict:
         shapes = {**CPU_SHAPES, **(self.card.get("spec", {}).get("drafters") or {})}
@@ -70,7 +74,7 @@ class Family:
 
 def make_drafter(family: Family, name: str, **overrides):
     """A fresh drafter ``name`` (one of ``DRAFTER_NAMES``) with the family's shapes, ``overrides`` applied."""
-    from specdec_ext.drafters import (DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter,
+    from specdec_ext.drafters import (DraftModelDrafter, EagleDrafter, EarlyExitDrafter, MedusaDrafter, NgramDrafter,
                                       ParallelDraftDrafter, SuffixDrafter)
 
     kw = {**family.drafter_kwargs(name), **overrides}
@@ -88,6 +92,11 @@ def make_drafter(family: Family, name: str, **overrides):
         return ParallelDraftDrafter(own(family.parallel_draft), **kw)
     if name == "medusa":
         return MedusaDrafter(own(family.medusa_heads), **kw)
+    if name == "early-exit":
+        if kw.get("draft_quant"):
+            raise ValueError("early-exit drafts with the target's own layers: draft_quant does not apply")
+        kw.setdefault("draft_vocab", read_draft_vocab(os.path.join(family.path, "early_exit"), "make_drafter"))
+        return EarlyExitDrafter(family.early_exit, **kw)
     if name in ("eagle1", "eagle2"):
         eagle1_dir = os.path.join(family.path, "eagle1")
         if kw.get("draft_vocab") == "frequent" and not os.path.isfile(os.path.join(eagle1_dir, DRAFT_VOCAB_FILE)):
@@ -123,6 +132,7 @@ def load_family(path: str | os.PathLike | None = None, device: torch.device | st
 
     from specdec_ext.models.causal_lm import load_causal_lm
     from specdec_ext.models.checkpoints import load_eagle, load_medusa, resolve_eagle_dtype
+    from specdec_ext.models.early_exit import load_early_exit
     from specdec_ext.models.fast_linear import pack_linears
 
     root = family_dir(path)
@@ -144,6 +154,8 @@ def load_family(path: str | os.PathLike | None = None, device: torch.device | st
     medusa = load_medusa(os.path.join(root, "medusa"), target=target)
     eagle1 = load_eagle(os.path.join(root, "eagle1"), target=target, dtype=eagle_dtype)
     eagle3 = load_eagle(os.path.join(root, "eagle3"), target=target, dtype=eagle_dtype)
+    edir = os.path.join(root, "early_exit")
+    early_exit = load_early_exit(edir, target=target) if os.path.isdir(edir) else None
     card_file = os.path.join(root, "card.json")
     card = read_json(card_file, "load_family") if os.path.isfile(card_file) else {}
-    return Family(root, target, tokenizer, draft, medusa, eagle1, eagle3, card, parallel)
+    return Family(root, target, tokenizer, draft, medusa, eagle1, eagle3, card, parallel, early_exit)
