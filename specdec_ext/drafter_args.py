@@ -63,7 +63,8 @@ def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suffix-corpus-tokens", type=int, default=1 << 18,
                    help="--suffix: tokens of earlier outputs kept (oldest evicted first; 0: the context only)")
     p.add_argument("--draft-quant", choices=["none", "int8"], default="none",
-                   help="weights of the drafter's network (--draft-model, --medusa, --eagle, the zoo's): int8 holds "
+                   help="weights of the drafter's network (--draft-model, --medusa, --eagle, --early-exit's adapter, "
+                        "the zoo's): int8 holds "
                         "a quarter of float32's bytes; verification stays on the target, so output is unchanged")
 
 
@@ -74,10 +75,9 @@ def check_one_drafter(args: argparse.Namespace) -> None:
                          "--early-exit)")
     if draft_quant(args) is not None and (args.ngram or args.suffix):
         raise ValueError("--draft-quant quantises a drafter's network; --ngram and --suffix have none")
-    own = "--self-spec" if args.self_spec else "--early-exit" if args.early_exit else None
-    if draft_quant(args) is not None and own:
-        raise ValueError(f"--draft-quant: {own} drafts with the target's own weights (the target on int8 weights as "
-                         "its own draft is DraftModelDrafter.from_target)")
+    if draft_quant(args) is not None and args.self_spec:
+        raise ValueError("--draft-quant: --self-spec drafts with the target's own weights (the target on int8 weights "
+                         "as its own draft is DraftModelDrafter.from_target)")
 
 
 def draft_quant(args: argparse.Namespace) -> str | None:
@@ -134,5 +134,6 @@ def drafter_from_args(args: argparse.Namespace, target: torch.nn.Module):
         return SelfSpecDrafter.from_file(args.self_spec, target=target, **tree)
     if args.early_exit:
         tree = {"tree_width": args.tree_width, "total_tokens": args.tree_total_tokens} if args.tree_width > 1 else {}
-        return EarlyExitDrafter.from_pretrained(args.early_exit, target, num_draft_tokens=k or 4, **tree)
+        return EarlyExitDrafter.from_pretrained(args.early_exit, target, num_draft_tokens=k or 4,
+                                                draft_quant=draft_quant(args), **tree)
     return None

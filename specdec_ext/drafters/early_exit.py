@@ -49,6 +49,7 @@ from specdec_ext.models.eagle import EagleKVCache
 from specdec_ext.models.kv_cache import append_batch_rows, keep_batch_rows, write_rows
 from specdec_ext.models.layer_skip import LayerSkipLM
 from specdec_ext.models.llama_step import LlamaStepOps
+from specdec_ext.models.quantized import Int8Linear, check_draft_quant, quantize_weights
 from specdec_ext.state import DecodeState, DraftTree, ShallowStates, StepResult, plain_tree
 
 __all__ = ["EarlyExitDrafter"]
@@ -64,18 +65,21 @@ class EarlyExitDrafter(CalibratedScores):
     ``draft_vocab``: target token ids (FR-Spec, :mod:`~specdec_ext.models.draft_vocab`) the draft scores instead of
     the whole vocabulary: a copy of those rows of the LM head, and a head product that reads only them; sampled
     drafts keep their distribution over those ids (zero elsewhere), so sampling stays lossless.
+    ``draft_quant="int8"``: the adapter and those rows on int8 weights (in place; the target's layers stay as they
+    are, and so do the exact shallow states).
     """
 
     defers_prefill = True  # (the first propose's catch-up reads the prompt's features)
 
     def __init__(self, adapter: EarlyExitAdapter, num_draft_tokens: int = 4, tree_width: int = 1,
                  total_tokens: int | None = None, calibrate: bool = True, calibration_rate: float = 0.2,
-                 reuse_shallow: bool = True, op_calls: bool = True, draft_vocab=None):
+                 reuse_shallow: bool = True, op_calls: bool = True, draft_vocab=None, draft_quant: str | None = None):
         if not isinstance(adapter, EarlyExitAdapter):
             raise ValueError(f"EarlyExitDrafter: adapter must be an EarlyExitAdapter (load_early_exit), got "
                              f"{type(adapter).__name__}")
         self.max_nodes = scratch_tree_nodes("EarlyExitDrafter", num_draft_tokens, tree_width, total_tokens)
-        self.adapter = adapter
+        self.draft_quant = check_draft_quant("EarlyExitDrafter", draft_quant)
+        self.adapter = adapter.eval() if self.draft_quant is None else quantize_weights(adapter.eval(), draft_quant)
         self.exit_layer = adapter.exit_layer
         self.hidden_state_layers = (adapter.exit_layer,)
         self.k = self.max_depth = num_draft_tokens
@@ -132,7 +136,8 @@ class EarlyExitDrafter(CalibratedScores):
                 raise ValueError(f"EarlyExitDrafter: tree_width = {self.width} exceeds the draft vocabulary "
                                  f"({self.draft_vocab.numel()} ids)")
             self._vocab_ids = self.draft_vocab.to(state.device)
-            self._lm_sub = vocab_rows(target.lm_head, self._vocab_ids, self._dtype, state.device)
+            sub = vocab_rows(target.lm_head, self._vocab_ids, self._dtype, state.device)
+            self._lm_sub = sub if self.draft_quant is None else Int8Linear.of(sub)
         self.akv, self.feats, self.valid = None, None, []
         self._ops, self._ops_built = None, False
         self.forwards = 0

@@ -313,6 +313,22 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
 
     stages.run("eagle1_vocab", eagle1_vocab)
     stages.run("eagle3", eagle(3, spec.eagle3_steps, draft_vocab=spec.eagle3_vocab))
+
+    def early_exit():  # self-speculation's adapter: attention targets only (a hybrid's state has no early exit)
+        from specdec_ext.models.draft_vocab import read_draft_vocab, write_draft_vocab
+        from specdec_ext.models.early_exit import save_early_exit
+        from specdec_ext.train.early_exit import train_early_exit
+
+        cfg = _train_cfg(spec, out, "early_exit", spec.early_exit_steps, spec.early_exit_lr, spec.drafter_batch,
+                         max(1, spec.early_exit_steps // 20), progress, resume)
+        adapter, result = train_early_exit(target_model, seqs, cfg, exit_layer=spec.early_exit_layer)
+        edir = os.path.join(out, "early_exit")
+        save_early_exit(adapter, edir, base_model_name_or_path="../target", dtype=torch.bfloat16)
+        write_draft_vocab(edir, read_draft_vocab(os.path.join(out, "eagle1"), "zoo build").tolist())
+        return {**_summary(result), "params": _params(adapter), "exit_layer": spec.early_exit_layer}
+
+    if not spec.hybrid:
+        stages.run("early_exit", early_exit)
     # the card of a previous build must not decide the drafter shapes of this one
     spec_file = os.path.join(out, "card.json")
     with open(spec_file, "w") as f:
@@ -329,9 +345,11 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     evaluation = stages.run("evaluate", evaluate)
     members = {m: {"bytes": _dir_bytes(os.path.join(out, m)), "params": stages.records[s].get("params")}
                for m, s in (("target", "target"), ("draft", "draft"), ("parallel_draft", "parallel_draft"),
-                            ("medusa", "medusa"), ("eagle1", "eagle1"), ("eagle3", "eagle3"))}
+                            ("medusa", "medusa"), ("eagle1", "eagle1"), ("eagle3", "eagle3"),
+                            ("early_exit", "early_exit")) if s in stages.records}
     training = {k: stages.records[k] for k in ("corpus", "tokenizer", "target", "target_long", "draft",
-                                                "parallel_draft", "medusa", "eagle1", "eagle3") if k in stages.records}
+                                                "parallel_draft", "medusa", "eagle1", "eagle3", "early_exit")
+                if k in stages.records}
     card = {
         "name": "specdec-zoo-pystdlib" + ("-hybrid" if spec.hybrid else ""),
         "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

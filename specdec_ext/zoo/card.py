@@ -12,7 +12,8 @@ _ROLE = {"ngram": "prompt lookup (no model)", "suffix": "suffix decoding (no mod
          "parallel-draft": "parallel draft LM, chain from one forward",
          "medusa": "Medusa-1 heads",
          "eagle1": "EAGLE-1 draft, chain", "eagle2": "EAGLE-1 draft, EAGLE-2 dynamic tree",
-         "eagle3": "EAGLE-3 draft, dynamic tree"}
+         "eagle3": "EAGLE-3 draft, dynamic tree",
+         "early-exit": "the target's first layers + an adapter, chain (self-speculation)"}
 
 
 def write_card(out: str, card: dict) -> None:
@@ -65,6 +66,8 @@ def render_card(card: dict) -> str:
                      if spec.get("eagle1_vocab") else ""),
         "eagle3": f"EAGLE-3: fused features of 3 target layers, training-time test, draft vocabulary "
                   f"{spec['eagle3_vocab']}",
+        "early_exit": f"early-exit adapter: 1 decoder layer after the target's first {spec.get('early_exit_layer')} "
+                      "layers, read by the target's norm and lm_head; drafts over the EAGLE-1 ids",
     }
     for m, info in card["members"].items():
         t = tr[m]

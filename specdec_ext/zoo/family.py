@@ -93,10 +93,8 @@ def make_drafter(family: Family, name: str, **overrides):
     if name == "medusa":
         return MedusaDrafter(own(family.medusa_heads), **kw)
     if name == "early-exit":
-        if kw.get("draft_quant"):
-            raise ValueError("early-exit drafts with the target's own layers: draft_quant does not apply")
         kw.setdefault("draft_vocab", read_draft_vocab(os.path.join(family.path, "early_exit"), "make_drafter"))
-        return EarlyExitDrafter(family.early_exit, **kw)
+        return EarlyExitDrafter(own(family.early_exit), **kw)
     if name in ("eagle1", "eagle2"):
         eagle1_dir = os.path.join(family.path, "eagle1")
         if kw.get("draft_vocab") == "frequent" and not os.path.isfile(os.path.join(eagle1_dir, DRAFT_VOCAB_FILE)):

@@ -62,6 +62,11 @@ class ZooSpec:
     eagle3_vocab: int = 2048
     eagle1_vocab: int = 1024  # the EAGLE-1 drafts' vocabulary: the training chunks' most frequent ids (FR-Spec)
     drafter_lr: float = 2e-3
+    # the early-exit adapter of self-speculation (specdec train-self-spec): after this many target layers, a copy of
+    # the next layer fine-tuned at its own rate (a trained layer needs a smaller step than a draft from scratch)
+    early_exit_layer: int = 1
+    early_exit_steps: int = 1960
+    early_exit_lr: float = 5e-4
     # evaluation on held-out files
     eval_prompts: int = 8
     eval_prompt_len: int = 64
@@ -112,7 +117,7 @@ QUICK = replace(FULL, vocab_size=512, hidden_size=64, num_layers=4, intermediate
                 num_kv_heads=1, max_positions=512, target_seq_len=64, target_batch=4, target_steps=40,
                 target_warmup=5, drafter_seq_len=64, drafter_batch=4, draft_layers=1, draft_hidden=64,
                 draft_steps=15, parallel_draft_tokens=4, parallel_draft_steps=15, medusa_heads=3, medusa_steps=15,
-                eagle1_steps=15, eagle3_steps=15, eagle3_vocab=256, eagle1_vocab=128,
+                eagle1_steps=15, eagle3_steps=15, eagle3_vocab=256, eagle1_vocab=128, early_exit_steps=15,
                 eval_prompts=2, eval_prompt_len=16, eval_new_tokens=16, max_files=10,
                 drafters={**{k: dict(v) for k, v in CPU_SHAPES.items()},
                           "eagle2": {"depth": 3, "top_k": 2, "total_tokens": 6},
