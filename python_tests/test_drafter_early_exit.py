@@ -236,6 +236,25 @@ def test_draft_vocabulary(shape):
         make_drafter(m, shape, draft_vocab=[3, 3])
 
 
+def test_confidence_threshold_stops_chains():
+    """Chains of 6 that stop after a draft the adapter was unsure of: the same tokens, fewer draft forwards and
+    shorter trees than without the stop; a threshold for a tree, or out of [0, 1), is refused."""
+    m = target()
+    prompts = [greedy_t.prompt_of(n, 30 + n) for n in (9, 3)]
+    runs = {}
+    for threshold in (0.0, 0.9):
+        drafter = make_drafter(m, k=6, confidence_threshold=threshold)
+        outs, stats = generate(m, drafter, prompts, max_new_tokens=24, eos_token_id=[])
+        for b, (p, o) in enumerate(zip(prompts, outs)):
+            assert o.tolist() == p + hf_greedy(m, p, 24), (threshold, b)
+        runs[threshold] = (drafter.forwards, stats.draft_tokens / stats.steps)
+    assert runs[0.9][1] < runs[0.0][1], runs  # shorter chains a step
+    with pytest.raises(ValueError, match="confidence_threshold applies to chains"):
+        make_drafter(m, "tree", confidence_threshold=0.5)
+    with pytest.raises(ValueError, match=r"confidence_threshold must be a number in \[0, 1\)"):
+        make_drafter(m, confidence_threshold=1.0)
+
+
 @pytest.mark.parametrize("shape", ["chain", "tree"])
 def test_int8_adapter(shape):
     """``draft_quant="int8"``: the adapter's linear layers become int8 (a quarter of the float32 bytes, scales

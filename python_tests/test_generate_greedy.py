@@ -22,6 +22,8 @@ from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext import ops  # noqa: E402
 from specdec_ext.drafters import DraftModelDrafter, NgramDrafter, ngram_lookup  # noqa: E402
+import specdec_ext.drafters.draft_model as draft_model_module  # noqa: E402
+from specdec_ext.drafters.base import all_unsure  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.models.fast_linear import pack_linears, packed_enabled  # noqa: E402
 
@@ -157,7 +159,7 @@ def test_draft_model_identical_to_target_accepts_everything():
 
 
 @pytest.mark.parametrize("threshold", [0.65, 0.7])
-def test_draft_model_confidence_threshold_stops_chains_early_and_stays_greedy_identical(threshold):
+def test_draft_model_confidence_threshold_stops_chains_early_and_stays_greedy_identical(threshold, monkeypatch):
     """An unsure draft stops its chain early (shorter trees, fewer draft forwards per step) and the output stays
     plain greedy's, at one row and in a batch; each chain ends at the first draft every row was unsure of."""
     model = copy.deepcopy(target("llama"))
@@ -168,12 +170,12 @@ def test_draft_model_confidence_threshold_stops_chains_early_and_stays_greedy_id
         want = [hf_greedy(model, p, 24) for p in prompts]
         drafter = DraftModelDrafter(draft, num_draft_tokens=5, confidence_threshold=threshold)
         sizes, stops = [], []
-        propose, unsure = drafter.propose, drafter._unsure
+        propose, unsure = drafter.propose, all_unsure
 
-        def spy_unsure(logits, tok, probs):
+        def spy_unsure(logits, tok, probs, limit):
             conf = torch.softmax(logits.float(), -1).amax(-1)  # greedy: the argmax's probability
             stops.append(bool((conf < threshold).all()))
-            assert unsure(logits, tok, probs) == stops[-1]
+            assert limit == threshold and unsure(logits, tok, probs, limit) == stops[-1]
             return stops[-1]
 
         def spy_propose(state, max_depth, max_nodes):
@@ -181,7 +183,8 @@ def test_draft_model_confidence_threshold_stops_chains_early_and_stays_greedy_id
             sizes.append(tree.num_nodes)
             return tree
 
-        drafter.propose, drafter._unsure = spy_propose, spy_unsure
+        drafter.propose = spy_propose
+        monkeypatch.setattr(draft_model_module, "all_unsure", spy_unsure)
         out, stats = generate(model, drafter, [torch.tensor(p) for p in prompts], max_new_tokens=24,
                               eos_token_id=[])
         assert [o[len(p):].tolist() for o, p in zip(out, prompts)] == want

@@ -203,6 +203,27 @@ def sample_drafts(logits: torch.Tensor, state: DecodeState) -> tuple[torch.Tenso
                              validate=False)
 
 
+def all_unsure(logits: torch.Tensor, tok: torch.Tensor, probs: torch.Tensor | None, threshold: float) -> bool:
+    """Whether every row's draft ``tok[B]`` had a probability below ``threshold`` under the draft's own distribution
+    (``probs[B, V]`` when sampled; greedy: the softmax maximum of ``logits[B, V]``): a chain's confidence stop, which
+    depends on the draft alone (lossless). Reads one value back."""
+    if probs is None:
+        conf = torch.softmax(logits.float(), -1).amax(-1)
+    else:
+        conf = probs.gather(1, tok[:, None])[:, 0]
+    return bool((conf < threshold).all())
+
+
+def check_confidence_threshold(owner: str, threshold, tree_width: int) -> float:
+    """A chain's confidence stop as a float in [0, 1) (0 = off), or a ValueError naming ``owner``: a number in that
+    range, and only for chains (``tree_width = 1``)."""
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold < 1.0:
+        raise ValueError(f"{owner}: confidence_threshold must be a number in [0, 1) (0 = off), got {threshold!r}")
+    if threshold and tree_width > 1:
+        raise ValueError(f"{owner}: confidence_threshold applies to chains (tree_width = 1)")
+    return float(threshold)
+
+
 def own_target_cache(owner: str, target, rows: DecodeState, tree_width: int) -> TreeKVCache:
     """``rows.target_cache``, checked for a drafter that drafts with the target's own layers over it (self-speculation):
     the KV cache of an attention model, a vocabulary of the target's and at least ``tree_width`` ids, a context that

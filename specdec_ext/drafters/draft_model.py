@@ -48,7 +48,8 @@ import copy
 import torch
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import check_vocab, sample_drafts, to_device
+from specdec_ext.drafters.base import (all_unsure, check_confidence_threshold, check_vocab, sample_drafts,
+                                       to_device)
 from specdec_ext.drafters.dynamic_tree import (CalibratedScores, ScoreCalibration, check_tree_shape, grow_dynamic_tree,
                                                max_tree_nodes)
 from specdec_ext.models import TreeKVCache, masked_forward, tree_forward, use_tree_attention
@@ -98,17 +99,11 @@ class DraftModelDrafter(CalibratedScores):
         if total_tokens is not None and tree_width < 2:
             raise ValueError(f"DraftModelDrafter: total_tokens makes a dynamic tree, which needs tree_width >= 2 "
                              f"(got {tree_width}; a chain drafts num_draft_tokens tokens)")
-        if (isinstance(confidence_threshold, bool) or not isinstance(confidence_threshold, (int, float))
-                or not 0.0 <= confidence_threshold < 1.0):
-            raise ValueError(f"DraftModelDrafter: confidence_threshold must be a number in [0, 1) (0 = off), got "
-                             f"{confidence_threshold!r}")
         self.dynamic = total_tokens is not None
         self.total_tokens = total_tokens
         self.calibrate = bool(calibrate)
         self.calibration = ScoreCalibration(calibration_rate, "DraftModelDrafter")
-        if confidence_threshold and tree_width > 1:
-            raise ValueError("DraftModelDrafter: confidence_threshold applies to chains (tree_width = 1)")
-        self.confidence_threshold = float(confidence_threshold)
+        self.confidence_threshold = check_confidence_threshold("DraftModelDrafter", confidence_threshold, tree_width)
         self.draft_quant = check_draft_quant("DraftModelDrafter", draft_quant)
         self.model = model.eval() if self.draft_quant is None else quantize_weights(model.eval(), self.draft_quant)
         self.k = self.max_depth = num_draft_tokens
@@ -247,7 +242,7 @@ class DraftModelDrafter(CalibratedScores):
             tok, p = sample_drafts(last, state)
             drafts.append(tok)
             probs.append(p)
-            if i == k - 1 or (self.confidence_threshold and self._unsure(last, tok, p)):
+            if i == k - 1 or (self.confidence_threshold and all_unsure(last, tok, p, self.confidence_threshold)):
                 break
             last = self._forward(tok[:, None], pos, torch.ones_like(pos))[:, 0]
             pos = pos + 1
@@ -277,14 +272,6 @@ class DraftModelDrafter(CalibratedScores):
         if extra:
             tokens = tokens.masked_fill(steps[None] >= num[:, None], fill)
         return self._forward(tokens, start, num), num
-
-    def _unsure(self, logits: torch.Tensor, tok: torch.Tensor, probs: torch.Tensor | None) -> bool:
-        """Whether every row's draft ``tok`` had a probability below ``confidence_threshold``."""
-        if probs is None:  # greedy: the argmax's probability
-            conf = torch.softmax(logits.float(), -1).amax(-1)
-        else:
-            conf = probs.gather(1, tok[:, None])[:, 0]
-        return bool((conf < self.confidence_threshold).all())
 
     def _propose_tree(self, state: DecodeState, root: torch.Tensor, last: torch.Tensor, k: int) -> DraftTree:
         B, w, dev = state.batch_size, self.width, state.device

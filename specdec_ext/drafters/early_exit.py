@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec_ext import ops
-from specdec_ext.drafters.base import own_target_cache, sample_drafts, to_device
+from specdec_ext.drafters.base import (all_unsure, check_confidence_threshold, own_target_cache, sample_drafts,
+                                       to_device)
 from specdec_ext.drafters.dynamic_tree import CalibratedScores, ScoreCalibration, grow_dynamic_tree, scratch_tree_nodes
 from specdec_ext.models import TreeKVCache, draft_layer
 from specdec_ext.models.config import text_config
@@ -65,6 +66,8 @@ class EarlyExitDrafter(CalibratedScores):
     ``draft_vocab``: target token ids (FR-Spec, :mod:`~specdec_ext.models.draft_vocab`) the draft scores instead of
     the whole vocabulary: a copy of those rows of the LM head, and a head product that reads only them; sampled
     drafts keep their distribution over those ids (zero elsewhere), so sampling stays lossless.
+    ``confidence_threshold`` (chains; 0 = off): stop a chain after a draft every row was less sure of than this
+    (Kangaroo's second early exit; :class:`~specdec_ext.drafters.DraftModelDrafter`'s rule).
     ``draft_quant="int8"``: the adapter and those rows on int8 weights (in place; the target's layers stay as they
     are, and so do the exact shallow states).
     """
@@ -73,11 +76,13 @@ class EarlyExitDrafter(CalibratedScores):
 
     def __init__(self, adapter: EarlyExitAdapter, num_draft_tokens: int = 4, tree_width: int = 1,
                  total_tokens: int | None = None, calibrate: bool = True, calibration_rate: float = 0.2,
-                 reuse_shallow: bool = True, op_calls: bool = True, draft_vocab=None, draft_quant: str | None = None):
+                 reuse_shallow: bool = True, op_calls: bool = True, draft_vocab=None, draft_quant: str | None = None,
+                 confidence_threshold: float = 0.0):
         if not isinstance(adapter, EarlyExitAdapter):
             raise ValueError(f"EarlyExitDrafter: adapter must be an EarlyExitAdapter (load_early_exit), got "
                              f"{type(adapter).__name__}")
         self.max_nodes = scratch_tree_nodes("EarlyExitDrafter", num_draft_tokens, tree_width, total_tokens)
+        self.confidence_threshold = check_confidence_threshold("EarlyExitDrafter", confidence_threshold, tree_width)
         self.draft_quant = check_draft_quant("EarlyExitDrafter", draft_quant)
         self.adapter = adapter.eval() if self.draft_quant is None else quantize_weights(adapter.eval(), draft_quant)
         self.exit_layer = adapter.exit_layer
@@ -300,7 +305,6 @@ class EarlyExitDrafter(CalibratedScores):
             if self.dynamic and total > k:
                 self._drafted = 1
                 return self._propose_dynamic(state, root, logits[:, 0], k, total)
-            self._drafted = k
             return self._propose_chain(state, root, h_root, logits[:, 0], k, kv_len)
         finally:
             self.cache.rewind(prefix, validate=False)  # (the lengths the engine left: its prefix)
@@ -314,14 +318,20 @@ class EarlyExitDrafter(CalibratedScores):
             tok, p = self._sample(last, state)
             drafts.append(tok)
             probs.append(p)
-            if i < k - 1 or self.reuse_shallow:
+            last_one = i == k - 1 or (self.confidence_threshold
+                                      and all_unsure(last, tok, p, self.confidence_threshold))
+            if not last_one or self.reuse_shallow:
                 here, mask = at[:, i: i + 1], masks[:, i: i + 1, : kv_len + i + 1]
-                if i < k - 1:
+                if not last_one:
                     h, logits = self._draft(tok[:, None], here, here, mask)
                     last = logits[:, 0]
                 else:  # the last draft's shallow layers only: verification starts after them
                     h = self._shallow(tok[:, None], here, here, mask)
                 shallow.append(h)
+            if last_one:
+                break
+        self._drafted = len(drafts)  # (the root's and each draft's but the last adapter K/V, at their own slots)
+        k = len(drafts)
         tokens = torch.stack([root] + drafts, 1)
         draft_probs = None
         if not state.sampling.greedy:
