@@ -9,8 +9,8 @@ cheaper verification (another machine, another dtype) is needed.
     python benchmarks/python/bench_tree_sizes.py --drafter medusa --sizes 4,6,8,10,12,16 [--dtype bfloat16]
 
 Sizes are the drafter's own size argument: ``max_nodes`` (Medusa per-step trees, root included), ``total_tokens``
-(EAGLE-2/3 trees: draft tokens, with the family's depth and top-k), ``num_draft_tokens`` (draft-model and
-parallel-draft chains),
+(EAGLE-2/3 trees: draft tokens, with the family's depth and top-k), ``num_draft_tokens`` (draft-model,
+parallel-draft and early-exit chains),
 ``num_pred_tokens`` (n-gram). One
 run, every size round-robin over the prompts with plain decoding (the same protocol as ``specdec bench --suite e2e``,
 greedy).
@@ -33,7 +33,8 @@ from specdec_ext.bench.machine import machine_info  # noqa: E402
 from specdec_ext.bench.models import from_zoo  # noqa: E402
 
 SIZE_ARGUMENT = {"medusa": "max_nodes", "eagle2": "total_tokens", "eagle3": "total_tokens",
-                 "draft-model": "num_draft_tokens", "parallel-draft": "num_draft_tokens", "ngram": "num_pred_tokens"}
+                 "draft-model": "num_draft_tokens", "parallel-draft": "num_draft_tokens", "ngram": "num_pred_tokens",
+                 "early-exit": "num_draft_tokens"}
 
 
 def main(argv=None) -> int:

@@ -402,8 +402,9 @@ def drafter_weight_bytes(drafter) -> int | None:
         return module_bytes(drafter.heads)
     if isinstance(drafter, SelfSpecDrafter):
         return 0  # (its network is the target's own layers)
-    if isinstance(drafter, EarlyExitDrafter):
-        return module_bytes(drafter.adapter)  # (and the target's own first layers and head)
+    if isinstance(drafter, EarlyExitDrafter):  # (and the target's own first layers and head)
+        head = drafter.vocab_head
+        return module_bytes(drafter.adapter) + (module_bytes(head) if head is not None else 0)
     return None
 
 

@@ -110,6 +110,12 @@ class EarlyExitDrafter(CalibratedScores):
         self._drafted = 0  # the last propose's adapter forwards at the rows' own slots from prefix_lens (chain: k)
         self.forwards = 0
 
+    @property
+    def vocab_head(self) -> torch.nn.Module | None:
+        """The copy of the LM head's ``draft_vocab`` rows the draft scores with (None without a draft vocabulary, or
+        before a generation begins)."""
+        return self._lm_sub
+
     @classmethod
     def from_pretrained(cls, path: str, target: torch.nn.Module, **shape) -> "EarlyExitDrafter":
         """The drafter of a ``specdec train-self-spec`` directory (:func:`~specdec_ext.models.early_exit.

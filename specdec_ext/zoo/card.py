@@ -66,8 +66,8 @@ def render_card(card: dict) -> str:
                      if spec.get("eagle1_vocab") else ""),
         "eagle3": f"EAGLE-3: fused features of 3 target layers, training-time test, draft vocabulary "
                   f"{spec['eagle3_vocab']}",
-        "early_exit": f"early-exit adapter: 1 decoder layer after the target's first {spec.get('early_exit_layer')} "
-                      "layers, read by the target's norm and lm_head; drafts over the EAGLE-1 ids",
+        "early_exit": f"early-exit adapter: 1 decoder layer after {spec.get('early_exit_layer')} target layer(s), "
+                      "read by the target's norm and lm_head; drafts over the EAGLE-1 ids",
     }
     for m, info in card["members"].items():
         t = tr[m]

@@ -65,7 +65,7 @@ class ZooSpec:
     # the early-exit adapter of self-speculation (specdec train-self-spec): after this many target layers, a copy of
     # the next layer fine-tuned at its own rate (a trained layer needs a smaller step than a draft from scratch)
     early_exit_layer: int = 1
-    early_exit_steps: int = 1960
+    early_exit_steps: int = 3360
     early_exit_lr: float = 5e-4
     # evaluation on held-out files
     eval_prompts: int = 8
