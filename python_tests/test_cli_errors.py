@@ -123,8 +123,8 @@ def test_generate_input_errors(model_dir, text_model_dir, capsys):
     assert line == "specdec generate: --prompt-ids must be integers, got '1 x'"
     line = one_line(["generate", "--model", model_dir, "--prompt-ids", "1", "--ngram", "--draft-model", model_dir],
                     capsys)
-    assert line == ("specdec generate: choose one drafter (--ngram, --suffix, --draft-model, --medusa, --eagle or "
-                    "--self-spec)")
+    assert line == ("specdec generate: choose one drafter (--ngram, --suffix, --draft-model, --medusa, --eagle, "
+                    "--self-spec or --early-exit)")
     line = one_line(["generate", "--model", model_dir, "--prompt-ids", "1 500"], capsys)
     assert "token 500, outside the target's vocabulary [0, 101)" in line
     # --chat: an error where the tokenizer has no chat template (it used to be ignored), and with --prompt-ids
