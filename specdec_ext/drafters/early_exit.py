@@ -61,8 +61,9 @@ class EarlyExitDrafter(CalibratedScores):
 
     ``num_draft_tokens``: the chain's length, or the dynamic tree's depth; ``tree_width`` / ``total_tokens`` /
     ``calibrate`` / ``calibration_rate``: as :class:`~specdec_ext.drafters.SelfSpecDrafter`'s. ``reuse_shallow``:
-    a chain's verification starts at the exit layer (module doc). ``op_calls``: the shallow layers, the adapter
-    and the head as op calls where they serve (CPUs), else the modules; the drafts agree to float rounding.
+    a chain's verification starts at the exit layer (module doc). ``op_calls``: the shallow layers and the head as
+    the target's op calls where they serve (CPUs), else its modules (the adapter's own forward takes its op where a
+    call qualifies, as the EAGLE layers do); the drafts agree to float rounding.
     ``draft_vocab``: target token ids (FR-Spec, :mod:`~specdec_ext.models.draft_vocab`) the draft scores instead of
     the whole vocabulary: a copy of those rows of the LM head, and a head product that reads only them; sampled
     drafts keep their distribution over those ids (zero elsewhere), so sampling stays lossless.
