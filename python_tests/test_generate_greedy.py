@@ -319,7 +319,8 @@ def test_dynamic_tree_of_the_draft_model():
 
 
 def test_ngram_index_equals_the_scan():
-    """The drafter's incremental n-gram index proposes exactly what the plain scan (ngram_lookup) proposes."""
+    """The drafter's incremental n-gram index proposes exactly what the plain scan (ngram_lookup) proposes, also
+    after plain steps that skipped it."""
     from specdec_ext.drafters import DecodeState
 
     gen = torch.Generator().manual_seed(3)
@@ -329,9 +330,13 @@ def test_ngram_index_equals_the_scan():
         state = DecodeState.of_prompts([ctx], max_len=1, vocab_size=vocab)
         drafter = NgramDrafter(num_pred_tokens=4, max_ngram_size=3, min_ngram_size=1 + trial % 2)
         drafter.begin(None, state)
-        for _ in range(15):
+        for step in range(15):
             want = ngram_lookup(ctx, 3, 4, drafter.min_ngram_size)
-            assert drafter._lookup(0, ctx, 4) == want, ctx
+            if step % 3 == 1:  # a plain step (depth 0) now and then: no lookup, the index catches up later
+                state = DecodeState.of_prompts([ctx], max_len=len(ctx), vocab_size=vocab)
+                assert drafter.propose(state, 0, 5).num_nodes == 1
+            else:
+                assert drafter._lookup(0, ctx, 4) == want, ctx
             ctx.extend(torch.randint(0, vocab, (int(torch.randint(1, 4, (1,), generator=gen)),),
                                      generator=gen).tolist())
 

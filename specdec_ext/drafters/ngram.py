@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from specdec_ext.drafters.base import pad_chains
-from specdec_ext.state import DecodeState, DraftTree, StepResult
+from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 
 
 def ngram_lookup(context: list[int], max_ngram_size: int, num_pred_tokens: int, min_ngram_size: int = 1) -> list[int]:
@@ -83,6 +83,8 @@ class NgramDrafter:
         if getattr(self, "_index", None) is None or len(self._index) != state.batch_size:
             self.begin(None, state)
         k = min(self.num_pred_tokens, max_depth, max_nodes - 1)
+        if k <= 0:  # a plain step (the adaptive drafter's): the indices catch up at the next lookup
+            return plain_tree(state.last_tokens)
         chains = [self._lookup(b, ctx, k) for b, ctx in enumerate(state.host_tokens)]
         return pad_chains(chains, [ctx[-1] for ctx in state.host_tokens], state.device)
 

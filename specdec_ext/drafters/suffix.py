@@ -34,7 +34,7 @@ import torch
 
 from specdec_ext.drafters.base import pad_trees
 from specdec_ext.drafters.suffix_index import SuffixIndex, longest_match, speculation_tree
-from specdec_ext.state import DecodeState, DraftTree, StepResult
+from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 
 KEY_LEN = 4  # k-grams indexed per position: longer matches extend the latest occurrences of the 4-gram backwards
 
@@ -133,6 +133,8 @@ class SuffixDrafter:
             self.begin(None, state)
         depth = min(self.max_depth, max_depth)
         nodes = min(self.max_nodes, max_nodes)
+        if depth <= 0 or nodes <= 1:  # a plain step (the adaptive drafter's): observe keeps the rows in sync
+            return plain_tree(state.last_tokens)
         trees = []
         for row, ctx in zip(self._rows, state.host_tokens):
             row.sync(ctx)
