@@ -218,8 +218,8 @@ def test_cli_train_parallel_draft_from_a_draft_lm_and_decode_with_it(model_dir, 
     assert log["parallel"] == 3 and log["init"] == str(lm)
     # --draft-model DIR of a parallel draft drafts in parallel, its chain the positions it was trained for
     ns = argparse.Namespace(ngram=False, suffix=False, draft_model=str(pard), medusa=None, eagle=None, self_spec=None,
-                            early_exit=None, draft_quant="none", dtype=None, device="cpu", num_draft_tokens=None, tree_width=1,
-                            tree_total_tokens=None, confidence_threshold=0.0, no_packed_linears=False)
+                            early_exit=None, draft_quant="none", dtype=None, device="cpu", num_draft_tokens=None,
+                            tree_width=1, tree_total_tokens=None, confidence_threshold=0.0, no_packed_linears=False)
     drafter = drafter_from_args(ns, load_model(str(model_dir)))
     assert isinstance(drafter, ParallelDraftDrafter) and drafter.k == 3
     ns.confidence_threshold = 0.5
