@@ -142,17 +142,22 @@ def test_no_skipped_layer_is_the_target_and_accepts_every_draft():
 # ---------------------------------------------------------------------------------------------------------------
 # Greedy: token-identical.
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-@pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_greedy_equals_hf_generate(family, shape):
-    m = target(family)
+def check_greedy(m, make) -> None:
+    """Prompts of 1-11 tokens and budgets of 1-24, a fresh drafter ``make()`` each: Hugging Face's greedy tokens,
+    one target forward a step, and drafts accepted (shared with test_drafter_early_exit)."""
     accepted = []
     for plen, max_new, seed in [(1, 9, 0), (6, 1, 1), (11, 24, 2), (4, 13, 3)]:
         prompt = greedy_t.prompt_of(plen, seed)
-        got, stats = greedy_t.run_and_check(m, make_drafter(shape), prompt, max_new)
+        got, stats = greedy_t.run_and_check(m, make(), prompt, max_new)
         assert got == hf_greedy(m, prompt, max_new), (plen, max_new, seed)
         accepted.append(stats.mean_accepted_length)
     assert max(accepted) > 1.5, accepted  # drafts were accepted
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_greedy_equals_hf_generate(family, shape):
+    check_greedy(target(family), lambda: make_drafter(shape))
 
 
 @pytest.mark.parametrize("op_calls", [True, False])

@@ -50,12 +50,11 @@ from specdec_ext.drafters.shapes import eagle_tree_shape
 from specdec_ext.drafters.trees import StaticTree, static_tree
 from specdec_ext.models.checkpoints import load_eagle
 from specdec_ext.models.config import text_config
-from specdec_ext.models.draft_vocab import read_draft_vocab, vocab_rows
+from specdec_ext.models.draft_vocab import VocabRows, read_draft_vocab
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
 from specdec_ext.models.eagle_step import EagleStepOps
-from specdec_ext.models.fast_linear import tensor_version
 from specdec_ext.models.kv_cache import append_batch_rows, keep_batch_rows, write_rows
-from specdec_ext.models.quantized import Int8Linear, check_draft_quant, linear_dtype, quantize_weights
+from specdec_ext.models.quantized import check_draft_quant, linear_dtype, quantize_weights
 from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 
 __all__ = ["EagleDrafter"]
@@ -115,8 +114,9 @@ class EagleDrafter(CalibratedScores):
                                  f"[0, {V}) with at least top_k = {top_k} of them, got {ids.dtype} of shape "
                                  f"{tuple(ids.shape)}")
             self.draft_vocab = ids.to(torch.int64).sort().values
-        self._vocab_ids = self._lm_sub = self._lm_sub_weight = self._lm_sub_key = None  # built in begin
+        self._vocab_ids = self._lm_sub = None  # built in begin
         self.draft_quant = check_draft_quant("EagleDrafter", draft_quant)
+        self._rows = None if self.draft_vocab is None else VocabRows(self.draft_vocab, self.draft_quant)
         self.model = model.eval() if self.draft_quant is None else quantize_weights(model.eval(), self.draft_quant)
         self.calibrate = bool(calibrate)
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
@@ -214,14 +214,9 @@ class EagleDrafter(CalibratedScores):
                                  f"{'is missing' if lm is None else f'takes {lm.weight.shape[-1]} features'}; the "
                                  f"draft predicts {m.hidden_size}")
             self._lm_head = lm
-        if self.draft_vocab is not None:  # its lm_head rows: copied once per lm_head weight (packed once with them),
-            w = self._lm_head.weight  # in the draft's dtype (a bfloat16 draft for a float32 target reads half)
-            key = (tensor_version(w), w.data_ptr(), state.device, p.dtype)
-            if self._lm_sub_weight is not w or self._lm_sub_key != key:
-                self._vocab_ids = self.draft_vocab.to(state.device)
-                sub = vocab_rows(self._lm_head, self._vocab_ids, p.dtype, state.device)
-                self._lm_sub = sub if self.draft_quant is None else Int8Linear.of(sub)
-                self._lm_sub_weight, self._lm_sub_key = w, key
+        if self._rows is not None:  # its lm_head rows: copied once per lm_head weight (packed once with them), in
+            # the draft's dtype (a bfloat16 draft for a float32 target reads half)
+            self._vocab_ids, self._lm_sub = self._rows.of(self._lm_head, p.dtype, state.device)
         self._tree_slots = max((self.depth - 1) * self.top_k, self.max_nodes)
         self.cache, self.feats, self.valid = None, None, []
         self.forwards = 0

@@ -42,15 +42,16 @@ from specdec_ext.drafters.base import (all_unsure, check_confidence_threshold, o
                                        to_device)
 from specdec_ext.drafters.dynamic_tree import CalibratedScores, ScoreCalibration, grow_dynamic_tree, scratch_tree_nodes
 from specdec_ext.models import TreeKVCache, draft_layer
+from specdec_ext.models.attention import additive_attention_mask
 from specdec_ext.models.config import text_config
 from specdec_ext.models.draft_layer import DraftLayer
-from specdec_ext.models.draft_vocab import read_draft_vocab, vocab_rows
+from specdec_ext.models.draft_vocab import VocabRows, read_draft_vocab
 from specdec_ext.models.early_exit import EarlyExitAdapter, check_adapter_target, load_early_exit
 from specdec_ext.models.eagle import EagleKVCache
 from specdec_ext.models.kv_cache import append_batch_rows, keep_batch_rows, write_rows
 from specdec_ext.models.layer_skip import LayerSkipLM
 from specdec_ext.models.llama_step import LlamaStepOps
-from specdec_ext.models.quantized import Int8Linear, check_draft_quant, quantize_weights
+from specdec_ext.models.quantized import check_draft_quant, quantize_weights
 from specdec_ext.state import DecodeState, DraftTree, ShallowStates, StepResult, plain_tree
 
 __all__ = ["EarlyExitDrafter"]
@@ -98,8 +99,10 @@ class EarlyExitDrafter(CalibratedScores):
                                              or self.draft_vocab.unique().numel() != self.draft_vocab.numel()):
             raise ValueError("EarlyExitDrafter: draft_vocab must be a non-empty list of distinct token ids")
         self._vocab_ids = None  # draft_vocab on the device
-        self._lm_sub = None  # the LM head's draft_vocab rows
+        self._lm_sub = None  # the LM head's draft_vocab rows (made once per LM-head weight: _rows)
+        self._rows = None if self.draft_vocab is None else VocabRows(self.draft_vocab, self.draft_quant)
         self.target = None
+        self._dtype: torch.dtype | None = None  # the target's
         self.view: LayerSkipLM | None = None  # the target's first exit_layer layers (the modules' route)
         self.cache: TreeKVCache | None = None  # the engine's target cache (state.target_cache)
         self.akv: EagleKVCache | None = None  # the adapter's K/V
@@ -147,9 +150,7 @@ class EarlyExitDrafter(CalibratedScores):
             if self.width > self.draft_vocab.numel():
                 raise ValueError(f"EarlyExitDrafter: tree_width = {self.width} exceeds the draft vocabulary "
                                  f"({self.draft_vocab.numel()} ids)")
-            self._vocab_ids = self.draft_vocab.to(state.device)
-            sub = vocab_rows(target.lm_head, self._vocab_ids, self._dtype, state.device)
-            self._lm_sub = sub if self.draft_quant is None else Int8Linear.of(sub)
+            self._vocab_ids, self._lm_sub = self._rows.of(target.lm_head, self._dtype, state.device)
         self.akv, self.feats, self.valid = None, None, []
         self._ops, self._ops_built = None, False
         self.forwards = 0
@@ -223,10 +224,7 @@ class EarlyExitDrafter(CalibratedScores):
         ``h_L[B, T, H]``. The cache's lengths are the caller's to restore."""
         if self._ops is not None and tokens.numel() <= draft_layer.NATIVE_LAYER_MAX_ROWS:
             return self._ops.layers(self._ops.embed(tokens), pos, slots, mask, 0, self.exit_layer)
-        B, T = tokens.shape
-        S, dtype = self.cache.max_len, self.feats.dtype
-        additive = torch.full((B, 1, T, S), torch.finfo(dtype).min, dtype=dtype, device=tokens.device)
-        additive[:, 0, :, : mask.shape[2]].masked_fill_(mask, 0.0)
+        additive = additive_attention_mask(mask, self.cache.max_len, self._dtype)  # (the target's dtype)
         self.cache.rewind(slots[:, 0], validate=False)
         return self.view.hidden(input_ids=tokens, attention_mask=additive, position_ids=pos, cache=self.cache)
 
@@ -311,7 +309,7 @@ class EarlyExitDrafter(CalibratedScores):
             total = min(self.total_tokens, int(max_nodes) - 1) if self.dynamic else 0
             if self.dynamic and total > k:
                 self._drafted = 1
-                return self._propose_dynamic(state, root, logits[:, 0], k, total)
+                return self._propose_dynamic(state, root, logits[:, 0], k, total, kv_len)
             return self._propose_chain(state, root, h_root, logits[:, 0], k, kv_len)
         finally:
             self.cache.rewind(prefix, validate=False)  # (the lengths the engine left: its prefix)
@@ -347,7 +345,7 @@ class EarlyExitDrafter(CalibratedScores):
         return DraftTree(tokens, ops.chain_parents(state.batch_size, k + 1, device=state.device), draft_probs,
                          shallow=states)
 
-    def _propose_dynamic(self, state, root, last, k, total) -> DraftTree:
+    def _propose_dynamic(self, state, root, last, k, total, kv_len) -> DraftTree:
         B, w = state.batch_size, self.width
         valid = state.lengths  # the root's K/V is at prefix_lens: the tree's slots follow it
         root_pos = valid - 1
@@ -358,6 +356,5 @@ class EarlyExitDrafter(CalibratedScores):
 
         ids = self._vocab_ids
         return grow_dynamic_tree(root, last, level, depth=k, top_k=w, total_tokens=total, valid=valid,
-                                 kv_len=max(len(t) for t in state.host_tokens) + (k - 1) * w,
-                                 target_ids=None if ids is None else ids.__getitem__,
+                                 kv_len=kv_len + (k - 1) * w, target_ids=None if ids is None else ids.__getitem__,
                                  calibration=self.calibration if self.calibrate else None)

@@ -137,6 +137,15 @@ def is_tree_attention(model: torch.nn.Module) -> bool:
     return getattr(getattr(model, "config", None), "_attn_implementation", None) == TREE_ATTENTION
 
 
+def additive_attention_mask(mask: torch.Tensor, max_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive 4-D mask ``[B, 1, T, max_len]`` in ``dtype`` of a bool ``mask[B, T, kv_len]`` (True = attend;
+    ``kv_len <= max_len``, the slots past it masked): what a Hugging Face attention layer reads."""
+    B, T, kv_len = mask.shape
+    additive = torch.full((B, 1, T, max_len), torch.finfo(dtype).min, dtype=dtype, device=mask.device)
+    additive[:, 0, :, :kv_len].masked_fill_(mask, 0.0)
+    return additive
+
+
 def tree_attention_mask(prefix_lens: torch.Tensor, tree_mask: torch.Tensor, kv_len: int,
                         dtype: torch.dtype | None = None) -> torch.Tensor:
     """The dense 4-D mask of a tree verification over ``kv_len`` cache positions: ``[B, 1, N, kv_len]``; node i of

@@ -16,11 +16,12 @@ import os
 import torch
 from torch.nn.utils import skip_init
 
-from specdec_ext.models.fast_linear import Linear
+from specdec_ext.models.fast_linear import Linear, tensor_version
+from specdec_ext.models.quantized import Int8Linear
 from specdec_ext.models.safe_files import read_json
 
-__all__ = ["DRAFT_VOCAB_FILE", "default_draft_vocab_size", "draft_vocab_ids", "read_draft_vocab", "vocab_rows",
-           "write_draft_vocab"]
+__all__ = ["DRAFT_VOCAB_FILE", "VocabRows", "default_draft_vocab_size", "draft_vocab_ids", "read_draft_vocab",
+           "vocab_rows", "write_draft_vocab"]
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 
@@ -74,3 +75,24 @@ def vocab_rows(lm_head: torch.nn.Module, ids: torch.Tensor, dtype: torch.dtype, 
     if bias is not None:
         sub.bias.copy_(bias.index_select(0, ids.to(w.device)))
     return sub
+
+
+class VocabRows:
+    """A drafter's :func:`vocab_rows` of draft-vocabulary ids ``ids`` (int8 with ``draft_quant="int8"``), made again
+    only when the LM head's weight, the device or the dtype changed: a drafter kept across generations copies and
+    packs the rows once."""
+
+    def __init__(self, ids: torch.Tensor, draft_quant: str | None = None):
+        self.ids, self.draft_quant = ids, draft_quant
+        self._key, self._made = None, None
+
+    def of(self, lm_head: torch.nn.Module, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.nn.Module]:
+        """``(ids on device, the rows' layer)`` for ``lm_head`` in ``dtype``."""
+        w = lm_head.weight
+        key = (w, tensor_version(w), w.data_ptr(), torch.device(device), dtype)
+        if self._key is None or self._key[0] is not w or self._key[1:] != key[1:]:
+            ids = self.ids.to(device)
+            sub = vocab_rows(lm_head, ids, dtype, device)
+            self._made = ids, (sub if self.draft_quant is None else Int8Linear.of(sub))
+            self._key = key
+        return self._made

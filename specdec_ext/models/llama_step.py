@@ -191,10 +191,6 @@ class LlamaStepOps:
         """The logits ``[..., V]`` of a residual stream ``h[..., H]``: the final norm, then the vocabulary product."""
         return self._lm(self._norm.forward(h))
 
-    @property
-    def num_layers(self) -> int:
-        return len(self._layers)
-
     def verify(self, tokens: torch.Tensor, prefix: torch.Tensor, tree_mask: torch.Tensor, chain: bool,
                position_ids: torch.Tensor, *, hidden_states: bool = False, logits_to_keep: int = 0,
                validate: bool = True, shallow: ShallowStates | None = None) -> StepOutput:

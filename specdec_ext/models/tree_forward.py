@@ -34,8 +34,8 @@ import inspect
 import torch
 
 from specdec_ext import ops
-from specdec_ext.models.attention import (PREFIX_LENS_KWARG, TREE_MASK_KWARG, is_tree_attention,
-                                          tree_attention_mask, tree_metadata)
+from specdec_ext.models.attention import (PREFIX_LENS_KWARG, TREE_MASK_KWARG, additive_attention_mask,
+                                          is_tree_attention, tree_attention_mask, tree_metadata)
 from specdec_ext.models.config import row_tensor, text_config
 from specdec_ext.models.hybrid_cache import HybridCache
 from specdec_ext.models.kv_cache import TreeKVCache
@@ -219,9 +219,7 @@ def masked_forward(model, cache: TreeKVCache, tokens: torch.Tensor, position_ids
     if mask.shape[:2] != (B, T) or mask.shape[2] > S:
         raise ValueError(f"masked_forward: mask must have shape [B={B}, T={T}, kv_len <= {S}], got "
                          f"{tuple(mask.shape)}")
-    dtype = _model_dtype(model, cache)
-    additive = torch.full((B, 1, T, S), torch.finfo(dtype).min, dtype=dtype, device=cache.device)
-    additive[:, 0, :, : mask.shape[2]].masked_fill_(mask, 0.0)
+    additive = additive_attention_mask(mask, S, _model_dtype(model, cache))
     cache.rewind(write_at, validate=False)
     out = model(input_ids=tokens, attention_mask=additive, position_ids=position_ids, use_cache=_use_cache(model),
                 **{_cache_kwarg(model): cache})

@@ -178,8 +178,11 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
 
     from specdec_ext.models.causal_lm import load_causal_lm
     from specdec_ext.models.checkpoints import save_eagle, save_medusa
+    from specdec_ext.models.draft_vocab import draft_vocab_ids, read_draft_vocab, write_draft_vocab
+    from specdec_ext.models.early_exit import save_early_exit
     from specdec_ext.train.draft_lm import train_draft_lm
     from specdec_ext.train.eagle import train_eagle
+    from specdec_ext.train.early_exit import train_early_exit
     from specdec_ext.train.medusa import train_medusa
     from specdec_ext.zoo.card import write_card
     from specdec_ext.zoo.evaluate import evaluate_drafters, heldout_prompts
@@ -305,8 +308,6 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     stages.run("eagle1", eagle(1, spec.eagle1_steps, ttt_steps=spec.eagle1_ttt_steps))
 
     def eagle1_vocab():  # the drafts' vocabulary ("draft_vocab": "frequent" in the drafter shapes)
-        from specdec_ext.models.draft_vocab import draft_vocab_ids, write_draft_vocab
-
         ids = draft_vocab_ids(seqs, spec.vocab_size, spec.eagle1_vocab).tolist()
         write_draft_vocab(os.path.join(out, "eagle1"), ids)
         return {"ids": len(ids)}
@@ -315,10 +316,6 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
     stages.run("eagle3", eagle(3, spec.eagle3_steps, draft_vocab=spec.eagle3_vocab))
 
     def early_exit():  # self-speculation's adapter: attention targets only (a hybrid's state has no early exit)
-        from specdec_ext.models.draft_vocab import read_draft_vocab, write_draft_vocab
-        from specdec_ext.models.early_exit import save_early_exit
-        from specdec_ext.train.early_exit import train_early_exit
-
         cfg = _train_cfg(spec, out, "early_exit", spec.early_exit_steps, spec.early_exit_lr, spec.drafter_batch,
                          max(1, spec.early_exit_steps // 20), progress, resume)
         adapter, result = train_early_exit(target_model, seqs, cfg, exit_layer=spec.early_exit_layer)
