@@ -61,6 +61,9 @@ def _cases(device, dtype):
     packed8, scales8 = OPS.pack_linear_weight_int8(w)
     cases += [("pack_linear_weight_int8", (w,)), ("packed_linear_int8", (xs, packed8, scales8, bias)),
               ("packed_linear_int8", (xs[None], packed8, scales8, None))]
+    int4 = tuple(OPS.pack_linear_weight_int4(w))
+    cases += [("pack_linear_weight_int4", (w,)), ("packed_linear_int4", (xs, *int4, bias)),
+              ("packed_linear_int4", (xs[None], *int4, None))]
     return cases + _recurrent_cases(device, dtype)
 
 
@@ -154,7 +157,7 @@ def _attention_inputs(device, dtype):
     return {k: v.to(device) for k, v in d.items()}
 
 
-@pytest.mark.parametrize("index", range(51))
+@pytest.mark.parametrize("index", range(54))
 def test_opcheck(device, dtype, index):
     name, args = _cases(device, dtype)[index]
     if dtype != torch.float32 and name in ("build_tree", "tree_ancestor_mask", "advance_tree_frontier",
@@ -187,7 +190,7 @@ def test_meta_shapes():
     assert [tuple(t.shape) for t in tree] == [(2, 5), (2, 5)] and tree[0].dtype == torch.int64
 
 
-@pytest.mark.parametrize("index", range(51))
+@pytest.mark.parametrize("index", range(54))
 def test_a_meta_tensor_among_cpu_ones_is_refused(index):
     """One argument on the meta device, the rest on CPU: the dispatcher picks the fake (Meta outranks CPU), which
     used to return uninitialised tensors as results; it must raise naming the argument and both devices (the
@@ -229,7 +232,7 @@ def _spoiled(args, position: int):
     return out
 
 
-@pytest.mark.parametrize("index", range(51))
+@pytest.mark.parametrize("index", range(54))
 def test_all_meta_calls_are_refused_as_cpu_calls_are(index):
     """Every tensor argument in turn given a wrong dtype: when the CPU op refuses it, the same call on meta tensors
     (which only the fake sees) raises the same ValueError, word for word; when the CPU op takes it, so does meta."""
@@ -266,7 +269,7 @@ def test_meta_calls_meet_the_scalar_checks():
 
 
 def test_every_case_is_checked():
-    assert len(_cases("cpu", torch.float32)) == 51  # (the parametrisation of test_opcheck)
+    assert len(_cases("cpu", torch.float32)) == 54  # (the parametrisation of test_opcheck)
 
 
 def test_built_with_cuda_is_bool():

@@ -619,13 +619,16 @@ Tensor packed_linear_impl(const Tensor& x_in, const Tensor& packed_weight, const
     m.impl("packed_linear", &::specdec::glue::packed_linear_impl<BACKEND>);                           \
     m.impl("pack_linear_weight_int8", &::specdec::glue::pack_linear_weight_int8_impl<BACKEND>);       \
     m.impl("packed_linear_int8", &::specdec::glue::packed_linear_int8_impl<BACKEND>);                 \
+    m.impl("pack_linear_weight_int4", &::specdec::glue::pack_linear_weight_int4_impl<BACKEND>);       \
+    m.impl("packed_linear_int4", &::specdec::glue::packed_linear_int4_impl<BACKEND>);                 \
     m.impl("draft_decoder_layer", &::specdec::glue::draft_decoder_layer_impl<BACKEND>);               \
   }
 
 }  // namespace specdec::glue
 
-// tree_attention and compact_kv, draft_decoder_layer, and the int8 linear ops (use the helpers above).
+// tree_attention and compact_kv, draft_decoder_layer, and the int8 and int4 linear ops (use the helpers above).
 #include "op_glue_attention.h"    // NOLINT(build/include_order)
 #include "op_glue_linear_int8.h"  // NOLINT(build/include_order)
+#include "op_glue_linear_int4.h"  // NOLINT(build/include_order)
 #include "op_glue_draft_layer.h"  // NOLINT(build/include_order)
 #include "op_glue_recurrent.h"    // NOLINT(build/include_order)  (the recurrent tree ops)

@@ -114,6 +114,18 @@ struct CpuBackend {
     for_rows(p, (p.out_features + kLinearPanel - 1) / kLinearPanel, kLinearPanel * p.in_features * p.rows,
              cpu::PackedLinearInt8<T>, /*min_work_per_thread=*/int64_t{1} << 20);
   }
+  template <typename T>
+  static void pack_linear_weight_int4(const PackLinearInt4Params<T>& p) {
+    for_rows(p, (p.out_features + kLinearPanel - 1) / kLinearPanel, 8 * kLinearPanel * p.in_features,
+             cpu::PackLinearWeightInt4<T>);
+  }
+  // (as packed_linear_int8: the same dot products, half the bytes)
+  template <typename T>
+  static void packed_linear_int4(const PackedLinearInt4Params<T>& p) {
+    for_rows(p, p.rows, p.in_features, cpu::LinearInt4Offsets<T>);
+    for_rows(p, (p.out_features + kLinearPanel - 1) / kLinearPanel, kLinearPanel * p.in_features * p.rows,
+             cpu::PackedLinearInt4<T>, /*min_work_per_thread=*/int64_t{1} << 20);
+  }
   // One of a draft layer's products: packed_linear, or packed_linear_int8's two stages for an int8 weight.
   template <typename T>
   static void draft_layer_linear(const DraftLayerParams<T>& p, DraftLayerProduct which) {

@@ -87,6 +87,14 @@ struct CudaBackend {
   static void packed_linear_int8(const PackedLinearInt8Params<T>& p) {
     launch([&] { cuda::LaunchPackedLinearInt8<T>(p, current_stream()); });
   }
+  template <typename T>
+  static void pack_linear_weight_int4(const PackLinearInt4Params<T>& p) {
+    launch([&] { cuda::LaunchPackLinearWeightInt4<T>(p, current_stream()); });
+  }
+  template <typename T>
+  static void packed_linear_int4(const PackedLinearInt4Params<T>& p) {
+    launch([&] { cuda::LaunchPackedLinearInt4<T>(p, current_stream()); });
+  }
   // One of a draft layer's products: packed_linear's kernel, or packed_linear_int8's two for an int8 weight.
   template <typename T>
   static void launch_draft_layer_linear(const DraftLayerParams<T>& p, DraftLayerProduct which, cudaStream_t s) {

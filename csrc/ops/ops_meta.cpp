@@ -44,6 +44,10 @@ struct MetaBackend {
   template <typename T>
   static void packed_linear_int8(const PackedLinearInt8Params<T>&) {}
   template <typename T>
+  static void pack_linear_weight_int4(const PackLinearInt4Params<T>&) {}
+  template <typename T>
+  static void packed_linear_int4(const PackedLinearInt4Params<T>&) {}
+  template <typename T>
   static void draft_decoder_layer(const DraftLayerParams<T>&, const TreeAttentionParams<T>&) {}
 };
 

@@ -69,6 +69,10 @@ void define_ops(torch::Library& m) {
   // The same with int8 weights (per-output-channel scales) and input rows quantised per call: drafters' products.
   m.def("pack_linear_weight_int8(Tensor weight) -> (Tensor packed, Tensor scales)");
   m.def("packed_linear_int8(Tensor x, Tensor packed_weight, Tensor scales, Tensor? bias) -> Tensor");
+  // And with int4 weights (a float scale per output channel, a 6-bit multiplier per group of 32 inputs).
+  m.def("pack_linear_weight_int4(Tensor weight) -> (Tensor packed, Tensor group_scales, Tensor scales)");
+  m.def("packed_linear_int4(Tensor x, Tensor packed_weight, Tensor group_scales, Tensor scales, Tensor? bias) -> "
+        "Tensor");
 
   // A drafter's decoder layer (EAGLE, a draft LM) over a few new positions per row, weights packed (each float, or
   // int8 with its scales), its K/V written into its cache at explicit slots (in place).
@@ -144,12 +148,19 @@ PyObject* packed_linear_int8_path(PyObject*, PyObject*) {
   return PyUnicode_FromString(specdec::cpu::PackedLinearInt8Path());
 }
 
+// packed_linear_int4_path(): the CPU code path of packed_linear_int4 on this machine.
+PyObject* packed_linear_int4_path(PyObject*, PyObject*) {
+  return PyUnicode_FromString(specdec::cpu::PackedLinearInt4Path());
+}
+
 PyMethodDef module_methods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when this build contains the CUDA kernels."},
     {"packed_linear_path", packed_linear_path, METH_O,
      "The CPU code path of packed_linear for a dtype name: 'avx512', 'avx512_bf16', 'avx2' or 'generic'."},
     {"packed_linear_int8_path", packed_linear_int8_path, METH_NOARGS,
      "The CPU code path of packed_linear_int8: 'avx512_vnni', 'avx2' or 'generic'."},
+    {"packed_linear_int4_path", packed_linear_int4_path, METH_NOARGS,
+     "The CPU code path of packed_linear_int4: 'avx512_vnni', 'avx2' or 'generic'."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -44,6 +44,10 @@ __all__ = [
     "pack_linear_weight_int8",
     "packed_linear_int8",
     "packed_linear_int8_path",
+    "Int4Weight",
+    "pack_linear_weight_int4",
+    "packed_linear_int4",
+    "packed_linear_int4_path",
     "draft_decoder_layer",
 ]
 
@@ -62,6 +66,12 @@ class TreeInfo(NamedTuple):
 class Int8Weight(NamedTuple):
     packed: torch.Tensor  # [ceil(N / 32), ceil(K / 4), 32, 4] int8: packed[n // 32, k // 4, n % 32, k % 4] = q[n, k]
     scales: torch.Tensor  # [N] float32: weight[n, k] ~ scales[n] * q[n, k]
+
+
+class Int4Weight(NamedTuple):
+    packed: torch.Tensor  # [ceil(N / 32), Kp / 8, 32, 4] uint8, Kp = ceil(K / 32) * 32: two K-quads' nibbles a lane
+    group_scales: torch.Tensor  # [ceil(N / 32), Kp / 32, 32] uint8: m[n, g] in [1, 63] (0 for an all-zero row)
+    scales: torch.Tensor  # [N] float32: weight[n, k] ~ scales[n] * m[n, k // 32] * q[n, k], q in [-7, 7]
 
 
 class Verification(NamedTuple):
@@ -402,6 +412,40 @@ def packed_linear_int8_path() -> str:
     """The CPU code path :func:`packed_linear_int8` takes on this machine: ``"avx512_vnni"`` (AVX-512 VNNI dot
     products), ``"avx2"`` or ``"generic"`` (a portable loop). All give the same bits."""
     return _C.packed_linear_int8_path()
+
+
+def pack_linear_weight_int4(weight: torch.Tensor) -> Int4Weight:
+    """``weight[N, K]`` (an ``nn.Linear`` weight; float32, float16 or bfloat16, finite, K <= 32768) quantised to
+    int4 in groups of 32 inputs and laid out once for :func:`packed_linear_int4`: 4.25 bits a weight, an eighth of
+    float32's bytes (half of int8's). Scales in two levels, as llama.cpp's k-quants: ``scales[n] = amax / 441``
+    (float32, amax = max_k |weight[n, k]|) and a 6-bit multiplier per group, ``m[n, g] = clamp(ceil(amax_g * 63 /
+    amax), 1, 63)``, so that ``q[n, k] = clamp(round(weight[n, k] / (scales[n] m[n, g])), -7, 7)`` (amax_g: the
+    group's largest magnitude). Exact definition: :func:`specdec_ext.ops.reference.pack_linear_weight_int4`. A
+    weight holding inf or NaN is a ValueError."""
+    packed, group_scales, scales = _ops.pack_linear_weight_int4.default(weight)
+    return Int4Weight(packed, group_scales, scales)
+
+
+def packed_linear_int4(x: torch.Tensor, packed_weight: torch.Tensor, group_scales: torch.Tensor,
+                       scales: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` approximated with ``pack_linear_weight_int4(weight)``'s three tensors:
+    ``x[..., K]`` -> ``[..., N]`` (N = ``len(scales)``), in x's dtype (float32, float16 or bfloat16; the bias's
+    too).
+
+    Each row of x is quantised to int8 as :func:`packed_linear_int8` does, and the product is exact integer
+    arithmetic, ``y = (sum_g m[n, g] sum_{k in g} qx[m, k] q[n, k]) * (sx[m] * scales[n]) + bias[n]`` in float32
+    rounded once to the dtype, so every path (CPU vector paths, CUDA,
+    :func:`specdec_ext.ops.reference.packed_linear_int4`) gives the same bits and a row's result does not depend on
+    the other rows of the call. Its error against the float product is the quantisations' (about 8% of the output's
+    scale for Gaussian data; int8's is about 1%): for drafters, whose outputs only steer acceptance. A row of x
+    holding inf or NaN gives NaN outputs. Made for 1-16 rows (see :func:`packed_linear_int4_path`); no autograd."""
+    return _ops.packed_linear_int4.default(x, packed_weight, group_scales, scales, bias)
+
+
+def packed_linear_int4_path() -> str:
+    """The CPU code path :func:`packed_linear_int4` takes on this machine: ``"avx512_vnni"`` (AVX-512 VNNI dot
+    products), ``"avx2"`` or ``"generic"`` (a portable loop). All give the same bits."""
+    return _C.packed_linear_int4_path()
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -129,6 +129,21 @@ def _packed_linear_int8(x, packed_weight, scales, bias):
     return x.new_empty((*x.shape[:-1], scales.shape[0]))
 
 
+@torch.library.register_fake("specdec_ext::pack_linear_weight_int4")
+def _pack_linear_weight_int4(weight):
+    _checks("pack_linear_weight_int4", weight)
+    N, K = weight.shape
+    NP, G = (N + 31) // 32, (K + 31) // 32
+    return (weight.new_empty((NP, 4 * G, 32, 4), dtype=torch.uint8),
+            weight.new_empty((NP, G, 32), dtype=torch.uint8), weight.new_empty((N,), dtype=torch.float32))
+
+
+@torch.library.register_fake("specdec_ext::packed_linear_int4")
+def _packed_linear_int4(x, packed_weight, group_scales, scales, bias):
+    _checks("packed_linear_int4", x, packed_weight, group_scales, scales, bias)
+    return x.new_empty((*x.shape[:-1], scales.shape[0]))
+
+
 @torch.library.register_fake("specdec_ext::draft_decoder_layer")
 def _draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv_weight, qkv_bias, o_weight,
                          norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,

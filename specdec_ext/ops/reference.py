@@ -1213,3 +1213,95 @@ def packed_linear_int8(x: torch.Tensor, packed_weight: torch.Tensor, scales: tor
     b = bias.cpu().float() if bias is not None else torch.zeros(N)
     y = _f32(y.double() + b.double()[None, :])
     return y.to(x.dtype).reshape(*x.shape[:-1], N).to(x.device)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Weight-only int4 linear layers (csrc/kernels/common/params.h, "Weight-only int4"): groups of 32 inputs, a float32
+# scale per output channel and a 6-bit integer multiplier per group. Float32 operations written as int8's above.
+
+INT4_TINY_AMAX = 2.0 ** -100  # (every group step is a normal float above it)
+LINEAR_INT4_GROUP = 32
+LINEAR_INT4_MAX_K = 32768  # 63 * 7 * 127 * K fits the kernels' int32 sums
+
+
+def _check_int4_in_features(op: str, what: str, K: int) -> None:
+    if not 1 <= K <= LINEAR_INT4_MAX_K:
+        raise ValueError(f"{op}: {what} must be in [1, {LINEAR_INT4_MAX_K}] (the int32 sums of 63 * 7 * 127 K), got "
+                         f"{K}")
+
+
+def quantize_weight_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``weight[N, K]`` (finite, read as float32) -> ``(q[N, K] int8 in [-7, 7], m[N, G] uint8, scales[N] float32)``,
+    G = ceil(K / 32): amax_g the largest magnitude of group g, amax = max_g amax_g; amax < 2^-100 gives scale 0, m = 0
+    and q = 0; else ``scale = amax / 441``, ``m_g = clamp(ceil(amax_g * (63 / amax)), 1, 63)`` and ``q = clamp(
+    round_half_even(w / (scale * m_g)), -7, 7)``."""
+    w = weight.float()
+    N, K = w.shape
+    G = -(-K // LINEAR_INT4_GROUP)
+    padded = torch.zeros(N, G * LINEAR_INT4_GROUP)
+    padded[:, :K] = w
+    group_amax = padded.abs().view(N, G, LINEAR_INT4_GROUP).amax(-1).double()  # [N, G]
+    amax = group_amax.amax(-1)  # [N]
+    tiny = amax < INT4_TINY_AMAX
+    safe = torch.where(tiny, 1.0, amax)
+    scale = _f32(torch.where(tiny, 0.0, safe / 441))
+    ratio = _f32(group_amax * _f32(63 / safe).double()[:, None]).ceil().clamp(1, 63)
+    m = torch.where(tiny[:, None], 0.0, ratio)
+    step = _f32(scale.double()[:, None] * m.double())  # [N, G]
+    step_k = step.repeat_interleave(LINEAR_INT4_GROUP, 1)[:, :K]
+    q = _f32(w.double() / torch.where(step_k > 0, step_k, 1.0).double()).round().clamp(-7, 7)
+    q = torch.where(step_k > 0, q, 0.0)
+    return q.to(torch.int8), m.to(torch.uint8), scale
+
+
+def pack_linear_weight_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(packed, group_scales, scales)`` of ``weight[N, K]`` quantised by :func:`quantize_weight_int4`: with u = q
+    + 8 (8 in the padding), ``packed[n // 32, o, n % 32, e] = u[n, 8o + e] | u[n, 8o + 4 + e] << 4``, shape
+    ``[ceil(N / 32), Kp / 8, 32, 4]`` uint8, Kp = ceil(K / 32) * 32; ``group_scales[n // 32, g, n % 32] = m[n, g]``
+    (0 in the padding). A weight holding inf or NaN is a ValueError."""
+    N, K = weight.shape
+    _check_int4_in_features("pack_linear_weight_int4", "weight's in_features", K)
+    if not bool(torch.isfinite(weight).all()):
+        raise ValueError("pack_linear_weight_int4: weight must be finite (an output channel holding inf or NaN has "
+                         "no int4 scale)")
+    q, m, scales = quantize_weight_int4(weight.cpu())
+    NP, G = -(-N // 32), m.shape[1]
+    u = torch.full((NP * 32, G * LINEAR_INT4_GROUP), 8, dtype=torch.int32)
+    u[:N, :K] = q.int() + 8
+    u = u.view(NP, 32, G * 4, 2, 4)  # [panel, lane, octet, nibble (low: e, high: 4 + e), e]
+    packed = (u[:, :, :, 0] | (u[:, :, :, 1] << 4)).permute(0, 2, 1, 3).to(torch.uint8).contiguous()
+    group_scales = torch.zeros(NP * 32, G, dtype=torch.uint8)
+    group_scales[:N] = m
+    group_scales = group_scales.view(NP, 32, G).permute(0, 2, 1).contiguous()
+    return packed.to(weight.device), group_scales.to(weight.device), scales.to(weight.device)
+
+
+def unpack_linear_weight_int4(packed_weight: torch.Tensor, group_scales: torch.Tensor, out_features: int,
+                              in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``q[out_features, in_features]`` (int8) and ``m[out_features, G]`` (uint8) that
+    :func:`pack_linear_weight_int4` packed."""
+    NP, octets = packed_weight.shape[:2]
+    b = packed_weight.int().permute(0, 2, 1, 3)  # [panel, lane, octet, e]
+    u = torch.stack([b & 15, b >> 4], 3).reshape(NP * 32, octets * 8)
+    q = (u - 8)[:out_features, :in_features].to(torch.int8)
+    m = group_scales.permute(0, 2, 1).reshape(NP * 32, -1)[:out_features]
+    return q, m
+
+
+def packed_linear_int4(x: torch.Tensor, packed_weight: torch.Tensor, group_scales: torch.Tensor,
+                       scales: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``y[..., n] = T(float(acc) * (sx * scales[n]) + bias[n])`` with ``acc = sum_g m[n, g] sum_{k in g} qx[k]
+    q[n, k]`` (exact integers), ``(qx, sx)`` each row of x quantised by :func:`quantize_rows_int8`, each float32
+    operation rounded (no fused multiply-add), T = x's dtype; an absent bias adds +0.0."""
+    K, N = x.shape[-1], scales.shape[0]
+    _check_int4_in_features("packed_linear_int4", "x's last dimension (in_features)", K)
+    rows = x.reshape(-1, K).cpu()
+    qx, sx = quantize_rows_int8(rows)
+    q, m = unpack_linear_weight_int4(packed_weight.cpu(), group_scales.cpu(), N, K)
+    w = q.long() * m.long().repeat_interleave(LINEAR_INT4_GROUP, 1)[:, :K]  # [N, K]: the multiplier is an integer
+    acc = qx.long() @ w.T  # [M, N]
+    t = _f32(sx.double()[:, None] * scales.cpu().double()[None, :])
+    y = _f32(_f32(acc.double()).double() * t.double())
+    b = bias.cpu().float() if bias is not None else torch.zeros(N)
+    y = _f32(y.double() + b.double()[None, :])
+    return y.to(x.dtype).reshape(*x.shape[:-1], N).to(x.device)

@@ -454,6 +454,89 @@ struct PackedLinearInt8Params {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
+// Weight-only int4 linear layers (packed_linear_int4): 4.25 bits a weight, half of int8's bytes, for products bound
+// by reading their weights. Group scales in two levels (as llama.cpp's k-quants): a float32 scale per output channel
+// and a 6-bit integer multiplier per group of 32 K-values, so that the whole sum stays exact integer arithmetic and
+// every path (and the reference) gives the same bits, as packed_linear_int8 does.
+//
+// Quantisation of a weight row w[K] (float32 operations, each rounded; RNE), groups g of kLinearInt4Group K-values:
+//   amax_g = max_{k in g} |w[k]|, amax = max_g amax_g; amax < kInt4TinyAmax gives scale 0, m_g = 0, q = 0; else
+//   scale = amax / 441 (= 7 * 63), m_g = clamp(ceil(amax_g * (63 / amax)), 1, 63), step_g = scale * m_g,
+//   q[k] = clamp(rint(w[k] / step_g), -7, 7)
+// The input rows are quantised as packed_linear_int8's (QuantizeRowsInt8Params, zero-padded to Kp columns). Then
+//   acc[m, n] = sum_g m_g[n] sum_{k in g} qx[m, k] q[n, k]  (int32: |acc| <= 63 * 7 * 127 * Kp < 2^31 for Kp <= 32768)
+//   y[m, n]   = T(float(acc) * (sx[m] * scale[n]) + bias[n])  (int8_dequantize)
+// Layout (Kp = ceil(K / 32) * 32; u = q + 8 in [1, 15], 8 where k >= K):
+//   packed[ceil(N / 32), Kp / 8, 32, 4] uint8: byte [n / 32][o][n % 32][e] = u[n][8o + e] | u[n][8o + 4 + e] << 4,
+//     so a 32-bit lane's low nibbles are K-quad 2o and its high nibbles K-quad 2o + 1 of output n;
+//   group_scales[ceil(N / 32), Kp / 32, 32] uint8 = m_g[n] (0 where n >= N); scales[N] float32.
+// Kernels sum u * qx (unsigned by signed bytes: the dot-product instructions' operand kinds) and take off the
+// offset 8 * sum_{k in g} qx[m, k] per row and group (x_offsets, computed once per call).
+constexpr int64_t kLinearInt4Group = 32;
+constexpr int64_t kLinearInt4Octet = 8;  // K-values of one 32-bit lane of packed bytes
+constexpr int64_t kLinearInt4MaxK = 32768;
+constexpr int kInt4MaxMultiplier = 63;
+constexpr float kInt4TinyAmax = 0x1p-100f;  // (every step_g is a normal float above it)
+
+SPECDEC_HD int64_t linear_int4_padded_k(int64_t K) {
+  return (K + kLinearInt4Group - 1) / kLinearInt4Group * kLinearInt4Group;
+}
+
+// m_g of a group whose largest magnitude is `group_amax`, in a row whose largest is `amax` (>= kInt4TinyAmax).
+SPECDEC_HD int int4_group_multiplier(float group_amax, float amax) {
+#if defined(__CUDA_ARCH__)
+  const float r = ceilf(__fmul_rn(group_amax, __fdiv_rn(63.0f, amax)));
+#else
+  const float r = ceilf(group_amax * (63.0f / amax));
+#endif
+  return r < 1.0f ? 1 : (r > 63.0f ? 63 : static_cast<int>(r));
+}
+
+// The row scale amax / 441.
+SPECDEC_HD float int4_row_scale(float amax) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(amax, 441.0f);
+#else
+  return amax / 441.0f;
+#endif
+}
+
+// q of one weight value in a group of multiplier m (row scale `scale` > 0).
+SPECDEC_HD int int4_quantize(float w, float scale, int m) {
+#if defined(__CUDA_ARCH__)
+  const float r = rintf(__fdiv_rn(w, __fmul_rn(scale, static_cast<float>(m))));
+#else
+  const float r = rintf(w / (scale * static_cast<float>(m)));
+#endif
+  return r > 7.0f ? 7 : (r < -7.0f ? -7 : static_cast<int>(r));
+}
+
+template <typename T>
+struct PackLinearInt4Params {
+  const T* weight;         // [N, K] contiguous, finite
+  int64_t out_features;    // N
+  int64_t in_features;     // K
+  uint8_t* packed;         // [ceil(N / 32), Kp / 8, 32, 4]
+  uint8_t* group_scales;   // [ceil(N / 32), Kp / 32, 32]
+  float* scales;           // [N]
+};
+
+template <typename T>
+struct PackedLinearInt4Params {
+  const int8_t* qx;            // [M, Kp] (QuantizeRowsInt8Params.q of x zero-padded to Kp columns)
+  const float* x_scales;       // [M]
+  int32_t* x_offsets;          // [M, Kp / 32] scratch: 8 * each group's sum of qx (the product's first stage)
+  int64_t rows;                // M
+  int64_t in_features;         // K
+  int64_t out_features;        // N
+  const uint8_t* packed;       // PackLinearInt4Params layout
+  const uint8_t* group_scales;
+  const float* w_scales;       // [N]
+  const T* bias;               // [N] or nullptr
+  T* y;                        // [M, N] contiguous
+};
+
+// ---------------------------------------------------------------------------------------------------------------
 // A drafter's decoder layer (draft_decoder_layer): one Llama decoder layer over T new positions of each of B rows,
 // with its own KV cache written at explicit slots (an EAGLE draft's chains and tree levels). Rows r = b * T + t.
 // Widths: Din (attention input), H (hidden), I (intermediate); nH query and nKV key/value heads of D dims, Q = (nH

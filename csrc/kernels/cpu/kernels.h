@@ -70,6 +70,21 @@ template <typename T>
 bool PackedLinearInt8Using(const char* path, const PackedLinearInt8Params<T>& p, int64_t panel_begin,
                            int64_t panel_end);
 
+// Weight-only int4 linear layers (PackedLinearInt4Params): output panels [panel_begin, panel_end) packed; the
+// product's first stage (x_offsets of rows [row_begin, row_end)), then its output panels. T is float, f16 or bf16.
+template <typename T>
+void PackLinearWeightInt4(const PackLinearInt4Params<T>& p, int64_t panel_begin, int64_t panel_end);
+template <typename T>
+void LinearInt4Offsets(const PackedLinearInt4Params<T>& p, int64_t row_begin, int64_t row_end);
+template <typename T>
+void PackedLinearInt4(const PackedLinearInt4Params<T>& p, int64_t panel_begin, int64_t panel_end);
+// The code path PackedLinearInt4 takes on this CPU: "avx512_vnni", "avx2" or "generic".
+const char* PackedLinearInt4Path();
+// Runs the named path (for tests comparing paths); false, running nothing, where this CPU lacks it.
+template <typename T>
+bool PackedLinearInt4Using(const char* path, const PackedLinearInt4Params<T>& p, int64_t panel_begin,
+                           int64_t panel_end);
+
 // The elementwise stages of draft_decoder_layer (DraftLayerParams), in the order the backend runs them between
 // the products and the attention: rows r = b * T + t in [row_begin, row_end), except DraftLayerRopeCache (batch
 // rows b, which writes p.status[b]).

@@ -14,15 +14,12 @@
 #include <type_traits>
 #include <utility>
 
-#include "kernels.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define SPECDEC_INT8_X86 1
-#endif
+#include "linear_tiles.h"
 
 namespace specdec::cpu {
 namespace {
+
+using namespace intlinear;  // NOLINT(build/namespaces): the shared tiling, epilogue and CPU checks
 
 constexpr int64_t kPanel = kLinearPanel, kQuad = kLinearInt8Quad;
 constexpr int64_t kPanelQuadBytes = kPanel * kQuad;  // one K-quad of a panel: 32 lanes of 4 int8
@@ -38,18 +35,6 @@ Int8RowScale row_scale(const T* v, int64_t K) {
     amax = a > amax ? a : amax;
   }
   return int8_row_scale(amax, finite);
-}
-
-// y[m, n0 .. n0 + 32) of one panel from its 32 int32 sums (the outputs n >= N are padding, never stored).
-template <typename T>
-void store_panel(const PackedLinearInt8Params<T>& p, int64_t m, int64_t panel, const int32_t* acc) {
-  const int64_t N = p.out_features, n0 = panel * kPanel, valid = std::min(kPanel, N - n0);
-  const float sx = p.x_scales[m];
-  T* y = p.y + m * N + n0;
-  for (int64_t j = 0; j < valid; ++j) {
-    const float bias = p.bias != nullptr ? to_float(p.bias[n0 + j]) : 0.0f;
-    y[j] = from_float_rn<T>(int8_dequantize(acc[j], sx, p.w_scales[n0 + j], bias));
-  }
 }
 
 template <typename T>
@@ -70,54 +55,10 @@ void generic_panels(const PackedLinearInt8Params<T>& p, int64_t panel_begin, int
   }
 }
 
-// Row blocks: at most `max_rows` rows each, sizes as equal as possible.
-inline int64_t row_block(int64_t m0, int64_t M, int64_t max_rows) {
-  const int64_t left = M - m0, blocks = (left + max_rows - 1) / max_rows;
-  return (left + blocks - 1) / blocks;
-}
-
-// Tiles over panels [panel_begin, panel_end): up to two.size() rows take two panels per tile (more independent sums
-// at few rows), more rows one panel per tile in balanced blocks of up to one.size() rows; two.size() <= one.size().
-template <typename T, typename TwoTiles, typename OneTiles>
-void tiled_panels(const PackedLinearInt8Params<T>& p, int64_t panel_begin, int64_t panel_end, const TwoTiles& two,
-                  const OneTiles& one) {
-  const int64_t M = p.rows, max_two = static_cast<int64_t>(two.size()), max_one = static_cast<int64_t>(one.size());
-  int64_t panel = panel_begin;
-  if (M <= max_two) {
-    for (; panel + 2 <= panel_end; panel += 2) two[M - 1](p, 0, panel);
-  }
-  for (; panel < panel_end; ++panel) {
-    for (int64_t m0 = 0; m0 < M;) {
-      const int64_t mr = row_block(m0, M, max_one);
-      one[mr - 1](p, m0, panel);
-      m0 += mr;
-    }
-  }
-}
-
 template <typename T>
 using Int8TileFn = void (*)(const PackedLinearInt8Params<T>&, int64_t, int64_t);
 
-#ifdef SPECDEC_INT8_X86
-#define SPECDEC_INT8_AVX2 __attribute__((target("avx2")))
-
-// vzeroupper before calling scalar code from a 256/512-bit function: GCC inserts none before these calls or at
-// these functions' returns, and the dirty upper halves then slowed the scalar code that ran next (measured: the
-// draft layer's float32 SwiGLU stage after an int8 product, ~0.28 ms a call instead of ~0.01).
-SPECDEC_INT8_AVX2 inline void leave_vector_state_clean() { _mm256_zeroupper(); }
-#define SPECDEC_INT8_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-
-bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
-
-bool cpu_has_avx512_vnni() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-  return has;
-}
-
+#ifdef SPECDEC_INTLINEAR_X86
 // Prefetch distance in bytes along a panel's stream.
 constexpr int64_t kPrefetchBytes = 2048;
 
@@ -140,7 +81,7 @@ inline int32_t quad(const int8_t* x, int64_t kq) {
 
 // 8 inputs of a row as float32 (bfloat16: a 16-bit shift), lanes >= `valid` zero.
 template <typename T>
-SPECDEC_INT8_AVX2 inline __m256 load8(const T* v, int64_t valid) {
+SPECDEC_AVX2_FN inline __m256 load8(const T* v, int64_t valid) {
   if constexpr (std::is_same_v<T, float>) {
     if (valid >= 8) return _mm256_loadu_ps(v);
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -156,7 +97,7 @@ SPECDEC_INT8_AVX2 inline __m256 load8(const T* v, int64_t valid) {
 // quantize_row for float32 and bfloat16 rows: the same operations as the scalar loop, 8 values at a time (max and
 // the finiteness test are exact; q = rint(v * inverse) rounds to nearest even like rintf).
 template <typename T>
-SPECDEC_INT8_AVX2 float quantize_row_avx2(const T* v, int64_t K, int8_t* q) {
+SPECDEC_AVX2_FN float quantize_row_avx2(const T* v, int64_t K, int8_t* q) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 largest = _mm256_set1_ps(3.40282347e38f);
   __m256 amax = _mm256_setzero_ps(), finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
@@ -195,7 +136,7 @@ SPECDEC_INT8_AVX2 float quantize_row_avx2(const T* v, int64_t K, int8_t* q) {
 // signed bytes, so the input's sign moves onto the weight (vpsignb) and |x| is the unsigned operand; a pair sum is
 // at most 2 * 127^2 < 2^15 (no saturation: both sides are in [-127, 127]).
 template <typename T, int MR, int NP>
-SPECDEC_INT8_AVX2 void tile_avx2(const PackedLinearInt8Params<T>& p, int64_t m0, int64_t panel) {
+SPECDEC_AVX2_FN void tile_avx2(const PackedLinearInt8Params<T>& p, int64_t m0, int64_t panel) {
   const int64_t Kp = linear_int8_padded_k(p.in_features), KQ = Kp / kQuad, stride = KQ * kPanelQuadBytes;
   const int8_t* x = p.qx + m0 * Kp;
   const int8_t* w = p.packed + panel * stride;
@@ -230,7 +171,7 @@ SPECDEC_INT8_AVX2 void tile_avx2(const PackedLinearInt8Params<T>& p, int64_t m0,
 // AVX-512 VNNI tile: 2 vectors of 16 int32 sums per panel and row; vpdpbusd adds 4 products of unsigned by signed
 // bytes per lane (|x| and the weight with x's sign, negated under a mask: AVX-512 has no vpsignb).
 template <typename T, int MR, int NP>
-SPECDEC_INT8_VNNI void tile_vnni(const PackedLinearInt8Params<T>& p, int64_t m0, int64_t panel) {
+SPECDEC_VNNI_FN void tile_vnni(const PackedLinearInt8Params<T>& p, int64_t m0, int64_t panel) {
   const int64_t Kp = linear_int8_padded_k(p.in_features), KQ = Kp / kQuad, stride = KQ * kPanelQuadBytes;
   const int8_t* x = p.qx + m0 * Kp;
   const int8_t* w = p.packed + panel * stride;
@@ -286,32 +227,14 @@ void vnni_panels(const PackedLinearInt8Params<T>& p, int64_t panel_begin, int64_
   static constexpr auto one = vnni_tiles<T, 1>(std::make_integer_sequence<int, 8>{});
   tiled_panels(p, panel_begin, panel_end, two, one);
 }
-#endif  // SPECDEC_INT8_X86
-
-enum class Int8Path { kGeneric, kAvx2, kAvx512Vnni };
-constexpr const char* kInt8PathNames[] = {"generic", "avx2", "avx512_vnni"};
-
-bool available(Int8Path path) {
-#ifdef SPECDEC_INT8_X86
-  if (path == Int8Path::kAvx2) return cpu_has_avx2();
-  if (path == Int8Path::kAvx512Vnni) return cpu_has_avx512_vnni();
-#endif
-  return path == Int8Path::kGeneric;
-}
-
-Int8Path best_path() {
-  static const Int8Path best = available(Int8Path::kAvx512Vnni) ? Int8Path::kAvx512Vnni
-                               : available(Int8Path::kAvx2)     ? Int8Path::kAvx2
-                                                                : Int8Path::kGeneric;
-  return best;
-}
+#endif  // SPECDEC_INTLINEAR_X86
 
 template <typename T>
-void run(Int8Path path, const PackedLinearInt8Params<T>& p, int64_t panel_begin, int64_t panel_end) {
+void run(Path path, const PackedLinearInt8Params<T>& p, int64_t panel_begin, int64_t panel_end) {
   if (p.rows <= 0 || panel_begin >= panel_end) return;
-#ifdef SPECDEC_INT8_X86
-  if (path == Int8Path::kAvx512Vnni) return vnni_panels(p, panel_begin, panel_end);
-  if (path == Int8Path::kAvx2) return avx2_panels(p, panel_begin, panel_end);
+#ifdef SPECDEC_INTLINEAR_X86
+  if (path == Path::kAvx512Vnni) return vnni_panels(p, panel_begin, panel_end);
+  if (path == Path::kAvx2) return avx2_panels(p, panel_begin, panel_end);
 #endif
   generic_panels(p, panel_begin, panel_end);
 }
@@ -321,7 +244,7 @@ void run(Int8Path path, const PackedLinearInt8Params<T>& p, int64_t panel_begin,
 template <typename T>
 void QuantizeRowsInt8(const QuantizeRowsInt8Params<T>& p, int64_t row_begin, int64_t row_end) {
   const int64_t K = p.in_features, Kp = linear_int8_padded_k(K);
-#ifdef SPECDEC_INT8_X86
+#ifdef SPECDEC_INTLINEAR_X86
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
     if (cpu_has_avx2()) {
       for (int64_t m = row_begin; m < row_end; ++m) p.scales[m] = quantize_row_avx2(p.x + m * K, K, p.q + m * Kp);
@@ -356,15 +279,15 @@ void PackLinearWeightInt8(const PackLinearInt8Params<T>& p, int64_t panel_begin,
   }
 }
 
-const char* PackedLinearInt8Path() { return kInt8PathNames[static_cast<int>(best_path())]; }
+const char* PackedLinearInt8Path() { return kPathNames[static_cast<int>(best_path())]; }
 
 template <typename T>
 bool PackedLinearInt8Using(const char* path, const PackedLinearInt8Params<T>& p, int64_t panel_begin,
                            int64_t panel_end) {
   for (int i = 0; i < 3; ++i)
-    if (std::strcmp(path, kInt8PathNames[i]) == 0) {
-      if (!available(static_cast<Int8Path>(i))) return false;
-      run(static_cast<Int8Path>(i), p, panel_begin, panel_end);
+    if (std::strcmp(path, kPathNames[i]) == 0) {
+      if (!available(static_cast<Path>(i))) return false;
+      run(static_cast<Path>(i), p, panel_begin, panel_end);
       return true;
     }
   return false;

@@ -52,6 +52,12 @@ template <typename T>
 void LaunchPackLinearWeightInt8(const PackLinearInt8Params<T>& p, cudaStream_t stream);
 template <typename T>
 void LaunchPackedLinearInt8(const PackedLinearInt8Params<T>& p, cudaStream_t stream);
+// Weight-only int4 linear layers (PackedLinearInt4Params): the input rows quantised by LaunchQuantizeRowsInt8 over
+// whole groups, then the product (its x_offsets stage first).
+template <typename T>
+void LaunchPackLinearWeightInt4(const PackLinearInt4Params<T>& p, cudaStream_t stream);
+template <typename T>
+void LaunchPackedLinearInt4(const PackedLinearInt4Params<T>& p, cudaStream_t stream);
 
 // The elementwise stages of draft_decoder_layer (DraftLayerParams), launched in the order of the CPU stages
 // (csrc/kernels/cpu/kernels.h); RopeCache writes p.status.

@@ -115,6 +115,82 @@ __global__ void __launch_bounds__(kLinearPanel* kRowsPerBlock) packed_linear_int
   }
 }
 
+// Weight-only int4 (params.h): one block per packed row n < ceil(N / 32) * 32; a thread owns whole groups (their
+// bytes and multipliers), after the block has found the row's largest magnitude.
+template <typename T>
+__global__ void __launch_bounds__(kInt8RowThreads) pack_linear_weight_int4_kernel(PackLinearInt4Params<T> p) {
+  const int64_t n = blockIdx.x, K = p.in_features, Kp = linear_int4_padded_k(K), G = Kp / kLinearInt4Group;
+  constexpr int64_t kOctetBytes = kLinearPanel * 4, kOctets = kLinearInt4Group / kLinearInt4Octet;
+  uint8_t* dst = p.packed + (n / kLinearPanel) * (Kp / kLinearInt4Octet) * kOctetBytes + (n % kLinearPanel) * 4;
+  uint8_t* mult = p.group_scales + (n / kLinearPanel) * G * kLinearPanel + n % kLinearPanel;
+  const T* src = p.weight + n * K;
+  const bool real = n < p.out_features;
+  float amax = 0.0f;
+  if (real)
+    for (int64_t k = threadIdx.x; k < K; k += kInt8RowThreads) amax = fmaxf(amax, fabsf(to_float(src[k])));
+  amax = detail::block_allreduce<kInt8RowThreads>(amax, detail::MaxOp{});
+  const bool zero = !real || amax < kInt4TinyAmax;
+  const float scale = zero ? 0.0f : int4_row_scale(amax);
+  if (real && threadIdx.x == 0) p.scales[n] = scale;
+  for (int64_t g = threadIdx.x; g < G; g += kInt8RowThreads) {
+    const int64_t k0 = g * kLinearInt4Group, k1 = min(K, k0 + kLinearInt4Group);
+    float group_amax = 0.0f;
+    for (int64_t k = k0; k < k1 && !zero; ++k) group_amax = fmaxf(group_amax, fabsf(to_float(src[k])));
+    const int m = zero ? 0 : int4_group_multiplier(group_amax, amax);
+    mult[g * kLinearPanel] = static_cast<uint8_t>(m);
+    for (int64_t o = g * kOctets; o < (g + 1) * kOctets; ++o)
+      for (int64_t e = 0; e < 4; ++e) {
+        const int64_t k_lo = o * kLinearInt4Octet + e, k_hi = k_lo + 4;
+        const int lo = zero || k_lo >= K ? 0 : int4_quantize(to_float(src[k_lo]), scale, m);
+        const int hi = zero || k_hi >= K ? 0 : int4_quantize(to_float(src[k_hi]), scale, m);
+        dst[o * kOctetBytes + e] = static_cast<uint8_t>((lo + 8) | ((hi + 8) << 4));
+      }
+  }
+}
+
+// The product's first stage: x_offsets[m, g] = 8 * sum of row m's group g of qx (a thread each).
+template <typename T>
+__global__ void linear_int4_offsets_kernel(PackedLinearInt4Params<T> p, int64_t total) {
+  const int64_t Kp = linear_int4_padded_k(p.in_features), G = Kp / kLinearInt4Group;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int8_t* x = p.qx + (i / G) * Kp + (i % G) * kLinearInt4Group;
+    int32_t sum = 0;
+    for (int64_t k = 0; k < kLinearInt4Group; ++k) sum += x[k];
+    p.x_offsets[i] = 8 * sum;
+  }
+}
+
+// One thread per output element, as packed_linear_int8_kernel: a warp reads one panel's K-octet (128 contiguous
+// bytes), a lane's word holds its K-quads 2o (low nibbles) and 2o + 1 (high nibbles): 0..15 as signed bytes, so
+// dp4a's signed form adds their products exactly.
+template <typename T>
+__global__ void __launch_bounds__(kLinearPanel* kRowsPerBlock) packed_linear_int4_kernel(PackedLinearInt4Params<T> p) {
+  const int64_t Kp = linear_int4_padded_k(p.in_features), G = Kp / kLinearInt4Group, N = p.out_features;
+  constexpr int64_t kOctets = kLinearInt4Group / kLinearInt4Octet;
+  const int64_t n = blockIdx.x * kLinearPanel + threadIdx.x;
+  if (n >= N) return;
+  const int32_t* w = reinterpret_cast<const int32_t*>(p.packed) + blockIdx.x * (Kp / kLinearInt4Octet) * kLinearPanel +
+                     threadIdx.x;
+  const uint8_t* mult = p.group_scales + blockIdx.x * G * kLinearPanel + threadIdx.x;
+  const float sw = p.w_scales[n], bias = p.bias != nullptr ? to_float(p.bias[n]) : 0.0f;
+  for (int64_t m = blockIdx.y * static_cast<int64_t>(kRowsPerBlock) + threadIdx.y; m < p.rows;
+       m += static_cast<int64_t>(gridDim.y) * kRowsPerBlock) {
+    const int32_t* x = reinterpret_cast<const int32_t*>(p.qx + m * Kp);
+    int32_t acc = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      int32_t part = 0;
+      for (int64_t o = g * kOctets; o < (g + 1) * kOctets; ++o) {
+        const int32_t word = w[o * kLinearPanel];
+        part = __dp4a(word & 0x0f0f0f0f, x[2 * o], part);
+        part = __dp4a((word >> 4) & 0x0f0f0f0f, x[2 * o + 1], part);
+      }
+      acc += (part - p.x_offsets[m * G + g]) * static_cast<int32_t>(mult[g * kLinearPanel]);
+    }
+    p.y[m * N + n] = from_float_rn<T>(int8_dequantize(acc, p.x_scales[m], sw, bias));
+  }
+}
+
 // The products' launch shape: a block per output panel and block of kRowsPerBlock rows (grid-stride beyond).
 dim3 product_grid(int64_t rows, int64_t out_features) {
   const int64_t panels = (out_features + kLinearPanel - 1) / kLinearPanel;
@@ -168,12 +244,35 @@ void LaunchPackedLinearInt8(const PackedLinearInt8Params<T>& p, cudaStream_t str
   check_launch("packed_linear_int8");
 }
 
+template <typename T>
+void LaunchPackLinearWeightInt4(const PackLinearInt4Params<T>& p, cudaStream_t stream) {
+  const int64_t padded_rows = (p.out_features + kLinearPanel - 1) / kLinearPanel * kLinearPanel;
+  if (padded_rows <= 0) return;
+  if (padded_rows > INT32_MAX) throw std::invalid_argument("pack_linear_weight_int4: more than 2^31 - 32 rows");
+  pack_linear_weight_int4_kernel<T><<<static_cast<unsigned>(padded_rows), kInt8RowThreads, 0, stream>>>(p);
+  check_launch("pack_linear_weight_int4");
+}
+
+template <typename T>
+void LaunchPackedLinearInt4(const PackedLinearInt4Params<T>& p, cudaStream_t stream) {
+  if (p.rows <= 0 || p.out_features <= 0) return;
+  const int64_t total = p.rows * (linear_int4_padded_k(p.in_features) / kLinearInt4Group);
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, int64_t{1} << 20);
+  linear_int4_offsets_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p, total);
+  check_launch("packed_linear_int4 (offsets)");
+  packed_linear_int4_kernel<T><<<product_grid(p.rows, p.out_features), product_block(), 0, stream>>>(p);
+  check_launch("packed_linear_int4");
+}
+
 #define SPECDEC_INSTANTIATE_LINEAR(T)                                                        \
   template void LaunchPackLinearWeight<T>(const PackLinearWeightParams<T>&, cudaStream_t);   \
   template void LaunchPackedLinear<T>(const PackedLinearParams<T>&, cudaStream_t);           \
   template void LaunchQuantizeRowsInt8<T>(const QuantizeRowsInt8Params<T>&, cudaStream_t);   \
   template void LaunchPackLinearWeightInt8<T>(const PackLinearInt8Params<T>&, cudaStream_t); \
-  template void LaunchPackedLinearInt8<T>(const PackedLinearInt8Params<T>&, cudaStream_t);
+  template void LaunchPackedLinearInt8<T>(const PackedLinearInt8Params<T>&, cudaStream_t); \
+  template void LaunchPackLinearWeightInt4<T>(const PackLinearInt4Params<T>&, cudaStream_t); \
+  template void LaunchPackedLinearInt4<T>(const PackedLinearInt4Params<T>&, cudaStream_t);
 SPECDEC_INSTANTIATE_LINEAR(float)
 SPECDEC_INSTANTIATE_LINEAR(f16)
 SPECDEC_INSTANTIATE_LINEAR(bf16)
