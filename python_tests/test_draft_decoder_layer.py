@@ -16,9 +16,10 @@ from specdec_ext.ops import reference as ref
 
 
 def _case(dtype, *, B=2, T=3, Din=96, H=96, nH=4, nKV=2, D=64, I=80, S=24, kv_len=20, bias=True, segments=0,
-          seed=0, empty_query=False, int8=()):
+          seed=0, empty_query=False, int8=(), int4=()):
     """Random inputs (weights packed; those named in ``int8`` by pack_linear_weight_int8, their scales in
-    ``scales``), the mask allowing each position's own slot and ~half the others."""
+    ``scales``; those named in ``int4`` by pack_linear_weight_int4, their group scales in ``group_scales`` too), the
+    mask allowing each position's own slot and ~half the others."""
     g = make_gen(seed)
 
     def rnd(*shape, scale=0.3):
@@ -32,10 +33,12 @@ def _case(dtype, *, B=2, T=3, Din=96, H=96, nH=4, nKV=2, D=64, I=80, S=24, kv_le
     if empty_query:
         mask[0, 0] = False  # sees nothing: zero attention output
     quantized = {k: ops.pack_linear_weight_int8(w) for k, w in weights.items() if k in int8}
+    quantized.update({k: ops.pack_linear_weight_int4(w) for k, w in weights.items() if k in int4})
     return dict(
         x=rnd(B, T, Din), residual=rnd(B, T, H),
-        packed={k: quantized[k].packed if k in int8 else ops.pack_linear_weight(w) for k, w in weights.items()},
+        packed={k: quantized[k].packed if k in quantized else ops.pack_linear_weight(w) for k, w in weights.items()},
         scales={k: q.scales for k, q in quantized.items()},
+        group_scales={k: quantized[k].group_scales for k in int4},
         qkv_bias=rnd(Q) if bias else None, norm_weight=1 + rnd(H), input_norm_weight=1 + rnd(Din) if segments else None,
         segments=max(segments, 1), position_ids=torch.randint(0, 500, (B, T), generator=g),
         inv_freq=1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D)),
@@ -47,9 +50,10 @@ def _run(c, device, fn=None, validate=True):
     """(output, k_cache, v_cache) of the op (or ``fn``: the reference) on copies of the case's caches."""
     k, v = c["k_cache"].clone().to(device), c["v_cache"].clone().to(device)
     dev = {n: (t.to(device) if isinstance(t, torch.Tensor) else t) for n, t in c.items()
-           if n not in ("packed", "scales")}
+           if n not in ("packed", "scales", "group_scales")}
     p = {n: t.to(device) for n, t in c["packed"].items()}
     scales = {f"{n}_scales": t.to(device) for n, t in c.get("scales", {}).items()}
+    scales.update({f"{n}_group_scales": t.to(device) for n, t in c.get("group_scales", {}).items()})
     if fn is None:
         out = ops.draft_decoder_layer(dev["x"], dev["residual"], p["qkv"], p["o"], dev["norm_weight"], p["gate_up"],
                                       p["down"], dev["position_ids"], dev["inv_freq"], k, v, dev["write_slots"],
@@ -123,6 +127,54 @@ def test_int8_weights_are_the_int8_products():
     float_case = _case(torch.float32, bias=False)
     float_case["position_ids"].zero_()
     assert not torch.equal(_run(float_case, "cpu")[0], _run(c, "cpu")[0])
+
+
+@pytest.mark.parametrize("int8, int4", [((), ("qkv", "o", "gate_up", "down")), (("o",), ("qkv", "down")),
+                                        ((), ("gate_up",))])
+@pytest.mark.parametrize("shape", [dict(I=96), dict(segments=2, Din=192, I=64),
+                                   dict(B=1, T=1, kv_len=1, S=3, bias=False, I=32)])
+def test_int4_weights_match_reference(device, dtype, int8, int4, shape):
+    """A quantised draft's layer with int4 weights (each product then packed_linear_int4's, its input rows quantised
+    in the layer), beside int8 and float ones, against the reference composed of the same products."""
+    _assert_matches_reference(_case(dtype, int8=int8, int4=int4, **shape), device, dtype)
+
+
+def test_int4_weights_are_the_int4_products():
+    """Independently of the reference's layer: with every weight int4 the layer's qkv product is exactly
+    packed_linear_int4 of its input (read in the cache at position 0, where RoPE is the identity), and the layer
+    differs from the int8 one (the weights really are the int4 ones)."""
+    every = ("qkv", "o", "gate_up", "down")
+    c = _case(torch.float32, int4=every, bias=False, I=96)
+    c["position_ids"].zero_()
+    _, k, v = _run(c, "cpu")
+    qkv = ops.packed_linear_int4(c["x"], c["packed"]["qkv"], c["group_scales"]["qkv"], c["scales"]["qkv"])
+    nH, D = c["num_heads"], 64
+    nKV = c["k_cache"].shape[1]
+    for b, row in enumerate(c["write_slots"].tolist()):
+        for t, slot in enumerate(row):
+            assert torch.equal(k[b, :, slot], qkv[b, t, nH * D:(nH + nKV) * D].view(nKV, D))
+            assert torch.equal(v[b, :, slot], qkv[b, t, (nH + nKV) * D:].view(nKV, D))
+    int8_case = _case(torch.float32, int8=every, bias=False, I=96)
+    int8_case["position_ids"].zero_()
+    assert not torch.equal(_run(int8_case, "cpu")[0], _run(c, "cpu")[0])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c["group_scales"].update(o=c["group_scales"]["o"][:, :-1].contiguous()),
+     r"o_group_scales must be pack_linear_weight_int4's group scales for \[H, num_heads D\] = \[96, 256\]"),
+    (lambda c: c["group_scales"].update(o=c["group_scales"]["o"].float()), r"o_group_scales must be Byte"),
+    (lambda c: c["packed"].update(o=ops.pack_linear_weight_int8(torch.randn(96, 256)).packed), r"o_weight must be Byte"),
+    (lambda c: (c["scales"].pop("o"),), r"o_group_scales is given without o_scales"),
+    (lambda c: (c["packed"].update(down=ops.pack_linear_weight_int4(torch.randn(96, 80)).packed),
+                c["scales"].update(down=torch.ones(96)),
+                c["group_scales"].update(down=ops.pack_linear_weight_int4(torch.randn(96, 80)).group_scales)),
+     r"the in_features of \[H, intermediate_size\] must be a multiple of 32 for an int4 weight"),
+])
+def test_bad_int4_arguments_name_the_argument(device, change, message):
+    c = _case(torch.float32, int4=("o",))
+    change(c)
+    with pytest.raises(ValueError, match=message):
+        _run(c, device)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -250,25 +250,30 @@ def test_confidence_threshold_stops_chains():
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_int8_adapter(shape):
-    """``draft_quant="int8"``: the adapter's linear layers become int8 (a quarter of the float32 bytes, scales
-    aside), token-identical output, and acceptance close to the float adapter's."""
-    from specdec_ext.models.quantized import Int8Linear, module_bytes
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantised_adapter(shape, scheme):
+    """``draft_quant="int8"`` / ``"int4"``: the adapter's linear layers quantised (int8: a quarter of the float32
+    bytes, scales aside; int4: an eighth), token-identical output, and acceptance close to the float adapter's (int4:
+    above half of it)."""
+    from specdec_ext.models.quantized import QuantizedLinear, module_bytes
 
     m = target()
     prompts = [greedy_t.prompt_of(n, 50 + n) for n in (9, 3, 14)]
-    float_drafter, int8_drafter = make_drafter(m, shape), make_drafter(m, shape, draft_quant="int8")
-    assert isinstance(int8_drafter.adapter.mlp.down_proj, Int8Linear)
-    assert module_bytes(int8_drafter.adapter) < 0.3 * module_bytes(float_drafter.adapter)
+    float_drafter, quantised = make_drafter(m, shape), make_drafter(m, shape, draft_quant=scheme)
+    down = quantised.adapter.mlp.down_proj
+    assert isinstance(down, QuantizedLinear) and down.scheme == scheme
+    ratio = module_bytes(quantised.adapter) / module_bytes(float_drafter.adapter)
+    assert ratio < (0.3 if scheme == "int8" else 0.17), ratio
     accepted = []
-    for drafter in (float_drafter, int8_drafter):
+    for drafter in (float_drafter, quantised):
         outs, stats = generate(m, drafter, prompts, max_new_tokens=16, eos_token_id=[])
         for b, (p, o) in enumerate(zip(prompts, outs)):
             assert o.tolist() == p + hf_greedy(m, p, 16), b
         accepted.append(stats.mean_accepted_length)
-    assert accepted[1] > 0.8 * accepted[0], accepted
+    # int8's error is ~1% of a product's scale, int4's ~9%: on this small random model int4 gives up more acceptance
+    assert accepted[1] > (0.8 if scheme == "int8" else 0.5) * accepted[0], accepted
     with pytest.raises(ValueError, match="draft_quant must be None or one of"):
-        make_drafter(m, shape, draft_quant="int4")
+        make_drafter(m, shape, draft_quant="int2")
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])

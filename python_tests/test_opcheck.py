@@ -56,7 +56,7 @@ def _cases(device, dtype):
     cases += [("pack_linear_weight", (w,)), ("packed_linear", (xs, packed, bias, 37)),
               ("packed_linear", (xs[None], packed, None, 37))]
     cases += [("draft_decoder_layer", _draft_layer_args(device, dtype, eagle3)) for eagle3 in (False, True)]
-    cases += [("draft_decoder_layer", _draft_layer_args(device, dtype, False, int8=True))]
+    cases += [("draft_decoder_layer", _draft_layer_args(device, dtype, False, quant)) for quant in ("int8", "int4")]
     cases += [("advance_tree_frontier", _frontier_args(device)), ("select_tree_nodes", _selection_args(device))]
     packed8, scales8 = OPS.pack_linear_weight_int8(w)
     cases += [("pack_linear_weight_int8", (w,)), ("packed_linear_int8", (xs, packed8, scales8, bias)),
@@ -117,10 +117,11 @@ def _selection_args(device):
             torch.tensor([3, 4], device=device), 4, True)
 
 
-def _draft_layer_args(device, dtype, eagle3: bool, int8: bool = False):
+def _draft_layer_args(device, dtype, eagle3: bool, quant: str | None = None):
     """draft_decoder_layer's arguments: B = 2 rows of T = 3 positions, H = 64, 2 query and 1 kv heads of D = 64,
     I = 40, S = 10 cache slots, kv_len = 8; EAGLE-3's two normalised input halves, or EAGLE-1's bias; with
-    ``int8``, the qkv and down weights packed as int8 with their scales (o and gate_up float)."""
+    ``quant="int8"``, the qkv and down weights packed as int8 with their scales (o and gate_up float); with
+    ``"int4"``, the qkv and o weights as int4 with their scales and group scales (gate_up and down float)."""
     gen = make_gen(3)
     B, T, H, nH, nKV, D, I, S = 2, 3, 64, 2, 1, 64, 40, 10
     Din = 2 * H if eagle3 else H
@@ -131,19 +132,25 @@ def _draft_layer_args(device, dtype, eagle3: bool, int8: bool = False):
     def packed(n, k):
         return OPS.pack_linear_weight(rnd(n, k))
 
-    def quantized(n, k):
-        return OPS.pack_linear_weight_int8(rnd(n, k)) if int8 else (packed(n, k), None)
+    def weight(n, k, kind):  # (packed, scales, group scales)
+        if kind == "int8":
+            return (*OPS.pack_linear_weight_int8(rnd(n, k)), None)
+        if kind == "int4":
+            w_packed, group_scales, scales = OPS.pack_linear_weight_int4(rnd(n, k))
+            return w_packed, scales, group_scales
+        return packed(n, k), None, None
 
     Q = (nH + 2 * nKV) * D
-    (qkv, qkv_scales), (down, down_scales) = quantized(Q, Din), quantized(H, I)
+    qkv, o, down = weight(Q, Din, quant), weight(H, nH * D, quant if quant == "int4" else None), \
+        weight(H, I, quant if quant == "int8" else None)
     mask = torch.rand(B, T, 8, generator=gen) < 0.5
     slots = torch.tensor([[0, 5, 6], [7, 1, 2]])
     mask[torch.arange(B)[:, None], torch.arange(T)[None], slots] = True
-    return (rnd(B, T, Din), rnd(Din) if eagle3 else None, 2 if eagle3 else 1, rnd(B, T, H), qkv,
-            None if eagle3 else rnd(Q), packed(H, nH * D), rnd(H), packed(2 * I, H), down,
+    return (rnd(B, T, Din), rnd(Din) if eagle3 else None, 2 if eagle3 else 1, rnd(B, T, H), qkv[0],
+            None if eagle3 else rnd(Q), o[0], rnd(H), packed(2 * I, H), down[0],
             torch.randint(0, 100, (B, T), generator=gen).to(device), torch.rand(D // 2, generator=gen).to(device),
-            rnd(B, nKV, S, D), rnd(B, nKV, S, D), slots.to(device), mask.to(device), nH, I, 1e-5, qkv_scales, None,
-            None, down_scales, True)
+            rnd(B, nKV, S, D), rnd(B, nKV, S, D), slots.to(device), mask.to(device), nH, I, 1e-5, qkv[1], o[1],
+            None, down[1], qkv[2], o[2], None, None, True)
 
 
 def _attention_inputs(device, dtype):
@@ -157,7 +164,7 @@ def _attention_inputs(device, dtype):
     return {k: v.to(device) for k, v in d.items()}
 
 
-@pytest.mark.parametrize("index", range(54))
+@pytest.mark.parametrize("index", range(55))
 def test_opcheck(device, dtype, index):
     name, args = _cases(device, dtype)[index]
     if dtype != torch.float32 and name in ("build_tree", "tree_ancestor_mask", "advance_tree_frontier",
@@ -190,7 +197,7 @@ def test_meta_shapes():
     assert [tuple(t.shape) for t in tree] == [(2, 5), (2, 5)] and tree[0].dtype == torch.int64
 
 
-@pytest.mark.parametrize("index", range(54))
+@pytest.mark.parametrize("index", range(55))
 def test_a_meta_tensor_among_cpu_ones_is_refused(index):
     """One argument on the meta device, the rest on CPU: the dispatcher picks the fake (Meta outranks CPU), which
     used to return uninitialised tensors as results; it must raise naming the argument and both devices (the
@@ -232,7 +239,7 @@ def _spoiled(args, position: int):
     return out
 
 
-@pytest.mark.parametrize("index", range(54))
+@pytest.mark.parametrize("index", range(55))
 def test_all_meta_calls_are_refused_as_cpu_calls_are(index):
     """Every tensor argument in turn given a wrong dtype: when the CPU op refuses it, the same call on meta tensors
     (which only the fake sees) raises the same ValueError, word for word; when the CPU op takes it, so does meta."""
@@ -269,7 +276,7 @@ def test_meta_calls_meet_the_scalar_checks():
 
 
 def test_every_case_is_checked():
-    assert len(_cases("cpu", torch.float32)) == 54  # (the parametrisation of test_opcheck)
+    assert len(_cases("cpu", torch.float32)) == 55  # (the parametrisation of test_opcheck)
 
 
 def test_built_with_cuda_is_bool():

@@ -10,6 +10,8 @@ import argparse
 
 import torch
 
+from specdec_ext.models.quantized import DRAFT_QUANT_SCHEMES
+
 __all__ = ["add_drafter_arguments", "check_one_drafter", "draft_quant", "drafter_from_args"]
 
 
@@ -62,10 +64,10 @@ def add_drafter_arguments(p: argparse.ArgumentParser) -> None:
                         "with --tree-width > 1 and --tree-total-tokens: an EAGLE-2 tree of that depth)")
     p.add_argument("--suffix-corpus-tokens", type=int, default=1 << 18,
                    help="--suffix: tokens of earlier outputs kept (oldest evicted first; 0: the context only)")
-    p.add_argument("--draft-quant", choices=["none", "int8"], default="none",
+    p.add_argument("--draft-quant", choices=["none", *DRAFT_QUANT_SCHEMES], default="none",
                    help="weights of the drafter's network (--draft-model, --medusa, --eagle, --early-exit's adapter, "
-                        "the zoo's): int8 holds "
-                        "a quarter of float32's bytes; verification stays on the target, so output is unchanged")
+                        "the zoo's): int8 holds a quarter of float32's bytes, int4 (groups of 32) an eighth; "
+                        "verification stays on the target, so output is unchanged")
 
 
 def check_one_drafter(args: argparse.Namespace) -> None:
@@ -76,8 +78,8 @@ def check_one_drafter(args: argparse.Namespace) -> None:
     if draft_quant(args) is not None and (args.ngram or args.suffix):
         raise ValueError("--draft-quant quantises a drafter's network; --ngram and --suffix have none")
     if draft_quant(args) is not None and args.self_spec:
-        raise ValueError("--draft-quant: --self-spec drafts with the target's own weights (the target on int8 weights "
-                         "as its own draft is DraftModelDrafter.from_target)")
+        raise ValueError("--draft-quant: --self-spec drafts with the target's own weights (the target on quantised "
+                         "weights as its own draft is DraftModelDrafter.from_target)")
 
 
 def draft_quant(args: argparse.Namespace) -> str | None:

@@ -1,6 +1,7 @@
 // Glue of draft_decoder_layer (included by op_glue.h): checks, one workspace for the stages' buffers, dtype
 // dispatch, Backend call (Backend::draft_decoder_layer runs the stages of DraftLayerParams in order), status report.
-// Each of the four weights is float (pack_linear_weight) or int8 (pack_linear_weight_int8, with its scales).
+// Each of the four weights is float (pack_linear_weight), int8 (pack_linear_weight_int8, with its scales) or int4
+// (pack_linear_weight_int4, with its scales and group scales).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -32,38 +33,62 @@ inline void check_packed_weight(const char* op, const char* name, const at::Tens
   check_packed_rows(op, name, w, N, std::string("the first dimension of ") + what);
 }
 
-// One product's checked weight: pack_linear_weight's output (scales undefined), or pack_linear_weight_int8's
-// with its scales (contiguous).
+// One product's checked weight: pack_linear_weight's output (scales undefined), pack_linear_weight_int8's with its
+// scales, or pack_linear_weight_int4's with its scales and group scales (contiguous).
 struct LayerWeight {
-  at::Tensor packed, scales;
+  at::Tensor packed, scales, group_scales;
   template <typename U>
   DraftLayerWeight<U> operand() const {
     if (!scales.defined()) return {.packed = float_ptr<U>(packed)};
-    return {.packed_int8 = const_data<int8_t>(packed), .scales = const_data<float>(scales)};
+    if (!group_scales.defined()) return {.packed_int8 = const_data<int8_t>(packed), .scales = const_data<float>(scales)};
+    return {.packed_int4 = const_data<uint8_t>(packed), .group_scales = const_data<uint8_t>(group_scales),
+            .scales = const_data<float>(scales)};
   }
 };
 
-// A weight for out_features x in_features: pack_linear_weight's output of x's dtype, or with `scales`
-// pack_linear_weight_int8's (int8, with float32 [N] scales).
+// A weight for out_features x in_features: pack_linear_weight's output of x's dtype; with `scales`
+// pack_linear_weight_int8's (int8, with float32 [N] scales); with `scales` and `group_scales`
+// pack_linear_weight_int4's, for in_features of whole groups of 32 (the layer quantises its rows unpadded).
 inline LayerWeight checked_layer_weight(const char* op, const char* name, const char* scales_name,
-                                        const at::Tensor& w, const std::optional<at::Tensor>& scales,
-                                        const at::Tensor& x, int64_t N, int64_t K, const char* what) {
+                                        const char* group_scales_name, const at::Tensor& w,
+                                        const std::optional<at::Tensor>& scales,
+                                        const std::optional<at::Tensor>& group_scales, const at::Tensor& x,
+                                        int64_t N, int64_t K, const char* what) {
   if (!scales.has_value()) {
+    SPECDEC_CHECK(!group_scales.has_value(), op, ": ", group_scales_name, " is given without ", scales_name,
+                  " (an int4 weight needs both)");
     check_packed_weight(op, name, w, x, N, K, what);
-    return {w, at::Tensor()};
+    return {w, at::Tensor(), at::Tensor()};
   }
-  check_int8_in_features(op, (std::string("the in_features of ") + what).c_str(), K);
-  check_dtype(op, name, w, at::kChar);
+  const bool int4 = group_scales.has_value();
+  const std::string in_features = std::string("the in_features of ") + what;
+  if (int4) {
+    check_int4_in_features(op, in_features.c_str(), K);
+    SPECDEC_CHECK(K % kLinearInt4Group == 0, op, ": ", in_features, " must be a multiple of ", kLinearInt4Group,
+                  " for an int4 weight (", name, " with ", group_scales_name, "), got ", K);
+  } else {
+    check_int8_in_features(op, in_features.c_str(), K);
+  }
+  check_dtype(op, name, w, int4 ? at::kByte : at::kChar);
   check_same_device(op, name, w, x, "x");
-  const std::vector<int64_t> want = packed_linear_int8_shape(N, K);
-  SPECDEC_CHECK(w.sizes().equals(want) && w.is_contiguous(), op, ": ", name, " (with ", scales_name,
-                ") must be pack_linear_weight_int8's output for ", what, " = [", N, ", ", K, "], of shape ",
-                at::IntArrayRef(want), ", got ", shape_str(w), w.is_contiguous() ? "" : " (not contiguous)");
+  const std::vector<int64_t> want = int4 ? packed_linear_int4_shape(N, K) : packed_linear_int8_shape(N, K);
+  const char* packer = int4 ? "pack_linear_weight_int4" : "pack_linear_weight_int8";
+  SPECDEC_CHECK(w.sizes().equals(want) && w.is_contiguous(), op, ": ", name, " (with ", scales_name, ") must be ",
+                packer, "'s output for ", what, " = [", N, ", ", K, "], of shape ", at::IntArrayRef(want), ", got ",
+                shape_str(w), w.is_contiguous() ? "" : " (not contiguous)");
   check_dtype(op, scales_name, *scales, at::kFloat);
   check_same_device(op, scales_name, *scales, x, "x");
   SPECDEC_CHECK(scales->dim() == 1 && scales->size(0) == N, op, ": ", scales_name, " must have shape [", N,
                 "] (the first dimension of ", what, "), got ", shape_str(*scales));
-  return {w, scales->contiguous()};
+  if (!int4) return {w, scales->contiguous(), at::Tensor()};
+  check_dtype(op, group_scales_name, *group_scales, at::kByte);
+  check_same_device(op, group_scales_name, *group_scales, x, "x");
+  const std::vector<int64_t> want_groups = int4_group_scales_shape(N, K);
+  SPECDEC_CHECK(group_scales->sizes().equals(want_groups) && group_scales->is_contiguous(), op, ": ",
+                group_scales_name, " must be pack_linear_weight_int4's group scales for ", what, " = [", N, ", ", K,
+                "], of shape ", at::IntArrayRef(want_groups), ", got ", shape_str(*group_scales),
+                group_scales->is_contiguous() ? "" : " (not contiguous)");
+  return {w, scales->contiguous(), *group_scales};
 }
 
 // A [n] vector of x's dtype and device, returned contiguous.
@@ -88,7 +113,11 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
                                     const std::optional<at::Tensor>& qkv_scales,
                                     const std::optional<at::Tensor>& o_scales,
                                     const std::optional<at::Tensor>& gate_up_scales,
-                                    const std::optional<at::Tensor>& down_scales, bool validate) {
+                                    const std::optional<at::Tensor>& down_scales,
+                                    const std::optional<at::Tensor>& qkv_group_scales,
+                                    const std::optional<at::Tensor>& o_group_scales,
+                                    const std::optional<at::Tensor>& gate_up_group_scales,
+                                    const std::optional<at::Tensor>& down_group_scales, bool validate) {
   constexpr const char* op = "draft_decoder_layer";
   check_dim(op, "x", x_in, 3, "[B, T, Din]");
   check_float(op, "x", x_in);
@@ -124,15 +153,19 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
   const int64_t Q = checked_add(op, "(num_heads + 2 nKV) * D", heads_d, 2 * nKV * D);
   const int64_t I2 = checked_mul(op, "2 * intermediate_size", 2, intermediate_size);
   const LayerWeight weights[4] = {
-      checked_layer_weight(op, "qkv_weight", "qkv_scales", qkv_weight, qkv_scales, x_in, Q, Din,
-                           "[(num_heads + 2 nKV) D, Din]"),
-      checked_layer_weight(op, "o_weight", "o_scales", o_weight, o_scales, x_in, H, heads_d, "[H, num_heads D]"),
-      checked_layer_weight(op, "gate_up_weight", "gate_up_scales", gate_up_weight, gate_up_scales, x_in, I2, H,
-                           "[2 intermediate_size, H]"),
-      checked_layer_weight(op, "down_weight", "down_scales", down_weight, down_scales, x_in, H, intermediate_size,
-                           "[H, intermediate_size]")};
-  bool any_int8 = false;
-  for (const LayerWeight& w : weights) any_int8 = any_int8 || w.scales.defined();
+      checked_layer_weight(op, "qkv_weight", "qkv_scales", "qkv_group_scales", qkv_weight, qkv_scales,
+                           qkv_group_scales, x_in, Q, Din, "[(num_heads + 2 nKV) D, Din]"),
+      checked_layer_weight(op, "o_weight", "o_scales", "o_group_scales", o_weight, o_scales, o_group_scales, x_in,
+                           H, heads_d, "[H, num_heads D]"),
+      checked_layer_weight(op, "gate_up_weight", "gate_up_scales", "gate_up_group_scales", gate_up_weight,
+                           gate_up_scales, gate_up_group_scales, x_in, I2, H, "[2 intermediate_size, H]"),
+      checked_layer_weight(op, "down_weight", "down_scales", "down_group_scales", down_weight, down_scales,
+                           down_group_scales, x_in, H, intermediate_size, "[H, intermediate_size]")};
+  bool any_quantised = false, any_int4 = false;
+  for (const LayerWeight& w : weights) {
+    any_quantised = any_quantised || w.scales.defined();
+    any_int4 = any_int4 || w.group_scales.defined();
+  }
   at::Tensor qkv_bias, input_norm_weight;
   if (qkv_bias_in.has_value()) qkv_bias = checked_weight_vector(op, "qkv_bias", *qkv_bias_in, Q, x_in);
   if (input_norm_weight_in.has_value()) {
@@ -164,7 +197,9 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
       {"position_ids", &position_ids_in}, {"inv_freq", &inv_freq_in}, {"write_slots", &write_slots_in},
       {"mask", &mask_in}, {"qkv_bias", &qkv_bias}, {"input_norm_weight", &input_norm_weight},
       {"qkv_scales", &weights[0].scales}, {"o_scales", &weights[1].scales},
-      {"gate_up_scales", &weights[2].scales}, {"down_scales", &weights[3].scales}};
+      {"gate_up_scales", &weights[2].scales}, {"down_scales", &weights[3].scales},
+      {"qkv_group_scales", &weights[0].group_scales}, {"o_group_scales", &weights[1].group_scales},
+      {"gate_up_group_scales", &weights[2].group_scales}, {"down_group_scales", &weights[3].group_scales}};
   for (const auto& [name, t] : inputs) {
     if (!t->defined()) continue;
     check_no_overlap(op, "k_cache", k_cache, name, *t);
@@ -187,13 +222,16 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
   int64_t total = 0;
   for (int64_t n : sizes) total = checked_add(op, "the stage buffers' size", total, n);
   at::Tensor buffers = at::empty({total}, x.options());
-  // An int8 product's input rows quantised (the widest of the four inputs), and their scales.
-  at::Tensor qx, qx_scales;
-  if (any_int8) {
-    const int64_t widest = std::max({Din, heads_d, H, I});
+  // An int8 or int4 product's input rows quantised (the widest of the four inputs), their scales, and with an int4
+  // weight their group offsets.
+  at::Tensor qx, qx_scales, qx_offsets;
+  const int64_t widest = std::max({Din, heads_d, H, I});
+  if (any_quantised) {
     qx = at::empty({rows_times(linear_int8_padded_k(widest))}, x.options().dtype(at::kChar));
     qx_scales = at::empty({rows}, x.options().dtype(at::kFloat));
   }
+  if (any_int4) qx_offsets = at::empty({rows_times(linear_int4_padded_k(widest) / kLinearInt4Group)},
+                                       x.options().dtype(at::kInt));
   at::Tensor out = at::empty({B, T, H}, x.options());
   at::Tensor status = new_status(2 * B, x);  // rows [0, B): the layer's; [B, 2B): the attention's (always ok)
   at::Tensor zero_prefix = at::zeros({B}, x.options().dtype(at::kLong));
@@ -245,6 +283,7 @@ at::Tensor draft_decoder_layer_impl(const at::Tensor& x_in, const std::optional<
                           .down = parts[8],
                           .qx = qx.defined() ? mutable_data<int8_t>(qx) : nullptr,
                           .qx_scales = qx.defined() ? mutable_data<float>(qx_scales) : nullptr,
+                          .qx_offsets = qx_offsets.defined() ? mutable_data<int32_t>(qx_offsets) : nullptr,
                           .out = reinterpret_cast<U*>(mutable_data(out)),
                           .status = status_ptr(status)};
     const TreeAttentionParams<U> a = draft_layer_attention(

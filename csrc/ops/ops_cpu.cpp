@@ -126,12 +126,15 @@ struct CpuBackend {
     for_rows(p, (p.out_features + kLinearPanel - 1) / kLinearPanel, kLinearPanel * p.in_features * p.rows,
              cpu::PackedLinearInt4<T>, /*min_work_per_thread=*/int64_t{1} << 20);
   }
-  // One of a draft layer's products: packed_linear, or packed_linear_int8's two stages for an int8 weight.
+  // One of a draft layer's products: packed_linear, or packed_linear_int8's (_int4's) two stages for an int8
+  // (int4) weight.
   template <typename T>
   static void draft_layer_linear(const DraftLayerParams<T>& p, DraftLayerProduct which) {
-    if (draft_layer_weight(p, which).packed_int8 == nullptr) return packed_linear(draft_layer_product(p, which));
+    const DraftLayerWeight<T>& w = draft_layer_weight(p, which);
+    if (w.packed_int8 == nullptr && w.packed_int4 == nullptr) return packed_linear(draft_layer_product(p, which));
     quantize_rows_int8(draft_layer_quantize(p, which));
-    packed_linear_int8(draft_layer_product_int8(p, which));
+    if (w.packed_int8 != nullptr) return packed_linear_int8(draft_layer_product_int8(p, which));
+    packed_linear_int4(draft_layer_product_int4(p, which));
   }
   // The stages of DraftLayerParams in order; the products and the attention as packed_linear (or
   // packed_linear_int8) and tree_attention.

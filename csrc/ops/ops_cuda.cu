@@ -95,13 +95,16 @@ struct CudaBackend {
   static void packed_linear_int4(const PackedLinearInt4Params<T>& p) {
     launch([&] { cuda::LaunchPackedLinearInt4<T>(p, current_stream()); });
   }
-  // One of a draft layer's products: packed_linear's kernel, or packed_linear_int8's two for an int8 weight.
+  // One of a draft layer's products: packed_linear's kernel, or packed_linear_int8's (_int4's) for an int8 (int4)
+  // weight.
   template <typename T>
   static void launch_draft_layer_linear(const DraftLayerParams<T>& p, DraftLayerProduct which, cudaStream_t s) {
-    if (draft_layer_weight(p, which).packed_int8 == nullptr)
+    const DraftLayerWeight<T>& w = draft_layer_weight(p, which);
+    if (w.packed_int8 == nullptr && w.packed_int4 == nullptr)
       return cuda::LaunchPackedLinear<T>(draft_layer_product(p, which), s);
     cuda::LaunchQuantizeRowsInt8<T>(draft_layer_quantize(p, which), s);
-    cuda::LaunchPackedLinearInt8<T>(draft_layer_product_int8(p, which), s);
+    if (w.packed_int8 != nullptr) return cuda::LaunchPackedLinearInt8<T>(draft_layer_product_int8(p, which), s);
+    cuda::LaunchPackedLinearInt4<T>(draft_layer_product_int4(p, which), s);
   }
   // The stages of DraftLayerParams in order on the current stream (the products through packed_linear's kernels or
   // packed_linear_int8's, the attention through tree_attention's).

@@ -75,14 +75,15 @@ void define_ops(torch::Library& m) {
         "Tensor");
 
   // A drafter's decoder layer (EAGLE, a draft LM) over a few new positions per row, weights packed (each float, or
-  // int8 with its scales), its K/V written into its cache at explicit slots (in place).
+  // int8 / int4 with its scales), its K/V written into its cache at explicit slots (in place).
   m.def(
       "draft_decoder_layer(Tensor x, Tensor? input_norm_weight, int input_norm_segments, Tensor residual, "
       "Tensor qkv_weight, Tensor? qkv_bias, Tensor o_weight, Tensor norm_weight, Tensor gate_up_weight, "
       "Tensor down_weight, Tensor position_ids, Tensor inv_freq, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor write_slots, Tensor mask, int num_heads, int intermediate_size, float eps, "
       "Tensor? qkv_scales=None, Tensor? o_scales=None, Tensor? gate_up_scales=None, Tensor? down_scales=None, "
-      "bool validate=True) -> Tensor");
+      "Tensor? qkv_group_scales=None, Tensor? o_group_scales=None, Tensor? gate_up_group_scales=None, "
+      "Tensor? down_group_scales=None, bool validate=True) -> Tensor");
 
   // Recurrent layers of hybrid targets over a draft tree (csrc/kernels/common/recurrent_params.h), and the commits
   // that advance their saved states along the accepted path (in place; several layers at once as more heads).

@@ -33,12 +33,12 @@ def num_params(model) -> int:
     return sum(p.numel() for p in model.parameters()) if model is not None else 0
 
 
-INT8_SUFFIX = "-int8"
+QUANT_SUFFIXES = {"-int8": "int8", "-int4": "int4"}  # e2e method suffix -> draft_quant
 NETWORKLESS_DRAFTERS = ("ngram", "suffix")
-# The target on int8 weights drafting for itself (DraftModelDrafter.from_target), chains of this many tokens: on the
-# family 3 / 4 / 6 draft tokens gave 1.56 / 1.68 / 1.78x plain (4 prompts, 64 new tokens, one run).
-SELF_INT8 = "self-int8"
-SELF_INT8_DRAFT_TOKENS = 6
+# The target on int8 (int4) weights drafting for itself (DraftModelDrafter.from_target), chains of this many tokens:
+# on the family 3 / 4 / 6 draft tokens gave 1.56 / 1.68 / 1.78x plain in int8 (4 prompts, 64 new tokens, one run).
+SELF_QUANT = {"self-int8": "int8", "self-int4": "int4"}
+SELF_QUANT_DRAFT_TOKENS = 6
 
 
 @dataclass
@@ -62,16 +62,20 @@ class BenchModels:
         return next(p for p in self.target.parameters() if p.is_floating_point()).device
 
     def quantized_methods(self) -> list[str]:
-        """``<drafter>-int8`` for each drafter with a network (its weights int8: ``draft_quant="int8"``), and
-        ``self-int8`` (the target on int8 weights as its own draft model)."""
-        return [n + INT8_SUFFIX for n in self.drafter_names if n not in NETWORKLESS_DRAFTERS] + [SELF_INT8]
+        """``<drafter>-int8`` / ``-int4`` for each drafter with a network (its weights quantised:
+        ``draft_quant``), and ``self-int8`` / ``self-int4`` (the target on quantised weights as its own draft
+        model)."""
+        return [n + suffix for suffix in QUANT_SUFFIXES for n in self.drafter_names
+                if n not in NETWORKLESS_DRAFTERS] + list(SELF_QUANT)
 
     def build_drafter(self, method: str):
         """A fresh drafter for an e2e method: a drafter name, or one of :meth:`quantized_methods`."""
-        if method == SELF_INT8:
-            return DraftModelDrafter.from_target(self.target, num_draft_tokens=SELF_INT8_DRAFT_TOKENS)
+        if method in SELF_QUANT:
+            return DraftModelDrafter.from_target(self.target, SELF_QUANT[method],
+                                                 num_draft_tokens=SELF_QUANT_DRAFT_TOKENS)
         if method in self.quantized_methods():
-            return self.make_drafter(method[:-len(INT8_SUFFIX)], draft_quant="int8")
+            name, suffix = method[:-5], method[-5:]
+            return self.make_drafter(name, draft_quant=QUANT_SUFFIXES[suffix])
         return self.make_drafter(method)
 
     @property

@@ -120,8 +120,9 @@ class DraftModelDrafter(CalibratedScores):
 
     @classmethod
     def from_target(cls, target: torch.nn.Module, draft_quant: str = "int8", **kwargs) -> "DraftModelDrafter":
-        """The target on int8 weights as its own draft model (QSpec-style self-speculation): nothing to train and
-        nothing on disk; memory: the int8 weights, a quarter of the target's float32 bytes. The draft is a copy of
+        """The target on int8 (or int4: ``draft_quant="int4"``) weights as its own draft model (QSpec-style
+        self-speculation): nothing to train and nothing on disk; memory: the quantised weights, a quarter (an
+        eighth) of the target's float32 bytes. The draft is a copy of
         the target's modules that shares its float tensors until :func:`quantize_weights` replaces its linear layers
         and embeddings (norms stay shared, read only), so no second float copy is ever made. ``kwargs``: as for the
         constructor."""

@@ -37,8 +37,9 @@ def op_serves(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype
 class DraftLayer:
     """One decoder layer's operands of :func:`specdec_ext.ops.draft_decoder_layer`, named as its parameters (the
     weights packed once: ``qkv_weight`` of ``cat(q, k, v)``, ``gate_up_weight`` of ``cat(gate, up)``; a weight
-    with its ``*_scales`` is int8, from :class:`~specdec_ext.models.quantized.Int8Linear` layers). It serves the
-    weights as they were when it was built."""
+    with its ``*_scales`` is int8, with its ``*_group_scales`` too int4, from
+    :class:`~specdec_ext.models.quantized.QuantizedLinear` layers). It serves the weights as they were when it was
+    built."""
 
     qkv_weight: torch.Tensor
     qkv_bias: torch.Tensor | None
@@ -56,15 +57,19 @@ class DraftLayer:
     o_scales: torch.Tensor | None = None
     gate_up_scales: torch.Tensor | None = None
     down_scales: torch.Tensor | None = None
+    qkv_group_scales: torch.Tensor | None = None
+    o_group_scales: torch.Tensor | None = None
+    gate_up_group_scales: torch.Tensor | None = None
+    down_group_scales: torch.Tensor | None = None
 
     @classmethod
     def of(cls, layer: nn.Module, *, dtype: torch.dtype, device: torch.device, cache_dtype: torch.dtype,
            num_heads: int, eps: float, inv_freq: torch.Tensor, input_norm_weight: torch.Tensor | None = None,
            input_norm_segments: int = 1) -> "DraftLayer | None":
         """The operands of ``layer`` for inputs of ``dtype`` on ``device`` over a cache of ``cache_dtype``, or None
-        where the op may not run it (:func:`op_serves`; a linear layer that is not a plain or int8 one of
+        where the op may not run it (:func:`op_serves`; a linear layer that is not a plain or quantised one of
         ``dtype``; the packed kernels do not serve the weights; a bias on o, gate, up or down, which the op has no
-        operand for).
+        operand for; an int4 weight over inputs that are not whole groups of 32).
         (Submodules and parameters are read from the modules' dicts: ``module.attr`` costs ~0.6 us a lookup.)"""
         attn, mlp = layer._modules["self_attn"]._modules, layer._modules["mlp"]._modules
         qkv = (attn["q_proj"], attn["k_proj"], attn["v_proj"])
@@ -76,13 +81,18 @@ class DraftLayer:
         packed = (linear_operand(qkv), linear_operand((o,)), linear_operand(gate_up), linear_operand((down,)))
         if any(p is None for p in packed) or any(p.bias is not None for p in packed[1:]):
             return None
+        in_features = (qkv[0].in_features, o.in_features, gate_up[0].in_features, down.in_features)
+        if any(p.group_scales is not None and k % 32 for p, k in zip(packed, in_features)):
+            return None  # (the op's int4 products take inputs of whole groups of 32)
         return cls(qkv_weight=packed[0].packed, qkv_bias=packed[0].bias, o_weight=packed[1].packed,
                    norm_weight=layer._modules["post_attention_layernorm"]._parameters["weight"],
                    gate_up_weight=packed[2].packed, down_weight=packed[3].packed, inv_freq=inv_freq,
                    num_heads=num_heads, intermediate_size=down.in_features, eps=eps,
                    input_norm_weight=input_norm_weight, input_norm_segments=input_norm_segments,
                    qkv_scales=packed[0].scales, o_scales=packed[1].scales, gate_up_scales=packed[2].scales,
-                   down_scales=packed[3].scales)
+                   down_scales=packed[3].scales, qkv_group_scales=packed[0].group_scales,
+                   o_group_scales=packed[1].group_scales, gate_up_group_scales=packed[2].group_scales,
+                   down_group_scales=packed[3].group_scales)
 
     @staticmethod
     def takes(rows: int, mask: torch.Tensor, kv_len: int | None) -> bool:
@@ -102,4 +112,5 @@ class DraftLayer:
             write_slots=write_slots, mask=mask, num_heads=self.num_heads, intermediate_size=self.intermediate_size,
             eps=self.eps, input_norm_weight=self.input_norm_weight, input_norm_segments=self.input_norm_segments,
             qkv_scales=self.qkv_scales, o_scales=self.o_scales, gate_up_scales=self.gate_up_scales,
-            down_scales=self.down_scales, validate=True)
+            down_scales=self.down_scales, qkv_group_scales=self.qkv_group_scales, o_group_scales=self.o_group_scales,
+            gate_up_group_scales=self.gate_up_group_scales, down_group_scales=self.down_group_scales, validate=True)

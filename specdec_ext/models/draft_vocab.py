@@ -17,7 +17,7 @@ import torch
 from torch.nn.utils import skip_init
 
 from specdec_ext.models.fast_linear import Linear, tensor_version
-from specdec_ext.models.quantized import Int8Linear
+from specdec_ext.models.quantized import QuantizedLinear
 from specdec_ext.models.safe_files import read_json
 
 __all__ = ["DRAFT_VOCAB_FILE", "VocabRows", "default_draft_vocab_size", "draft_vocab_ids", "read_draft_vocab",
@@ -93,6 +93,6 @@ class VocabRows:
         if self._key is None or self._key[0] is not w or self._key[1:] != key[1:]:
             ids = self.ids.to(device)
             sub = vocab_rows(lm_head, ids, dtype, device)
-            self._made = ids, (sub if self.draft_quant is None else Int8Linear.of(sub))
+            self._made = ids, (sub if self.draft_quant is None else QuantizedLinear.of(sub, self.draft_quant))
             self._key = key
         return self._made

@@ -53,9 +53,9 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
-from specdec_ext.ops import pack_linear_weight, packed_linear_int8, packed_linear_path
+from specdec_ext.ops import pack_linear_weight, packed_linear_int4, packed_linear_int8, packed_linear_path
 
-__all__ = ["EXPERTS_IMPLEMENTATION", "INT8", "Linear", "PLAIN_LINEAR_TYPES", "PackableLinear", "PackedLinear",
+__all__ = ["EXPERTS_IMPLEMENTATION", "INT4", "INT8", "Linear", "PLAIN_LINEAR_TYPES", "PackableLinear", "PackedLinear",
            "bfloat16_is_fast", "fused_linear", "in_packed_linears_block", "layer_operand", "linear", "module_linear",
            "pack_linears", "pack_linears_where_fast", "packed_enabled", "packed_linears", "packed_operand",
            "packed_experts_forward", "tensor_version", "unpack_linears"]
@@ -67,6 +67,7 @@ _MKLDNN = torch.backends.mkldnn.is_available()
 _OURS = "ours"  # the specdec_ext::packed_linear kernel
 _ONEDNN = "onednn"  # the bfloat16 fallback
 INT8 = "int8"  # specdec_ext::packed_linear_int8 (an int8 weight and its scales: specdec_ext.models.quantized)
+INT4 = "int4"  # specdec_ext::packed_linear_int4 (an int4 weight, its scales and group scales: the same module)
 
 
 @dataclass(slots=True, eq=False)
@@ -75,8 +76,8 @@ class PackedLinear:
     ``packed`` is the weight (or several layers' weights concatenated along the outputs) in ``kernel``'s layout,
     ``dtype`` the weight's. ``source`` records what it was packed from (ids, versions and addresses: a plain tuple,
     compared at C speed) and ``tensors`` holds those tensors, so that no id in ``source`` is reused while the
-    record is remembered. The ``INT8`` kind holds an int8 weight (``packed``) with its ``scales``; ``dtype`` is
-    then the dtype it computes in."""
+    record is remembered. The ``INT8`` kind holds an int8 weight (``packed``) with its ``scales``, the ``INT4`` kind
+    an int4 weight with its ``scales`` and ``group_scales``; ``dtype`` is then the dtype it computes in."""
 
     kernel: str
     packed: torch.Tensor
@@ -86,11 +87,14 @@ class PackedLinear:
     source: tuple = ()
     tensors: tuple = ()
     scales: torch.Tensor | None = None
+    group_scales: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The product of ``x`` (None where the kernel cannot take it: oneDNN and a 1-D input)."""
         if self.kernel == INT8:
             return packed_linear_int8(x, self.packed, self.scales, self.bias)
+        if self.kernel == INT4:
+            return packed_linear_int4(x, self.packed, self.group_scales, self.scales, self.bias)
         return _apply(self.kernel, x, self.packed, self.bias, self.out_features)
 
 

@@ -37,7 +37,7 @@ from specdec_ext.models.attention import tree_attention_mask
 from specdec_ext.models.draft_layer import DraftLayer
 from specdec_ext.models.fast_linear import PackedLinear
 from specdec_ext.models.kv_cache import TreeKVCache
-from specdec_ext.models.quantized import Int8Embedding, embedding_lookup, linear_dtype, linear_operand
+from specdec_ext.models.quantized import QuantizedEmbedding, embedding_lookup, linear_dtype, linear_operand
 from specdec_ext.state import ShallowStates
 
 __all__ = ["LlamaStepOps", "StepOutput", "op_route_allowed", "rope_is_default"]
@@ -130,8 +130,8 @@ class LlamaStepOps:
         if lookup is None or layers is None or norm is None \
                 or rotary is None or getattr(rotary, "attention_scaling", 1.0) != 1.0:
             return None
-        table = embed.packed if type(embed) is Int8Embedding else embed.weight
-        dtype, device = (embed.dtype if type(embed) is Int8Embedding else table.dtype), table.device
+        table = embed.packed if type(embed) is QuantizedEmbedding else embed.weight
+        dtype, device = (embed.dtype if type(embed) is QuantizedEmbedding else table.dtype), table.device
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         eps = getattr(norm, "variance_epsilon", None)
         if heads % kv_heads or getattr(cfg, "attention_dropout", 0.0) or eps is None:

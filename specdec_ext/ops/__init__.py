@@ -342,7 +342,9 @@ def draft_decoder_layer(x: torch.Tensor, residual: torch.Tensor, qkv_weight: tor
                         input_norm_weight: torch.Tensor | None = None, input_norm_segments: int = 1,
                         qkv_scales: torch.Tensor | None = None, o_scales: torch.Tensor | None = None,
                         gate_up_scales: torch.Tensor | None = None, down_scales: torch.Tensor | None = None,
-                        validate: bool = True) -> torch.Tensor:
+                        qkv_group_scales: torch.Tensor | None = None, o_group_scales: torch.Tensor | None = None,
+                        gate_up_group_scales: torch.Tensor | None = None,
+                        down_group_scales: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
     """One Llama decoder layer of a drafter (EAGLE) over T new positions per row, with its own KV cache.
 
     ``x[B, T, Din]``: the attention's input; ``residual[B, T, H]``: the residual stream it is added to (EAGLE-1:
@@ -352,8 +354,10 @@ def draft_decoder_layer(x: torch.Tensor, residual: torch.Tensor, qkv_weight: tor
     Din]`` (with ``qkv_bias``), ``o_weight [H, num_heads D]``, ``gate_up_weight`` of ``cat(gate, up)`` ``[2 I,
     H]``, ``down_weight [H, I]``; ``norm_weight [H]`` the post-attention RMSNorm (``eps``). A weight given with
     its scales (``qkv_scales [(num_heads + 2 nKV) D]``, ``o_scales [H]``, ``gate_up_scales [2 I]``, ``down_scales
-    [H]``) is :func:`pack_linear_weight_int8`'s output instead, and that product is :func:`packed_linear_int8`'s
-    (a quantised draft: each weight float or int8 on its own). RoPE (rotate-half) at
+    [H]``) is :func:`pack_linear_weight_int8`'s output instead, and that product is :func:`packed_linear_int8`'s;
+    given with its scales and group scales (``*_group_scales``), :func:`pack_linear_weight_int4`'s, the product
+    :func:`packed_linear_int4`'s (its in_features a multiple of 32). A quantised draft: each weight float, int8 or
+    int4 on its own. RoPE (rotate-half) at
     ``position_ids[B, T]`` with ``inv_freq[D / 2]`` (float32). The new keys / values are written into ``k_cache`` /
     ``v_cache`` ``[B, nKV, S, D]`` (contiguous; in place) at ``write_slots[B, T]``; then each position attends to
     the cache slots ``s < kv_len`` with ``mask[b, t, s]`` (bool ``[B, T, kv_len]``; grouped-query: query head h
@@ -368,7 +372,8 @@ def draft_decoder_layer(x: torch.Tensor, residual: torch.Tensor, qkv_weight: tor
         x, input_norm_weight, _int(input_norm_segments, "input_norm_segments"), residual, qkv_weight, qkv_bias,
         o_weight, norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache, write_slots,
         mask, _int(num_heads, "num_heads"), _int(intermediate_size, "intermediate_size"), float(eps), qkv_scales,
-        o_scales, gate_up_scales, down_scales, validate)
+        o_scales, gate_up_scales, down_scales, qkv_group_scales, o_group_scales, gate_up_group_scales,
+        down_group_scales, validate)
 
 
 def packed_linear_path(dtype: torch.dtype) -> str:

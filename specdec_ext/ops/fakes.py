@@ -148,11 +148,12 @@ def _packed_linear_int4(x, packed_weight, group_scales, scales, bias):
 def _draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv_weight, qkv_bias, o_weight,
                          norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,
                          write_slots, mask, num_heads, intermediate_size, eps, qkv_scales=None, o_scales=None,
-                         gate_up_scales=None, down_scales=None, validate=True):
+                         gate_up_scales=None, down_scales=None, qkv_group_scales=None, o_group_scales=None,
+                         gate_up_group_scales=None, down_group_scales=None, validate=True):
     _checks("draft_decoder_layer", x, input_norm_weight, input_norm_segments, residual, qkv_weight, qkv_bias,
             o_weight, norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,
             write_slots, mask, num_heads, intermediate_size, eps, qkv_scales, o_scales, gate_up_scales, down_scales,
-            validate)
+            qkv_group_scales, o_group_scales, gate_up_group_scales, down_group_scales, validate)
     return residual.new_empty(residual.shape)
 
 

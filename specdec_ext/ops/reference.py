@@ -770,10 +770,12 @@ def draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv
                         norm_weight, gate_up_weight, down_weight, position_ids, inv_freq, k_cache, v_cache,
                         write_slots, mask, num_heads: int, intermediate_size: int, eps: float,
                         qkv_scales=None, o_scales=None, gate_up_scales=None, down_scales=None,
-                        validate: bool = True) -> torch.Tensor:
+                        qkv_group_scales=None, o_group_scales=None, gate_up_group_scales=None,
+                        down_group_scales=None, validate: bool = True) -> torch.Tensor:
     """A Llama decoder layer over ``x[B, T, Din]`` written out op by op (csrc/kernels/common/params.h,
     DraftLayerParams): products in float64 rounded once to x's dtype (a weight given with its scales:
-    :func:`packed_linear_int8`'s product), every other intermediate computed in float32 and rounded to x's dtype
+    :func:`packed_linear_int8`'s product; with its group scales too: :func:`packed_linear_int4`'s), every other
+    intermediate computed in float32 and rounded to x's dtype
     where the module rounds its tensors. Writes the new K/V into the caches (a row's later position wins a duplicate
     slot); a row with a write slot outside [0, S) writes nothing and returns zeros (ValueError with ``validate``)."""
     dt = x.dtype
@@ -784,6 +786,8 @@ def draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv
     Q = (nH + 2 * nKV) * D
     scales = {id(qkv_weight): qkv_scales, id(o_weight): o_scales, id(gate_up_weight): gate_up_scales,
               id(down_weight): down_scales}
+    groups = {id(qkv_weight): qkv_group_scales, id(o_weight): o_group_scales,
+              id(gate_up_weight): gate_up_group_scales, id(down_weight): down_group_scales}
     for name, w, rows, what in (("qkv_weight", qkv_weight, Q, "[(num_heads + 2 nKV) D, Din]"),
                                 ("o_weight", o_weight, H, "[H, num_heads D]"),
                                 ("gate_up_weight", gate_up_weight, 2 * I, "[2 intermediate_size, H]"),
@@ -795,7 +799,9 @@ def draft_decoder_layer(x, input_norm_weight, input_norm_segments, residual, qkv
         return t.to(dt).float()
 
     def lin(v, packed, N, K, bias=None):
-        if scales[id(packed)] is not None:  # (v holds values of the layer's dtype, as the kernel's buffer does)
+        if groups[id(packed)] is not None:  # (v holds values of the layer's dtype, as the kernel's buffer does)
+            return packed_linear_int4(v.to(dt), packed, groups[id(packed)], scales[id(packed)], bias).float()
+        if scales[id(packed)] is not None:
             return packed_linear_int8(v.to(dt), packed, scales[id(packed)], bias).float()
         y = v.double() @ unpack_linear_weight(packed, N, K).double().T
         return rnd(y + bias.double() if bias is not None else y)

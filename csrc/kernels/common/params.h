@@ -562,12 +562,14 @@ template <typename T>
 struct DraftLayerWeight {
   const T* packed = nullptr;
   const int8_t* packed_int8 = nullptr;
-  const float* scales = nullptr;  // [N], with packed_int8
+  const uint8_t* packed_int4 = nullptr;
+  const uint8_t* group_scales = nullptr;  // with packed_int4
+  const float* scales = nullptr;  // [N], with packed_int8 or packed_int4
 };
 
 template <typename T>
 struct DraftLayerParams {
-  // Wqkv [Q, Din], Wo [H, nH D], Wgu [2I, H] (gate rows, then up rows), Wdown [H, I]; each float or int8.
+  // Wqkv [Q, Din], Wo [H, nH D], Wgu [2I, H] (gate rows, then up rows), Wdown [H, I]; each float, int8 or int4.
   DraftLayerWeight<T> qkv_weight, o_weight, gate_up_weight, down_weight;
   const T* x;                  // [rows, Din] contiguous
   const T* input_norm_weight;  // [Din] or nullptr
@@ -586,15 +588,18 @@ struct DraftLayerParams {
   // heads [B, nH, T, D] (the attention's output), attn [rows, nH D], h1 [rows, H], normed [rows, H],
   // gate_up [rows, 2I], act [rows, I], down [rows, H].
   T *normed_input, *qkv, *heads, *attn, *h1, *normed, *gate_up, *act, *down;
-  // With an int8 weight: one product's input rows quantised, [rows, ceil(max K / 4) * 4] and [rows] (else nullptr).
+  // With an int8 or int4 weight: one product's input rows quantised, [rows, ceil(max K / 4) * 4] and [rows] (else
+  // nullptr); with an int4 weight also their group offsets, [rows, max K / 32] (else nullptr).
   int8_t* qx;
   float* qx_scales;
+  int32_t* qx_offsets;
   T* out;             // [rows, H]
   RowStatus* status;  // [B]
 };
 
-// The four products of a draft layer: packed_linear calls, or for an int8 weight the two stages of
-// packed_linear_int8 (draft_layer_quantize, then draft_layer_product_int8).
+// The four products of a draft layer: packed_linear calls, or for an int8 (int4) weight the two stages of
+// packed_linear_int8 (packed_linear_int4): draft_layer_quantize, then draft_layer_product_int8 (_int4). An int4
+// weight's in_features are whole groups (the glue checks), so its input rows need no padding.
 enum DraftLayerProduct { kDraftQkv, kDraftO, kDraftGateUp, kDraftDown };
 
 template <typename T>
@@ -640,6 +645,15 @@ PackedLinearInt8Params<T> draft_layer_product_int8(const DraftLayerParams<T>& p,
   const DraftLayerWeight<T>& w = draft_layer_weight(p, which);
   return {.qx = p.qx, .x_scales = p.qx_scales, .rows = f.rows, .in_features = f.in_features,
           .out_features = f.out_features, .packed = w.packed_int8, .w_scales = w.scales, .bias = f.bias, .y = f.y};
+}
+
+template <typename T>
+PackedLinearInt4Params<T> draft_layer_product_int4(const DraftLayerParams<T>& p, DraftLayerProduct which) {
+  const PackedLinearParams<T> f = draft_layer_product(p, which);
+  const DraftLayerWeight<T>& w = draft_layer_weight(p, which);
+  return {.qx = p.qx, .x_scales = p.qx_scales, .x_offsets = p.qx_offsets, .rows = f.rows,
+          .in_features = f.in_features, .out_features = f.out_features, .packed = w.packed_int4,
+          .group_scales = w.group_scales, .w_scales = w.scales, .bias = f.bias, .y = f.y};
 }
 
 // The layer's attention as tree attention: the T new positions of a row are its nodes, prefix 0 (`zero_prefix`:
