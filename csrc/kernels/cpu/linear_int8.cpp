@@ -284,13 +284,7 @@ const char* PackedLinearInt8Path() { return kPathNames[static_cast<int>(best_pat
 template <typename T>
 bool PackedLinearInt8Using(const char* path, const PackedLinearInt8Params<T>& p, int64_t panel_begin,
                            int64_t panel_end) {
-  for (int i = 0; i < 3; ++i)
-    if (std::strcmp(path, kPathNames[i]) == 0) {
-      if (!available(static_cast<Path>(i))) return false;
-      run(static_cast<Path>(i), p, panel_begin, panel_end);
-      return true;
-    }
-  return false;
+  return run_named_path(path, [&](Path chosen) { run(chosen, p, panel_begin, panel_end); });
 }
 
 template <typename T>

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels.h"
@@ -52,6 +53,19 @@ inline Path best_path() {
                            : available(Path::kAvx2)     ? Path::kAvx2
                                                         : Path::kGeneric;
   return best;
+}
+
+// Runs run(path) for the path named `name` (kPathNames) and returns true; false, running nothing, where the name is
+// unknown or this CPU lacks the path (for tests comparing paths).
+template <typename Run>
+bool run_named_path(const char* name, Run run) {
+  for (int i = 0; i < 3; ++i)
+    if (std::strcmp(name, kPathNames[i]) == 0) {
+      if (!available(static_cast<Path>(i))) return false;
+      run(static_cast<Path>(i));
+      return true;
+    }
+  return false;
 }
 
 // y[m, n0 .. n0 + 32) of one panel from its 32 int32 sums (outputs n >= N are padding, never stored). Params: an
