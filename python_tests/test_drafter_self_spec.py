@@ -38,7 +38,8 @@ from specdec_ext import AdaptiveDrafter, Engine, RequestSettings  # noqa: E402
 from specdec_ext.drafters import SelfSpecDrafter  # noqa: E402
 from specdec_ext.drafters.self_spec_file import FORMAT, SelfSpecFile, read_self_spec, write_self_spec  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
-from specdec_ext.models import TreeKVCache, extend, use_tree_attention  # noqa: E402
+from specdec_ext.models import TreeKVCache, draft_layer, extend, use_tree_attention  # noqa: E402
+from specdec_ext.models.llama_step import LlamaStepOps  # noqa: E402
 from specdec_ext.state import DecodeState  # noqa: E402
 from specdec_ext.train.self_spec_tune import Costs, tune_self_spec  # noqa: E402
 
@@ -250,6 +251,19 @@ def test_sampling_matches_the_target_distribution(T, top_k, top_p):
     check_lossless(sampling_target(), ((4321, SelfSpecDrafter([1], num_draft_tokens=3)),
                                        (6789, SelfSpecDrafter([1], num_draft_tokens=3, tree_width=2,
                                                               total_tokens=4))), T, top_k, top_p)
+
+
+def test_sampling_through_the_ops_matches_the_target_distribution(monkeypatch):
+    """The same test with the op calls taking every row (their row limit lifted, as test_llama_step_ops does): the
+    draft probabilities of the kept layers' op path are the ones verification divides by."""
+    monkeypatch.setattr(draft_layer, "NATIVE_LAYER_MAX_ROWS", 10 ** 9)
+    forwards = []
+    real = LlamaStepOps.forward
+    monkeypatch.setattr(LlamaStepOps, "forward", lambda self, *a, **k: forwards.append(1) or real(self, *a, **k))
+    drafters = ((4321, SelfSpecDrafter([1], num_draft_tokens=3)),
+                (6789, SelfSpecDrafter([1], num_draft_tokens=3, tree_width=2, total_tokens=4)))
+    check_lossless(sampling_target(), drafters, 1.0, 0, 1.0)
+    assert all(isinstance(d._ops, LlamaStepOps) for _, d in drafters) and forwards
 
 
 # ---------------------------------------------------------------------------------------------------------------
