@@ -13,7 +13,8 @@ namespace {
 bool run_case(const Args& a, int64_t M, int64_t N, int64_t K) {
   const int64_t panels = (N + kLinearPanel - 1) / kLinearPanel, K8 = linear_int8_padded_k(K);
   const int64_t Kp = linear_int4_padded_k(K), G = Kp / kLinearInt4Group;
-  const int64_t int8_bytes = panels * K8 * kLinearPanel + 4 * N, int4_bytes = panels * (Kp / 2 + G) * kLinearPanel + 4 * N;
+  const int64_t int8_bytes = panels * K8 * kLinearPanel + 4 * N;
+  const int64_t int4_bytes = panels * (Kp / 2 + G) * kLinearPanel + 4 * N;
   const int64_t int8_copies = a.smoke ? 1 : std::max<int64_t>(2, (int64_t{96} << 20) / int8_bytes);
   const int64_t int4_copies = a.smoke ? 1 : std::max<int64_t>(2, (int64_t{96} << 20) / int4_bytes);
   Rng rng(M * 131 + N * 7 + K);

@@ -40,7 +40,8 @@ struct LayerWeight {
   template <typename U>
   DraftLayerWeight<U> operand() const {
     if (!scales.defined()) return {.packed = float_ptr<U>(packed)};
-    if (!group_scales.defined()) return {.packed_int8 = const_data<int8_t>(packed), .scales = const_data<float>(scales)};
+    if (!group_scales.defined())
+      return {.packed_int8 = const_data<int8_t>(packed), .scales = const_data<float>(scales)};
     return {.packed_int4 = const_data<uint8_t>(packed), .group_scales = const_data<uint8_t>(group_scales),
             .scales = const_data<float>(scales)};
   }

@@ -73,7 +73,8 @@ at::Tensor packed_linear_int4_impl(const at::Tensor& x_in, const at::Tensor& pac
   const int64_t N = scales.size(0);
   SPECDEC_CHECK(N >= 1, op, ": scales must be non-empty [out_features], got ", shape_str(scales));
   for (const auto& [name, t, want, layout] :
-       {std::tuple{"packed_weight", &packed_weight, packed_linear_int4_shape(N, K), "ceil(in_features / 32) * 4, 32, 4"},
+       {std::tuple{"packed_weight", &packed_weight, packed_linear_int4_shape(N, K),
+                   "ceil(in_features / 32) * 4, 32, 4"},
         std::tuple{"group_scales", &group_scales, int4_group_scales_shape(N, K), "ceil(in_features / 32), 32"}}) {
     check_dtype(op, name, *t, at::kByte);
     check_same_device(op, name, *t, x_in, "x");

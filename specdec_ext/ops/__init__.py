@@ -441,7 +441,7 @@ def packed_linear_int4(x: torch.Tensor, packed_weight: torch.Tensor, group_scale
     arithmetic, ``y = (sum_g m[n, g] sum_{k in g} qx[m, k] q[n, k]) * (sx[m] * scales[n]) + bias[n]`` in float32
     rounded once to the dtype, so every path (CPU vector paths, CUDA,
     :func:`specdec_ext.ops.reference.packed_linear_int4`) gives the same bits and a row's result does not depend on
-    the other rows of the call. Its error against the float product is the quantisations' (about 8% of the output's
+    the other rows of the call. Its error against the float product is the quantisations' (about 9% of the output's
     scale for Gaussian data; int8's is about 1%): for drafters, whose outputs only steer acceptance. A row of x
     holding inf or NaN gives NaN outputs. Made for 1-16 rows (see :func:`packed_linear_int4_path`); no autograd."""
     return _ops.packed_linear_int4.default(x, packed_weight, group_scales, scales, bias)

@@ -220,7 +220,8 @@ void PackLinearWeightInt4(const PackLinearInt4Params<T>& p, int64_t panel_begin,
       float amax = 0.0f;
       for (int64_t g = 0; g < G; ++g) {
         float a = 0.0f;
-        for (int64_t k = g * kGroup; k < std::min(K, (g + 1) * kGroup); ++k) a = std::max(a, std::fabs(to_float(src[k])));
+        for (int64_t k = g * kGroup; k < std::min(K, (g + 1) * kGroup); ++k)
+          a = std::max(a, std::fabs(to_float(src[k])));
         group_amax[g] = a;
         amax = std::max(amax, a);
       }
