@@ -125,8 +125,10 @@ class _TinyFamily:
 
     def __init__(self, model):
         self.target = model
+        self.made: list[str] = []
 
     def make_drafter(self, name):
+        self.made.append(name)
         return make_drafter({"chain": "draft", "tree": "tree"}[name], self.target)
 
 
@@ -134,7 +136,10 @@ def test_run_hybrid_bench_reports_every_method():
     model = target()
     methods = hybrid_methods(chain_drafters=("chain",), tree_drafters=("tree",))
     assert [m for m, _, _ in methods] == ["plain", "chain+snapshots", "chain+replay", "chain", "tree"]
-    result = run_hybrid_bench(_TinyFamily(model), PROMPTS[:2], 8, methods, log=lambda *a: None)
+    family = _TinyFamily(model)
+    result = run_hybrid_bench(family, PROMPTS[:2], 8, methods, log=lambda *a: None)
+    # one drafter a method for the whole run (a tree's online score calibration carries over, as on a server)
+    assert family.made == ["chain", "chain", "chain", "tree"]
     assert not model._forward_pre_hooks  # (the benchmark leaves the model as it found it)
     rows = result["methods"]
     assert rows["plain"]["speedup"] == 1.0 and rows["plain"]["identical"] is None

@@ -13,7 +13,10 @@ Methods, each ``(drafter, states)``:
 * ``<tree drafter>``: this library's trees (EAGLE-2), which neither baseline can verify.
 
 Every method decodes every prompt greedily at batch 1 through one :class:`~specdec_ext.engine.Engine` per
-generation (as ``generate`` does), the methods taking turns prompt by prompt after a warm-up. Per method: tokens/s
+generation (as ``generate`` does), the methods taking turns prompt by prompt after a warm-up. Each method keeps one
+drafter for the whole run, as the e2e and engine suites do and as a server would: an EAGLE-2 tree ranks its
+candidates by scores it calibrates online over the steps (a drafter made afresh for every prompt restarts that
+calibration each time, which cost the tree ~10% of its accepted tokens here). Per method: tokens/s
 (whole call, prefill included) and the speedup over plain decoding measured beside it, mean accepted length, the
 recurrent state one sequence keeps between steps (bytes), the share of decode time spent on state bookkeeping
 (recording the nodes' inputs, commits, snapshots, checkpoints and replays: the cache's ``bookkeeping_s`` over the
@@ -91,23 +94,20 @@ def run_hybrid_bench(family, prompts: list[list[int]], max_new_tokens: int, meth
     if methods[0][0] != "plain":
         raise ValueError("run_hybrid_bench: the first method must be plain (the speedups' reference)")
     target = family.target
-
-    def drafter_of(name):
-        return None if name is None else family.make_drafter(name)
-
-    return _run(target, drafter_of, prompts, max_new_tokens, methods, warmup, log)
+    drafters = {m: (None if d is None else family.make_drafter(d)) for m, d, _ in methods}  # one a method
+    return _run(target, drafters, prompts, max_new_tokens, methods, warmup, log)
 
 
-def _run(target, drafter_of, prompts, max_new_tokens, methods, warmup, log) -> dict:
+def _run(target, drafters, prompts, max_new_tokens, methods, warmup, log) -> dict:
     if warmup:
-        for _, d, states in methods:
-            _decode(target, drafter_of(d), states, prompts[0][:16], 8)
+        for m, _, states in methods:
+            _decode(target, drafters[m], states, prompts[0][:16], 8)
     rows = {m: {"drafter": d, "states": s, "tokens": 0, "seconds": 0.0, "decode_s": 0.0, "row_steps": 0,
                 "state_bookkeeping_s": 0.0, "replays": 0, "identical": True} for m, d, s in methods}
     for i, p in enumerate(prompts):
         reference = None
-        for m, d, states in methods:
-            r = _decode(target, drafter_of(d), states, p, max_new_tokens)
+        for m, _, states in methods:
+            r = _decode(target, drafters[m], states, p, max_new_tokens)
             row = rows[m]
             for k in ("seconds", "decode_s", "row_steps", "state_bookkeeping_s", "replays"):
                 row[k] += r[k]
