@@ -22,12 +22,14 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from helpers import random_parents, root_path  # noqa: E402
+import test_drafter_eagle as eagle_t  # noqa: E402
 from hf_reference import hf_greedy  # noqa: E402
 from test_generate_greedy import prompt_of  # noqa: E402
 from test_hybrid_minimax import (NEW, V, engine_rows_equal_hf, generate_equals_hf, mixerless_draft,  # noqa: E402
                                  prefilled)
 
-from specdec_ext.drafters import DraftModelDrafter, NgramDrafter  # noqa: E402
+from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter  # noqa: E402
+from specdec_ext.models.medusa import MedusaHeads  # noqa: E402
 from specdec_ext.models import HybridCache, tree_forward  # noqa: E402
 from specdec_ext import ops  # noqa: E402
 
@@ -154,6 +156,31 @@ def references(family: str) -> list[list[int]]:
 def test_greedy_generate_equals_hf(family, kind):
     model = target(family)
     generate_equals_hf(model, make_drafter(kind, model), PROMPTS, references(family))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "medusa"])
+def test_greedy_generate_with_network_drafters_equals_hf(family, kind):
+    """The drafters that read the target's hidden states (EAGLE-1 / EAGLE-3 drafts on EAGLE-2 trees, Medusa heads on
+    a dynamic tree; random networks: few drafts are accepted, but some are) on each recurrent family: HF's greedy
+    output, batch > 1."""
+    model = target(family)
+    if kind == "medusa":
+        torch.manual_seed(11)
+        heads = MedusaHeads(3, model.config.hidden_size)
+        with torch.no_grad():
+            for p in heads.parameters():
+                p.normal_(0, 0.05)
+        drafter = MedusaDrafter(heads, dynamic=True, max_nodes=8)
+    else:
+        seed = EAGLE3_SEEDS[family] if kind == "eagle3" else 0
+        drafter = EagleDrafter(eagle_t.random_draft(int(kind[-1]), seed), target=model, depth=4, top_k=4,
+                               total_tokens=16)
+    generate_equals_hf(model, drafter, PROMPTS, references(family), min_accepted=1.0)
+
+
+# random EAGLE-3 drafts that get some drafts accepted on each family (so that the test above is not vacuous)
+EAGLE3_SEEDS = {"qwen3_next": 1, "qwen3_5": 1, "bamba": 0}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
