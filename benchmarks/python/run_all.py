@@ -22,6 +22,7 @@ import torch
 
 BENCHES = ["build_tree", "tree_ancestor_mask", "verify_tree_greedy", "verify_tree_sampling", "verify_tree_typical",
            "sample_tokens", "expand_tree_step", "tree_attention", "compact_kv", "packed_linear", "packed_linear_int8",
+           "packed_linear_int4",
            "draft_decoder_layer", "recurrent"]
 
 GOALS = [  # (op, shape prefix, dtype, device, minimum speedup vs baseline): reported, never asserted
