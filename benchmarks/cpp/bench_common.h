@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -270,6 +271,25 @@ double host_median_ms(F&& fn, int repeats, int warmup = 2) {
     ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
   return median(ms);
+}
+
+// Mean ms per call of `first` and `second`, timed in alternating blocks of calls long enough to average over
+// scheduler time slices (`block_ms` of `first`'s median call), so that drift in the machine lands on both.
+template <typename F, typename G>
+std::pair<double, double> alternating_ms(int repeats, F&& first, G&& second, double block_ms = 30.0) {
+  const double one_ms = host_median_ms(first, 3);
+  const int per_block = static_cast<int>(std::clamp(block_ms / std::max(one_ms, 1e-3), 4.0, 20000.0));
+  double total[2] = {0, 0};
+  int calls = 0;
+  for (int block = 0; block < std::max(2, repeats / 5); ++block) {
+    for (int t = 0; t < 2; ++t) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < per_block; ++i) t == 0 ? first() : second();
+      total[t] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+    calls += per_block;
+  }
+  return {total[0] / calls, total[1] / calls};
 }
 
 inline void print_header() {

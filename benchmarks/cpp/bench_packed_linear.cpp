@@ -69,19 +69,7 @@ bool run_case(const Args& a, int64_t M, int64_t N, int64_t K) {
     parallel_rows(panels, threads, [&](int64_t b, int64_t e) { cpu::PackedLinear(p, b, e); });
   };
   // Blocks of calls long enough to average over scheduler time slices (~50 ms), alternating 1 and 2 threads.
-  double one_ms = host_median_ms([&] { call(1); }, 5);
-  const int per_block = static_cast<int>(std::clamp(50.0 / std::max(one_ms, 1e-3), 4.0, 20000.0));
-  double total[2] = {0, 0};
-  int calls = 0;
-  for (int block = 0; block < std::max(2, a.repeats / 5); ++block) {
-    for (int t = 0; t < 2; ++t) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < per_block; ++i) call(t + 1);
-      total[t] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    }
-    calls += per_block;
-  }
-  const double ms1 = total[0] / calls, ms2 = total[1] / calls;
+  const auto [ms1, ms2] = alternating_ms(a.repeats, [&] { call(1); }, [&] { call(2); }, 50.0);
   std::printf("%-9s %5lld %5lld %5lld %10.3f %10.4f %10.4f %8.2fx\n", dtype_name<T>(), static_cast<long long>(M),
               static_cast<long long>(N), static_cast<long long>(K), static_cast<double>(M * N * K) / 1e6, ms1, ms2,
               ms1 / ms2);

@@ -83,19 +83,7 @@ bool run_case(const Args& a, int64_t M, int64_t N, int64_t K) {
     p4.packed = packed4[next4++ % packed4.size()].data();
     call_int4_once();
   };
-  const double one_ms = host_median_ms(call_int8, 3);
-  const int per_block = static_cast<int>(std::clamp(30.0 / std::max(one_ms, 1e-3), 4.0, 20000.0));
-  double total[2] = {0, 0};
-  int calls = 0;
-  for (int block = 0; block < std::max(2, a.repeats / 5); ++block) {
-    for (int t = 0; t < 2; ++t) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < per_block; ++i) t == 0 ? call_int8() : call_int4();
-      total[t] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    }
-    calls += per_block;
-  }
-  const double ms_int8 = total[0] / calls, ms_int4 = total[1] / calls;
+  const auto [ms_int8, ms_int4] = alternating_ms(a.repeats, call_int8, call_int4);
   std::printf("%5lld %5lld %5lld %12.4f %12.4f %8.2fx %10.2f %10.2f\n", static_cast<long long>(M),
               static_cast<long long>(N), static_cast<long long>(K), ms_int8, ms_int4, ms_int8 / ms_int4,
               int8_bytes / ms_int8 / 1e6, int4_bytes / ms_int4 / 1e6);
