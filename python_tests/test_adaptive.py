@@ -517,19 +517,21 @@ def test_exploring_out_of_plain_steps_is_skipped_where_the_catch_up_costs_more_t
 
 
 def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():
-    """Deep drafting pays here, but after 50 plain steps with a catch-up of 50 ms per plain step, the first
-    speculative step would cost 2.5 s; spread over ``explore_every`` steps (or the steps left, when more) that
-    outweighs the gain: plain stays, unless the generation has long enough to go to earn it back."""
+    """Deep drafting pays here, but after 200 plain steps with a catch-up of 8 ms per plain step (the estimate of
+    50 ms capped at twice a depth-1 step's 4 ms of drafting), the first speculative step would cost 1.6 s; spread
+    over ``explore_every`` steps (or the steps left, when more) that outweighs the gain: plain stays, unless the
+    generation has long enough to go to earn it back."""
     clock = FakeClock()
-    ad = AdaptiveDrafter(FakeChain(clock, D=4, draft_time=lambda d: 1e-3 * d), explore_every=16, clock=clock)
+    ad = AdaptiveDrafter(FakeChain(clock, D=4, draft_time=lambda d: 4e-3 * d), explore_every=16, clock=clock)
     fake_run(ad, clock, 20, B=8, target_time=lambda x: 0.01 + 1e-4 * x, accept=lambda s, b, d: d)
     assert ad.history[-5:] == [4] * 5
-    ad.catchup[8] = 0.05 / 8  # per token and row: 50 ms per lagging token at 8 rows
+    ad.catchup[8] = 0.05 / 8  # per token and row: 50 ms per lagging token at 8 rows, above the cap
+    assert ad._catchup_at(8) == pytest.approx(8e-3, rel=0.05)
     assert ad.best_step(8, 4) == (4, False)  # not in a plain run: nothing to catch up on
-    ad._lag = 50
+    ad._lag = 200
     assert ad.best_step(8, 4) == (0, False)
     assert ad.best_step(8, 4, remaining=60) == (0, False)  # 12 deep steps left: the catch-up is not earned back
-    # 2000 tokens left, ~400 deep steps: 6 ms of catch-up per step, and deep drafting more than doubles tokens/s
+    # 2000 tokens left, ~400 deep steps: 4 ms of catch-up per step, and deep drafting still pays
     assert ad.best_step(8, 4, remaining=2000) == (4, False)
     ad._lag = 1  # one plain step behind: 50 ms / 16 per step, deep drafting still pays
     assert ad.best_step(8, 4) == (4, False)
@@ -791,10 +793,10 @@ def test_batch_sweep_runs_and_reports():
 
 def test_an_inflated_catch_up_estimate_does_not_keep_plain_steps_for_good():
     """Deep drafting pays at 8 rows, but the catch-up estimate says 1 s per lagging token and row (one bad
-    measurement) while the drafter is in a run of plain steps: the argmax keeps plain steps (the charge is huge) and
-    the catch-up is "too dear" to explore out of; yet every depth beats plain decoding before the charge, so the
-    exploration happens, measures the real catch-up, and deep drafting resumes. Where plain decoding wins anyway,
-    explorations out of plain steps stay skipped (test above)."""
+    measurement) while the drafter is in a run of plain steps. Charged as it stands, it would keep plain steps (and
+    make every exploration out of them too dear), so nothing would ever measure it again. It is capped at twice a
+    depth-1 step's drafting (reading one more token a row costs no more than that step): the argmax leaves plain
+    steps, the real catch-up is measured, and deep drafting goes on."""
     clock = FakeClock()
     drafter = FakeCatchUp(clock, 1e-4, D=4, draft_time=lambda d: 1e-3 * d)
     ad = AdaptiveDrafter(drafter, explore_every=8, explore_backoff=1, clock=clock)
@@ -802,10 +804,11 @@ def test_an_inflated_catch_up_estimate_does_not_keep_plain_steps_for_good():
     assert ad.history[-5:] == [4] * 5
     ad.catchup[8] = 1.0
     ad._lag, drafter.lag = 5, 5
-    assert ad.best_step(8, 4) == (0, False) and ad._catchup_too_dear(8, 0)
+    assert ad._catchup_at(8) == pytest.approx(2e-3, rel=0.05)  # 8 s a lagging token as measured; capped
+    assert ad.best_step(8, 4) == (4, False)
     fake_run(ad, clock, 30, B=8, target_time=lambda x: 0.01 + 1e-5 * x, accept=lambda s, b, d: d, state=state,
              start=20)
-    tail = ad.history[-20:]  # deep again (explorations every 8 steps try depth 3)
+    tail = ad.history[-20:]  # deep (explorations every 8 steps try depth 3)
     assert 0 not in tail and tail.count(4) >= 17 and ad.catchup[8] < 0.9, (ad.history, ad.catchup)
 
 

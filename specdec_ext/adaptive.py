@@ -67,15 +67,18 @@ pays for the draft's pass over the prompts. Rows that join a speculating batch a
 step would catch them up in one draft forward padded to their lag over every row (at 8 rows a join made that
 step's draft ~5x its steady cost, and booked as catch-up it escaped the cost model, which then chose speculation
 where plain decoding was faster). The *lag* counts the context tokens per row the drafter has not read
-(the longest prompt - 1 after a deferred prefill, then one per plain step). A speculative step's draft time with a
-lag is kept apart from its depth's steady cost (as catch-up seconds per lagging token and row, ``catchup``), and an
-exploration out of a lag is skipped where the catch-up per token exceeds ``catchup_budget`` of a step (leaving
-plain decoding for one step would cost re-reading every skipped token: at large batches a draft model's catch-up
-is ~10-20% of the plain steps) and no depth would beat plain decoding even without a catch-up (otherwise only the
-catch-up keeps the plain steps, and the exploration is what measures it again: one inflated measurement would
+(the longest prompt - 1 after a deferred prefill, then one per plain step; never more than the longest context in
+the batch). A speculative step's draft time with a lag is kept apart from its depth's steady cost (as catch-up
+seconds per lagging token and row, ``catchup``; used capped at twice a depth-1 step's drafting at that batch size,
+since reading one more token a row costs no more than that step: an estimate inflated by one bad measurement cannot
 keep plain steps for good). With a lag of k tokens, the argmax charges every speculative depth d
 ``catchup * B * k / n`` seconds per step: the catch-up spread over the n steps d would take to finish the generation
-(the loop's budget over ``E[tokens | d]``), at least ``explore_every``.
+(the loop's budget over ``E[tokens | d]``), at least ``explore_every``. An exploration out of a lag is skipped where
+the catch-up it would pay exceeds ``catchup_budget`` of the plain steps until the next exploration: explorations
+are meant to cost a small share of the time, and one out of a lag re-reads every skipped token of every row at once
+(at 16 rows on the family, a new batch's deferred prompts cost EAGLE's draft ~6 plain steps, and at a server's
+steady high load an exploration every 64 steps would pay that each time); leaving such a lag is the argmax's
+decision, with the catch-up charged.
 
 Tree or chain. An inner drafter whose trees are wider than a chain (``max_nodes > max_depth + 1``: EAGLE-2, Medusa,
 suffix trees) offers a second shape at every depth: the chain, asked for as a node budget of one per depth
@@ -225,8 +228,8 @@ class AdaptiveDrafter:
     ``depth`` may not exceed the inner drafter's own depth. ``decay``: decay of the acceptance counts per row-step
     (0.97: about the last 33 outcomes of a depth matter, whatever the batch size). ``explore_every``: steps between exploration steps (0 = never);
     ``explore_backoff``: how far that gap may grow (times ``explore_every``) while the choice holds.
-    ``catchup_budget``: explorations out of plain steps are skipped where the drafter's catch-up per lagging token
-    exceeds this share of a step (``inf``: never skipped). ``optimism``: standard errors added to measured acceptance
+    ``catchup_budget``: explorations out of plain steps are skipped where the drafter's catch-up on the lag exceeds
+    this share of the plain steps until the next exploration (``inf``: never skipped). ``optimism``: standard errors added to measured acceptance
     in the choice (0: the plain estimate).
     ``prior_accept`` / ``prior_weight``: the prior of each depth's conditional acceptance and its weight in
     row-steps. ``cost_alpha``: weight of the newest timing in the cost curves' moving averages. ``clock``: a
@@ -366,6 +369,8 @@ class AdaptiveDrafter:
     def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
         t0 = self.clock()
         B = state.batch_size
+        if self._lag:  # (no row lags by more than its context: rows that ran up a long lag may have left)
+            self._lag = min(self._lag, max(len(t) for t in state.host_tokens) - 1)
         d, chain = self.choose(B, max_depth)
         tree = self.inner.propose(state, d, min(max_nodes, d + 1) if chain else max_nodes)
         t1 = self.clock()
@@ -403,7 +408,10 @@ class AdaptiveDrafter:
                 old = self.catchup.get(B)
                 self.catchup[B] = excess if old is None else old + self.cost_alpha * (excess - old)
         elif self._gen_step > 0:
-            self.draft_cost.setdefault((B, chain and d > 0), CostCurve(self.cost_alpha)).add(d, dt)
+            key = (B, chain and d > 0)
+            if key not in self.draft_cost:
+                self.draft_cost[key] = CostCurve(self.cost_alpha)
+            self.draft_cost[key].add(d, dt)
         if self._gen_step > 0:
             self.target_cost.add(B * N, t2 - t1)
         self._gen_step += 1
@@ -468,37 +476,57 @@ class AdaptiveDrafter:
         return min(max(float(d + 1), lo), max(hi, lo), float(self.max_nodes))
 
     def _draft_time(self, B: int, d: int, chain: bool = False) -> float:
-        """Draft seconds at depth d with B rows. From B's own curve where it measured d or depths around it; else
-        the shape of the nearest batch size (by ratio) that did, scaled by what B measured at the depths both
-        measured (one measured depth says how expensive drafting is at B, not how it grows with depth: a flat
-        extrapolation from it would price a plain step like a deep one)."""
-        chain = chain and d > 0  # (a plain step is the same step in both shapes: booked under the tree's)
+        """Draft seconds at depth d with B rows (:meth:`_draft_curve`)."""
+        return self._draft_curve(B, chain and d > 0)(d)
+
+    def _draft_curve(self, B: int, chain: bool):
+        """Draft seconds as a function of depth with B rows, for one shape. From B's own curve at the depths it
+        measured or lies between; else the shape of the nearest batch size (by ratio) that covers the depth, scaled
+        by what B measured at the depths both measured (one measured depth says how expensive drafting is at B, not
+        how it grows with depth: a flat extrapolation from it would price a plain step like a deep one). A plain
+        step is the same step in both shapes: booked under the tree's. (One call per step and shape: the argmax
+        asks every depth, and the scale of a reference curve is worked out once.)"""
+        if chain:
+            plain = self._draft_curve(B, False)
         curves = {b: c for (b, ch), c in self.draft_cost.items() if ch == chain}
-        curve = curves.get(B)
-        if curve is not None and curve.covers(d):
-            return curve.predict(d) or 0.0
-        others = [b for b, c in curves.items() if b != B and c.covers(d)]
-        if not others:
-            t = curve.predict(d) if curve is not None else None
-            return t or 0.0
-        ref = curves[min(others, key=lambda b: (max(b / B, B / b), b))]
-        t_ref = ref.predict(d) or 0.0
-        if curve is None:
-            return t_ref
-        common = [k for k in curve.points if k > 0 and ref.covers(k)]  # (depth 0's near-zero times: a noisy ratio)
-        if not common:
-            return t_ref
-        num = sum(curve.predict(k) or 0.0 for k in common)
-        den = sum(ref.predict(k) or 0.0 for k in common)
-        return t_ref * (num / den) if den > 0 else (curve.predict(d) or 0.0)
+        own = curves.get(B)
+        scales: dict[int, float | None] = {}
+
+        def scale(ref: int) -> float | None:  # own / ref over the depths both measured (None: none; nan: ref's 0)
+            if ref not in scales:
+                common = [k for k in own.points if k > 0 and curves[ref].covers(k)]  # (depth 0: near-zero, noisy)
+                num = sum(own.predict(k) or 0.0 for k in common)
+                den = sum(curves[ref].predict(k) or 0.0 for k in common)
+                scales[ref] = None if not common else num / den if den > 0 else float("nan")
+            return scales[ref]
+
+        def at(d: int) -> float:
+            if d == 0 and chain:
+                return plain(0)
+            if own is not None and own.covers(d):
+                return own.predict(d) or 0.0
+            others = [b for b, c in curves.items() if b != B and c.covers(d)]
+            if not others:
+                return (own.predict(d) if own is not None else None) or 0.0
+            ref = min(others, key=lambda b: (max(b / B, B / b), b))
+            t_ref = curves[ref].predict(d) or 0.0
+            f = scale(ref) if own is not None else None
+            if f is None:
+                return t_ref
+            return t_ref * f if f == f else (own.predict(d) or 0.0)
+        return at
 
     def predicted_step_time(self, B: int, d: int, chain: bool = False) -> float | None:
         """Predicted seconds of one step at depth d (and shape) with B rows (None before any timing): the target's
         and the drafter's, and for d > 0 the draft prefills of the rows that join a speculating batch, per step."""
+        return self._step_time(B, d, chain, self._draft_curve(B, chain and d > 0))
+
+    def _step_time(self, B: int, d: int, chain: bool, draft) -> float | None:
+        """:meth:`predicted_step_time` with the shape's draft curve at B (:meth:`_draft_curve`) given."""
         t = self.target_cost.predict(B * self.nodes_at(d, chain))
         if t is None:
             return None
-        return t + self._draft_time(B, d, chain) + (self.join_cost if d > 0 else 0.0)
+        return t + draft(d) + (self.join_cost if d > 0 else 0.0)
 
     def score(self, B: int, d: int, optimism: float = 0.0, chain: bool = False) -> float | None:
         """Expected tokens per second per row at depth d and shape (None before any timing)."""
@@ -517,11 +545,12 @@ class AdaptiveDrafter:
         catchup = c * self._lag if c else 0.0
         climbing = set(self.shapes)
         expected = {chain: self._expected(self.optimism, chain) for chain in self.shapes}  # (once per step)
+        draft = {chain: self._draft_curve(B, chain) for chain in self.shapes}
         for d in range(0, limit + 1):
             for chain in (self.shapes if d > 0 else (False,)):
                 if chain not in climbing:
                     continue
-                t = self.predicted_step_time(B, d, chain)
+                t = self._step_time(B, d, chain, draft[chain])
                 if t is None:
                     return min(1, limit), False
                 e = expected[chain][d]
@@ -559,11 +588,11 @@ class AdaptiveDrafter:
             self._last_best = (d, chain)
         self._since_explore += 1
         if self.explore_every and self._since_explore >= self._explore_gap:
+            gap = self._explore_gap
             self._since_explore = 0
             self._explore_gap = min(2 * self._explore_gap, self.explore_every * self.explore_backoff)
             e, e_chain = self._neighbour(B, d, chain, limit)
-            if e > 0 and self._lag > 0 and self._catchup_too_dear(B, d, chain) and \
-                    not self._speculation_may_pay(B, limit):
+            if e > 0 and self._lag > 0 and self._catchup_too_dear(B, gap):
                 return d, chain  # leaving plain steps would cost the drafter's catch-up on all of them: skipped
             self.explorations += 1
             return e, e_chain
@@ -583,30 +612,29 @@ class AdaptiveDrafter:
             return d + 1, chain
         return d - 1, chain and d > 1
 
-    def _speculation_may_pay(self, B: int, limit: int) -> bool:
-        """Whether some depth in 1..limit scores above plain decoding before any catch-up is charged. Then plain
-        steps are kept only by the catch-up their lag has run up (or by an estimate of it: catch-up is measured
-        only when a speculative step follows plain steps), and an exploration is what measures it again; skipping
-        those would let one inflated measurement, or one stretch where plain steps won, keep plain steps for good."""
-        plain = self.score(B, 0) or 0.0
-        return any((self.score(B, k, self.optimism, chain) or 0.0) > plain
-                   for k in range(1, limit + 1) for chain in self.shapes)
-
-    def _catchup_too_dear(self, B: int, d: int, chain: bool = False) -> bool:
-        """Whether the inner drafter's catch-up per lagging token (measured when a speculative step followed plain
-        steps or a deferred prefill) exceeds ``catchup_budget`` of a step at depth d: then an exploration out of plain
-        decoding costs more than that share of the plain steps (a draft model re-reads every token it skipped), and is
-        not worth it."""
+    def _catchup_too_dear(self, B: int, gap: int) -> bool:
+        """Whether an exploration out of the present run of plain steps would pay the inner drafter's catch-up on
+        the lag (its estimate: :meth:`_catchup_at` x lag) above ``catchup_budget`` of the ``gap`` plain steps
+        until the next exploration. Explorations are meant to cost a small share of the time; one out of a lag pays
+        the catch-up of every row at once (at 16 rows on the family, a new batch's deferred prompts cost EAGLE's
+        draft ~6 plain steps), and where that is dear only the argmax leaves plain steps, with the catch-up
+        charged (:meth:`best_step`)."""
         c = self._catchup_at(B)
-        t = self.predicted_step_time(B, d, chain)
-        return c is not None and t is not None and c > self.catchup_budget * t
+        t = self.predicted_step_time(B, 0)
+        return c is not None and t is not None and c * self._lag > self.catchup_budget * gap * t
 
     def _catchup_at(self, B: int) -> float | None:
         """Catch-up seconds per lagging token at B rows (None: unknown). A catch-up is one forward over B x lag
         tokens, so it is booked per token and row and scaled by B: measured at B, else at the nearest batch size.
         (As rows retire, a batch that kept plain steps reaches sizes it has not measured, where the lag is cheap
-        to catch up on; the unscaled cost of 64 rows kept a drained batch plain to the end.)"""
+        to catch up on; the unscaled cost of 64 rows kept a drained batch plain to the end.) It is capped at twice
+        a depth-1 step's draft time at B (a forward over one token a row, and the catch-up of what the last step
+        accepted): reading one more token a row costs no more than that, so one inflated measurement (a hiccup
+        in the step that measured it) cannot keep plain steps for good."""
         c = self.catchup.get(B)
         if c is None and self.catchup:
             c = self.catchup[min(self.catchup, key=lambda b: (max(b / B, B / b), b))]
-        return None if c is None else c * B
+        if c is None:
+            return None
+        cap = 2.0 * self._draft_time(B, 1)
+        return min(c * B, cap) if cap > 0 else c * B

@@ -404,10 +404,15 @@ class EagleDrafter(CalibratedScores):
         self.calibration.update(result)
         if state.batch_size == 1:  # (one row: slices instead of the gather and the scattered write below)
             a = result.appended[0]
-            if a:
-                end, idx = len(state.host_tokens[0]) - 1, result.accepted[0, :a]
+            end = len(state.host_tokens[0]) - 1
+            if a == 1:  # (the root alone, node 0: a plain step, or every draft rejected)
+                rows = [h[0, :1] for h in result.hidden_states]
+            elif a:
+                idx = result.accepted[0, :a]
                 rows = [h[0].index_select(0, idx) for h in result.hidden_states]
-                self.feats[0, end - a: end].copy_(rows[0] if len(rows) == 1 else torch.cat(rows, -1))
+            else:
+                return
+            self.feats[0, end - a: end].copy_(rows[0] if len(rows) == 1 else torch.cat(rows, -1))
             return
         hs = self._features(result.hidden_states)  # [B, N, Hf]
         B, N, Hf = hs.shape
