@@ -269,14 +269,14 @@ def fake_state(B: int) -> DecodeState:
 
 
 def fake_run(ad: AdaptiveDrafter, clock: FakeClock, steps: int, B: int, target_time, accept, state=None,
-             start: int = 0) -> DecodeState:
+             start: int = 0, max_depth: int = 1000) -> DecodeState:
     """Drives ``ad`` like the decode loop: ``target_time(tokens in flight)`` seconds per verification;
-    ``accept(step, row, depth)`` = drafts accepted."""
+    ``accept(step, row, depth)`` = drafts accepted; ``max_depth`` the loop's depth bound (the budget left - 1)."""
     if state is None:
         state = fake_state(B)
         ad.begin(None, state)
     for s in range(start, start + steps):
-        tree = ad.propose(state, 1000, ad.max_nodes)
+        tree = ad.propose(state, max_depth, ad.max_nodes)
         d = tree.num_nodes - 1
         clock.t += target_time(state.batch_size * tree.num_nodes)
         lens = [min(accept(s, b, d), d) for b in range(state.batch_size)]
@@ -514,6 +514,33 @@ def test_exploring_out_of_plain_steps_is_skipped_where_the_catch_up_costs_more_t
             assert ad.catchup[8] == pytest.approx(1e-3, rel=0.25), ad.catchup  # per lagging token and row
             assert ad._draft_time(8, 1) < 2e-3  # the depth's own cost, not the catch-up
     assert out[0.05] <= 2 and out[float("inf")] >= 20, out
+
+
+def test_an_exploration_does_not_pay_a_long_catch_up_where_speculation_only_might_pay():
+    """A new batch of 16 rows whose 100-token prompts the drafter deferred: depth 1 scores above plain decoding
+    before any catch-up, but catching up costs 200 ms (100 tokens x 2 ms for 16 rows, the cap), far above 5% of the
+    eight plain steps to the next exploration (~4.6 ms). With ~40 tokens left, the argmax keeps plain steps
+    (the charge outweighs the gain) and explorations out of them are skipped: no step pays the catch-up (with the
+    budget off, explorations do)."""
+    out = {}
+    for budget in (0.05, float("inf")):
+        clock = FakeClock()
+        drafter = FakeCatchUp(clock, 2e-4, D=4, draft_time=lambda d: 1e-3 * d)
+        ad = AdaptiveDrafter(drafter, explore_every=8, explore_backoff=1, catchup_budget=budget, clock=clock)
+        fake_run(ad, clock, 20, B=2, target_time=lambda x: 0.01 + 1e-4 * x, accept=geometric(0.4))
+        state = fake_state(16)
+        for t in state.host_tokens:
+            t.extend([0] * 100)
+        ad.begin(None, state)
+        ad._lag, drafter.lag = 100, 100
+        ad.catchup[16] = 2e-4  # per lagging token and row
+        before = ad.explorations
+        fake_run(ad, clock, 40, B=16, target_time=lambda x: 0.01 + 1e-4 * x, accept=geometric(0.4), state=state,
+                 max_depth=39)
+        assert ad._catchup_at(16) == pytest.approx(2e-3, rel=0.05)
+        out[budget] = (ad.explorations - before, sum(1 for d in ad.history if d > 0))
+    assert out[0.05] == (0, 0), out
+    assert out[float("inf")][0] >= 1 and out[float("inf")][1] >= 1, out
 
 
 def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():

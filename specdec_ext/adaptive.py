@@ -157,6 +157,7 @@ class CostCurve:
         self.alpha = alpha
         self.points: dict[float, list[float]] = {}  # x -> [mean y, count]
         self._fit: tuple[list[float], list[float]] | None = None
+        self._lo, self._hi = float("inf"), float("-inf")  # the measured range
 
     def __len__(self) -> int:
         return len(self.points)
@@ -165,6 +166,7 @@ class CostCurve:
         p = self.points.get(x)
         if p is None:
             self.points[x] = [float(y), 1.0]
+            self._lo, self._hi = min(self._lo, x), max(self._hi, x)
         else:
             p[1] += 1.0
             p[0] += max(1.0 / p[1], self.alpha) * (y - p[0])
@@ -175,7 +177,7 @@ class CostCurve:
 
     def covers(self, x: float) -> bool:
         """Whether x was measured or lies between measured points (a prediction there is an interpolation)."""
-        return x in self.points or (len(self.points) > 1 and min(self.points) <= x <= max(self.points))
+        return self._lo <= x <= self._hi and (x in self.points or len(self.points) > 1)
 
     def _fitted(self) -> tuple[list[float], list[float]]:
         if self._fit is None:
