@@ -24,7 +24,8 @@ from test_bench import models  # noqa: E402  (the tiny random models, built once
 from specdec_ext import Engine, RequestSettings  # noqa: E402
 from specdec_ext.bench import cli as bench_cli  # noqa: E402
 from specdec_ext.bench import engine_load  # noqa: E402
-from specdec_ext.bench.engine_load import paired_ratio, summarise_loads  # noqa: E402
+from specdec_ext.bench.engine_load import summarise_loads  # noqa: E402
+from specdec_ext.bench.rounds import paired_ratio, round_order  # noqa: E402
 from specdec_ext.bench.load_clients import (ClosedClients, Job, PoissonArrivals, Trace, drive,  # noqa: E402
                                             make_workload, summarise)
 
@@ -116,8 +117,8 @@ def test_summary_arithmetic():
 
 def test_round_order_rotates_every_method_through_every_place():
     methods = ["plain", "ngram", "eagle2", "adaptive"]
-    orders = [engine_load.round_order(methods, r) for r in range(4)]
-    assert orders[0] == methods and engine_load.round_order(methods, 4) == methods
+    orders = [round_order(methods, r) for r in range(4)]
+    assert orders[0] == methods and round_order(methods, 4) == methods
     for place in range(4):
         assert sorted(o[place] for o in orders) == sorted(methods)
 

@@ -1,7 +1,8 @@
 """``specdec bench --suite serve --tiny --quick``: the server under load from streaming clients in a process of their
-own, for plain, the fixed drafter and adaptive. Every request finishes without an error and gets its whole budget
-(EOS ignored), the greedy outputs of the drafters equal plain decoding's, plain decoding accepts nothing and the
-drafters something, the JSON holds every row and the goals' check, and the PNG is written.
+own, for plain, the fixed drafter and adaptive, two rounds in a rotated order. Every request finishes without an
+error and gets its whole budget (EOS ignored), the greedy outputs of the drafters equal plain decoding's in every
+round, plain decoding accepts nothing and the drafters something, the JSON holds every row with its rounds and the
+goals' check on paired rounds, and the PNG is written.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def test_serve_suite_quick(tmp_path):
     assert main(["--tiny", "--quick", "--suite", "serve", "--out", str(tmp_path), "--name", "s", "--threads", "1",
-                 "--requests", "4"]) == 0
+                 "--requests", "4", "--repeats", "2"]) == 0
     files = sorted(os.listdir(tmp_path))
     json_file = next(f for f in files if f.endswith(".json"))
     png = next(f for f in files if f.endswith("_serve.png"))
@@ -47,6 +48,14 @@ def test_serve_suite_quick(tmp_path):
     assert set(s["overhead"]) == {"plain", "fixed", "adaptive"} and s["overhead_at"] == 2
     assert all(v > 0 for v in s["server_vs_direct_throughput"].values())
     assert [e["concurrency"] for e in s["per_concurrency"]] == [1, 2]
+    for r in rows.values():  # the median of two rounds is the slower one; each round's throughput beside it
+        assert len(r["tokens_per_s_rounds"]) == 2 and r["tokens_per_s"] == min(r["tokens_per_s_rounds"])
+    for e in s["per_concurrency"]:
+        a, p, f = (rows[(m, e["concurrency"])]["tokens_per_s_rounds"] for m in ("adaptive", "plain", "fixed"))
+        assert e["adaptive_vs_better_paired"] == pytest.approx(
+            sum(x / max(y, z) for x, y, z in zip(a, p, f)) / 2)  # statistics.median of two: their mean
+    assert s["min_adaptive_vs_better"] == pytest.approx(min(e["adaptive_vs_better_paired"]
+                                                            for e in s["per_concurrency"]))
 
 
 def test_serve_suite_bad_arguments(capsys, tmp_path):

@@ -34,6 +34,7 @@ PRESETS = {
     "concurrency": ((1, 2, 4, 8, 16), (1, 2)), "rates": ((2.0, 8.0, 32.0), (50.0,)), "requests": (16, 4),
     "engine_prompt_len": (64, 32), "engine_max_new_tokens": (48, 16), "engine_repeats": (5, 1),
     "serve_concurrency": ((1, 2, 4, 8, 16, 32, 64), (1, 2)), "serve_time_limit": (60.0, 30.0),
+    "serve_repeats": (3, 1),
 }
 
 
@@ -116,7 +117,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                                                             "the fastest fixed drafter at the first load)")
     e.add_argument("--sampled", action="store_true", help="sample at temperature 1 (default greedy)")
     e.add_argument("--repeats", type=int, help="rounds per load, in rotated method order; each method reports its "
-                                               "median round; the goal is judged on paired rounds (default 5, quick 1)")
+                                               "median round; the goal is judged on paired rounds (default 5, quick "
+                                               "1; the serve suite 3, quick 1)")
     v = p.add_argument_group("serve suite (specdec serve on loopback, streaming clients; --concurrency, --requests, "
                              "--engine-prompt-len and --engine-max-new-tokens apply; default concurrency 1,2,...,64)")
     v.add_argument("--serve-drafter", default="best",
@@ -207,9 +209,10 @@ def _serve_config(args: argparse.Namespace, st: dict):
     limit = args.serve_time_limit if args.serve_time_limit is not None else st["serve_time_limit"]
     if not limit > 0:
         raise BenchError(f"--serve-time-limit must be > 0 seconds, got {limit}")
+    repeats = args.repeats if args.repeats is not None else st["serve_repeats"]  # (>= 1: checked with the engine's)
     return ServeLoadConfig(concurrency=conc, requests=e.requests, prompt_len=e.prompt_len,
                            max_new_tokens=e.max_new_tokens, time_limit_s=limit, drafter=args.serve_drafter,
-                           seed=args.seed)
+                           repeats=repeats, seed=args.seed)
 
 
 def _engine_config(args: argparse.Namespace, st: dict):

@@ -18,7 +18,6 @@ alone; the ratio of the medians (also reported) compares rounds run minutes apar
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import asdict, dataclass
 
@@ -26,6 +25,7 @@ import torch
 
 from specdec_ext.adaptive import AdaptiveDrafter
 from specdec_ext.bench.load_clients import ClosedClients, Job, PoissonArrivals, drive, make_workload, summarise
+from specdec_ext.bench.rounds import median_round, paired_ratio, round_order
 from specdec_ext.engine import Engine, RequestSettings
 
 __all__ = ["EngineLoadConfig", "format_table", "run_engine_load"]
@@ -137,7 +137,7 @@ def run_engine_load(models, cfg: EngineLoadConfig = EngineLoadConfig(), log=prin
                                         int(value) if kind == "closed" else cfg.max_batch))
         reference = runs["plain"][0][1]
         for m in methods:
-            row = _median_run(runs[m])
+            row = median_round(runs[m])
             row.update(load=kind, value=value, method=m, outputs_match_plain=None if cfg.temperature > 0 else
                        all(outputs == reference for _, outputs in runs[m]))
             rows.append(row)
@@ -148,32 +148,6 @@ def run_engine_load(models, cfg: EngineLoadConfig = EngineLoadConfig(), log=prin
             "budget)", "itl": "a step handing a request k tokens g s after its last ones counts as k intervals of "
             "g / k", "rows": rows, "summary": summarise_loads(rows, methods, names),
             "seconds": round(time.perf_counter() - t_start, 1)}
-
-
-def round_order(methods: list[str], r: int) -> list[str]:
-    """Round ``r``'s order: round 0 the declared one (plain first, adaptive after the drafters "best" picks from),
-    then rotated, so that no method always runs first or last."""
-    k = r % len(methods)
-    return methods[k:] + methods[:k]
-
-
-def _median_run(runs: list[tuple[dict, list]]) -> dict:
-    """The round with the median throughput (the lower middle one of an even count), with every round's
-    throughput beside it."""
-    ordered = sorted((row for row, _ in runs), key=lambda row: row["tokens_per_s"])
-    row = dict(ordered[(len(ordered) - 1) // 2])
-    row["tokens_per_s_rounds"] = [r["tokens_per_s"] for r, _ in runs]
-    return row
-
-
-def paired_ratio(adaptive: dict, plain: dict, best: dict) -> float | None:
-    """The median over rounds of adaptive's throughput over the better of plain's and the best fixed drafter's in
-    the same round (rows with ``tokens_per_s_rounds``, one per round in the same order); None without rounds."""
-    rounds = [row.get("tokens_per_s_rounds") for row in (adaptive, plain, best)]
-    if any(not r for r in rounds) or len({len(r) for r in rounds}) != 1:
-        return None
-    ratios = [a / max(p, b) for a, p, b in zip(*rounds) if max(p, b) > 0]
-    return statistics.median(ratios) if ratios else None
 
 
 def summarise_loads(rows: list[dict], methods: list[str], names: list[str]) -> dict:

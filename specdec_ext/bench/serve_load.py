@@ -1,9 +1,11 @@
 """``specdec bench --suite serve``: the HTTP server under load, plain vs the best fixed drafter vs adaptive.
 
 For each method a server (:func:`~specdec_ext.serve.app.create_app` on an engine of ``max(concurrency)`` rows) runs
-on a free loopback port in this process; for each concurrency C, C streaming clients in a process of their own
-(:mod:`~specdec_ext.bench.serve_clients`: a closed loop, greedy, EOS ignored, bounded in requests and time) send the
-same held-out requests (:func:`~specdec_ext.bench.load_clients.make_workload`). Per point: requests/s, output
+on a free loopback port in this process, all three at once; for each concurrency C, C streaming clients in a
+process of their own (:mod:`~specdec_ext.bench.serve_clients`: a closed loop, greedy, EOS ignored, bounded in
+requests and time) send the same held-out requests (:func:`~specdec_ext.bench.load_clients.make_workload`) to
+each server in turn, ``repeats`` rounds in a rotated order (:mod:`~specdec_ext.bench.rounds`): each method reports
+its median round, and adaptive is judged on rounds paired in time, as in the engine suite. Per point: requests/s, output
 tokens/s, TTFT and inter-token latency p50/p99 as the clients saw them (the engine suite's rule for ITL), mean
 accepted length and the engine's time inside its steps (the server's counters, differenced), errors, and whether
 the greedy outputs equal plain decoding's.
@@ -18,6 +20,7 @@ throughput within 5% of the better of plain and fixed at every C; overhead under
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -27,6 +30,7 @@ from dataclasses import asdict, dataclass
 
 from specdec_ext.adaptive import AdaptiveDrafter
 from specdec_ext.bench.load_clients import ClosedClients, Job, Trace, drive, make_workload, summarise
+from specdec_ext.bench.rounds import median_round, paired_ratio, round_order
 from specdec_ext.engine import Engine, RequestSettings
 from specdec_ext.models.safe_files import read_json
 from specdec_ext.serve.app import create_app, serve_in_thread
@@ -50,6 +54,7 @@ class ServeLoadConfig:
     time_limit_s: float = 60.0  # per point: no new request starts after it
     drafter: str = "best"  # the fixed drafter (best: the fastest on the family's card, else the first drafter)
     overhead_at: int = 16  # the concurrency of the overhead measurement (the nearest one run)
+    repeats: int = 3  # rounds per concurrency, the methods in a rotated order each round
     seed: int = 0
 
 
@@ -121,31 +126,43 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
     rows_max = max(cfg.concurrency)
     overhead_c = min(cfg.concurrency, key=lambda c: (abs(c - cfg.overhead_at), -c))
     t_start = time.perf_counter()
-    rows, outputs, direct = [], {}, {}
-    for method in METHODS:
-        drafter = None if method == "plain" else models.make_drafter(fixed)
-        if method == "adaptive":
-            drafter = AdaptiveDrafter(drafter)
-        max_len = max(len(j.prompt) + j.max_new_tokens for j in workload) + (drafter.max_nodes if drafter else 1)
-        engine = Engine(models.target, drafter, max_batch=rows_max, max_len=max_len, tokenizer=models.tokenizer,
-                        eos_token_id=[])
-        metrics = ServerMetrics(drafter.max_depth if drafter is not None else 0)
-        loop = EngineLoop(engine, metrics=metrics)
-        with serve_in_thread(create_app(loop, MODEL)) as url:
+    methods = list(METHODS)
+    servers = {}
+    with contextlib.ExitStack() as stack:
+        for method in methods:  # one server each, all up at once: a round visits them seconds apart
+            drafter = None if method == "plain" else models.make_drafter(fixed)
+            if method == "adaptive":
+                drafter = AdaptiveDrafter(drafter)
+            max_len = max(len(j.prompt) + j.max_new_tokens for j in workload) + (drafter.max_nodes if drafter else 1)
+            engine = Engine(models.target, drafter, max_batch=rows_max, max_len=max_len, tokenizer=models.tokenizer,
+                            eos_token_id=[])
+            metrics = ServerMetrics(drafter.max_depth if drafter is not None else 0)
+            url = stack.enter_context(serve_in_thread(create_app(EngineLoop(engine, metrics=metrics), MODEL)))
             _clients(url, 2, [Job(j.prompt, min(8, j.max_new_tokens)) for j in workload[:2]], 60.0)  # warm-up
-            for c in cfg.concurrency:
-                jobs = workload[:max(cfg.requests, 2 * c)]
-                row, outs = _point(url, metrics, c, jobs, cfg)
-                row["method"] = method
-                outputs[(method, c)] = outs
-                ref = outputs[("plain", c)]
-                n = min(len(ref), len(outs))  # (the time limit may have cut either run short)
-                row["outputs_match_plain"] = None if method == "plain" else outs[:n] == ref[:n]
+            servers[method] = (url, metrics, drafter, max_len)
+        rows = []
+        for c in cfg.concurrency:
+            jobs = workload[:max(cfg.requests, 2 * c)]
+            runs: dict[str, list[tuple[dict, list]]] = {m: [] for m in methods}
+            for r in range(cfg.repeats):
+                for method in round_order(methods, r):
+                    url, metrics, _, _ = servers[method]
+                    runs[method].append(_point(url, metrics, c, jobs, cfg))
+            ref = runs["plain"][0][1]
+            for method in methods:
+                row = median_round(runs[method])
+                n = min(len(ref), *(len(outs) for _, outs in runs[method]))  # (the time limit may cut a run short)
+                row.update(method=method, outputs_match_plain=None if method == "plain" else
+                           all(outs[:n] == ref[:n] for _, outs in runs[method]))
                 rows.append(row)
                 if log:
                     log(format_row(row))
+    direct = {}
+    for method in methods:
+        _, _, drafter, max_len = servers[method]
         if drafter is not None and hasattr(drafter, "depth_hist"):
-            rows[-1]["depth_hist"] = {str(d): n for d, n in sorted(drafter.depth_hist.items())}
+            last = next(r for r in reversed(rows) if r["method"] == method)
+            last["depth_hist"] = {str(d): n for d, n in sorted(drafter.depth_hist.items())}
         jobs = workload[:max(cfg.requests, 2 * overhead_c)]
         direct[method] = _direct(models, drafter, jobs, overhead_c, max_len)
         if log:
@@ -169,7 +186,8 @@ def summarise_serve(result: dict) -> dict:
         p, f, a = (at.get((m, c)) for m in METHODS)
         better = max(p["tokens_per_s"], f["tokens_per_s"])
         per.append({"concurrency": c, "fixed_vs_plain": f["tokens_per_s"] / p["tokens_per_s"] if p["tokens_per_s"]
-                    else None, "adaptive_vs_better": a["tokens_per_s"] / better if better else None})
+                    else None, "adaptive_vs_better": a["tokens_per_s"] / better if better else None,
+                    "adaptive_vs_better_paired": paired_ratio(a, p, f)})
     c1 = conc[0]
     p1, f1 = at[("plain", c1)], at[("fixed", c1)]
     itl_gain = p1["itl_p50_ms"] / f1["itl_p50_ms"] if p1.get("itl_p50_ms") and f1.get("itl_p50_ms") else None
@@ -177,7 +195,9 @@ def summarise_serve(result: dict) -> dict:
     overhead = {m: at[(m, oc)]["overhead"] for m in METHODS}
     vs_direct = {m: at[(m, oc)]["tokens_per_s"] / d["tokens_per_s"] if d["tokens_per_s"] else None
                  for m, d in result["direct"]["runs"].items()}
-    ratios = [e["adaptive_vs_better"] for e in per if e["adaptive_vs_better"] is not None]
+    # the goal on rounds paired in time (the ratio of the medians where there are no rounds to pair)
+    ratios = [e["adaptive_vs_better_paired"] if e["adaptive_vs_better_paired"] is not None else
+              e["adaptive_vs_better"] for e in per if e["adaptive_vs_better"] is not None]
     return {"per_concurrency": per, "itl_gain_at_c1": itl_gain, "itl_goal_met": itl_gain is not None and
             itl_gain >= 2.0, "min_adaptive_vs_better": min(ratios) if ratios else None,
             "adaptive_goal_met": bool(ratios) and min(ratios) >= 0.95, "overhead_at": oc, "overhead": overhead,
@@ -211,7 +231,9 @@ def format_table(result: dict) -> str:
                      f"{r['mean_accepted_length']:.2f} | {r['errors']} |")
     gain = s["itl_gain_at_c1"]
     lines.append(f"ITL p50 at C = 1, plain / fixed: {'-' if gain is None else f'{gain:.2f}x'} (goal >= 2x: "
-                 f"{'met' if s['itl_goal_met'] else 'NOT met'}); adaptive / better of plain and fixed, lowest over C: "
+                 f"{'met' if s['itl_goal_met'] else 'NOT met'}); adaptive / better of plain and fixed (paired rounds), "
+                 "per C: " + ", ".join(f"{e['concurrency']}: {_ratio(e)}" for e in s["per_concurrency"]) +
+                 "; lowest: "
                  f"{s['min_adaptive_vs_better'] or 0:.2f} (goal >= 0.95: {'met' if s['adaptive_goal_met'] else 'NOT met'})"
                  f"; overhead at C = {s['overhead_at']}: " + ", ".join(f"{m} {v:.1%}" if v is not None else f"{m} -"
                                                                     for m, v in s["overhead"].items()) +
@@ -220,6 +242,12 @@ def format_table(result: dict) -> str:
                                             if v is not None) +
                  f"; errors {s['errors']}; greedy outputs equal plain: {s['all_outputs_match_plain']}")
     return "\n".join(lines)
+
+
+def _ratio(entry: dict) -> str:
+    v = entry["adaptive_vs_better_paired"] if entry.get("adaptive_vs_better_paired") is not None else \
+        entry["adaptive_vs_better"]
+    return "-" if v is None else f"{v:.2f}"
 
 
 def plot_serve(result: dict, path: str, title: str = "specdec serve under load") -> str:

@@ -1,0 +1,38 @@
+"""Rounds of a load benchmark: every method once per round in a rotated order, each method's median round, and the
+goal judged on rounds paired in time.
+
+The VM's speed drifts by tens of percent over minutes (docs/ARCHITECTURE.md, "Adaptive speculation"), so medians of
+rounds run minutes apart compare different machine speeds; the methods of one round run seconds apart. The engine
+and serve suites both measure this way.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+__all__ = ["median_round", "paired_ratio", "round_order"]
+
+
+def round_order(methods: list[str], r: int) -> list[str]:
+    """Round ``r``'s order: round 0 the declared one, then rotated, so that no method always runs first or last."""
+    k = r % len(methods)
+    return methods[k:] + methods[:k]
+
+
+def median_round(runs: list[tuple[dict, list]]) -> dict:
+    """Of ``(row, outputs)`` per round: the row of the round with the median throughput (the lower middle one of an
+    even count), with every round's throughput beside it (``tokens_per_s_rounds``, in round order)."""
+    ordered = sorted((row for row, _ in runs), key=lambda row: row["tokens_per_s"])
+    row = dict(ordered[(len(ordered) - 1) // 2])
+    row["tokens_per_s_rounds"] = [r["tokens_per_s"] for r, _ in runs]
+    return row
+
+
+def paired_ratio(adaptive: dict, plain: dict, best: dict) -> float | None:
+    """The median over rounds of adaptive's throughput over the better of plain's and the best fixed drafter's in
+    the same round (rows with ``tokens_per_s_rounds``, one per round in the same order); None without rounds."""
+    rounds = [row.get("tokens_per_s_rounds") for row in (adaptive, plain, best)]
+    if any(not r for r in rounds) or len({len(r) for r in rounds}) != 1:
+        return None
+    ratios = [a / max(p, b) for a, p, b in zip(*rounds) if max(p, b) > 0]
+    return statistics.median(ratios) if ratios else None
