@@ -64,3 +64,18 @@ def test_serve_suite_bad_arguments(capsys, tmp_path):
     assert main(["--tiny", "--quick", "--suite", "serve", "--serve-drafter", "eagle9", "--no-plots",
                  "--out", str(tmp_path)]) == 2
     assert "drafter 'eagle9' is not one of" in capsys.readouterr().err
+
+
+def test_the_best_fixed_drafter_is_not_one_the_replayed_workload_favours(tmp_path):
+    """The suite replays the same requests at every point and round: suffix decoding, which drafts from earlier
+    outputs, would look them up (13 tokens a step). "best" takes the fastest on the card among the others."""
+    from types import SimpleNamespace
+
+    from specdec_ext.bench.serve_load import _fixed_drafter
+
+    card = {"evaluation": {"drafters": {"suffix": {"speedup": 1.9}, "eagle1": {"speedup": 1.8},
+                                        "ngram": {"speedup": 1.6}}}}
+    (tmp_path / "card.json").write_text(json.dumps(card))
+    models = SimpleNamespace(drafter_names=["ngram", "suffix", "eagle1"], info={"family_path": str(tmp_path)})
+    assert _fixed_drafter(models, "best") == "eagle1"
+    assert _fixed_drafter(models, "suffix") == "suffix"  # (named: measured as asked)

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specdec_ext.adaptive import AdaptiveDrafter
-from specdec_ext.bench.load_clients import ClosedClients, Job, PoissonArrivals, drive, make_workload, summarise
+from specdec_ext.bench.load_clients import (REPLAY_EXCLUDED, ClosedClients, Job, PoissonArrivals, drive, make_workload,
+                                            summarise)
 from specdec_ext.bench.rounds import median_round, paired_ratio, round_order
 from specdec_ext.engine import Engine, RequestSettings
 
@@ -50,13 +51,6 @@ class EngineLoadConfig:
 
 def _loads(cfg: EngineLoadConfig) -> list[tuple[str, float]]:
     return [("closed", c) for c in cfg.concurrency] + [("poisson", r) for r in cfg.rates]
-
-
-# Left out of the default methods: the suite replays the same requests at every load and round (and a closed loop
-# sends each prompt twice), which a drafter that drafts from earlier requests' outputs turns into look-ups of its own
-# replays (suffix decoding ran at 4x plain at one client here). It is measured on a workload of its own
-# (benchmarks/python/bench_suffix.py) or named in ``methods``.
-REPLAY_EXCLUDED = ("suffix",)
 
 
 def _methods(cfg: EngineLoadConfig, names: list[str]) -> list[str]:

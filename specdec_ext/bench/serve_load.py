@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from specdec_ext.adaptive import AdaptiveDrafter
-from specdec_ext.bench.load_clients import ClosedClients, Job, Trace, drive, make_workload, summarise
+from specdec_ext.bench.load_clients import REPLAY_EXCLUDED, ClosedClients, Job, Trace, drive, make_workload, summarise
 from specdec_ext.bench.rounds import median_round, paired_ratio, round_order
 from specdec_ext.engine import Engine, RequestSettings
 from specdec_ext.models.safe_files import read_json
@@ -59,11 +59,14 @@ class ServeLoadConfig:
 
 
 def _fixed_drafter(models, name: str) -> str:
+    """The fixed drafter: ``name``, or for "best" the fastest on the family's card among those the replayed workload
+    does not favour (:data:`~specdec_ext.bench.load_clients.REPLAY_EXCLUDED`), else the first of them."""
     names = list(models.drafter_names)
     if name != "best":
         if name not in names:
             raise ValueError(f"serve: drafter {name!r} is not one of {', '.join(names)}")
         return name
+    names = [n for n in names if n not in REPLAY_EXCLUDED]
     card_file = os.path.join(models.info.get("family_path") or "", "card.json")
     if os.path.isfile(card_file):
         choice = best_drafter(read_json(card_file, "serve bench"), names)
