@@ -543,32 +543,6 @@ def test_an_exploration_does_not_pay_a_long_catch_up_where_speculation_only_migh
     assert out[float("inf")][0] >= 1 and out[float("inf")][1] >= 1, out
 
 
-def test_the_last_choice_is_kept_within_the_switch_margin():
-    """Depth 1 and depth 2 score 1% apart: the last step's choice holds (the noise of cost points measured at
-    different moments is larger than that); 5% apart, the choice moves to the better one, and with no margin it
-    follows the argmax."""
-    def model(draft_2: float, margin: float = 0.02) -> AdaptiveDrafter:
-        ad = AdaptiveDrafter(FakeChain(FakeClock(), D=2), explore_every=0, switch_margin=margin, optimism=0.0)
-        for x in (1, 2, 3):
-            ad.target_cost.add(x, 0.010)
-        ad.draft_cost[1, False] = CostCurve()
-        for d, t in ((0, 0.0), (1, 0.0), (2, draft_2)):
-            ad.draft_cost[1, False].add(d, t)
-        for i in (1, 2):
-            ad.acceptance[False].add(i, 10_000, 10_000, 0, ad.decay)  # every draft accepted: 2 and 3 tokens
-        return ad
-
-    near, far = 3 / 202 - 0.010, 3 / 210 - 0.010  # depth 2 scores 202 and 210 tokens/s against depth 1's 200
-    for draft_2, held, expected in ((near, (1, False), (1, False)), (far, (1, False), (2, False)),
-                                    (near, (2, False), (2, False))):
-        ad = model(draft_2)
-        ad._last_best = held
-        assert ad.best_step(1, 2) == expected, (draft_2, held)
-    ad = model(near, margin=0.0)
-    ad._last_best = (1, False)
-    assert ad.best_step(1, 2) == (2, False)
-
-
 def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():
     """Deep drafting pays here, but after 200 plain steps with a catch-up of 8 ms per plain step (the estimate of
     50 ms capped at twice a depth-1 step's 4 ms of drafting), the first speculative step would cost 1.6 s; spread
@@ -795,8 +769,6 @@ def test_cost_curve():
     (dict(prior_weight=0), "prior_weight must be"),
     (dict(cost_alpha=0), "cost_alpha must be"),
     (dict(catchup_budget=-1), "catchup_budget must be"),
-    (dict(switch_margin=-0.1), "switch_margin must be"),
-    (dict(switch_margin=2.0), "switch_margin must be"),
     (dict(optimism=-0.5), "optimism must be"),
 ])
 def test_bad_arguments_name_the_argument(kwargs, match):

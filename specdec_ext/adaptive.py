@@ -55,11 +55,7 @@ continuous batching every few steps, would otherwise keep the base rate for good
 Choice under uncertainty: the argmax scores measured depths with ``optimism`` standard errors added to their
 conditional acceptance (``sqrt(c (1 - c) / n)``, n the row-steps that measured them, not decayed: the bonus fades as
 they accumulate, so it changes no settled choice): at one row every step is one sample, and one unlucky step would
-otherwise settle the choice a depth short until an exploration happened to succeed. And the last step's choice is
-kept while it scores within ``switch_margin`` (2%) of the best: at one row the best two shapes or depths are often a
-few percent apart, less than the noise of cost points measured at different moments, and following the argmax
-flipped between them step by step (around EAGLE-2 at one client, half of the depth-6 steps drafted the chain, 3%
-slower than the tree there).
+otherwise settle the choice a depth short until an exploration happened to succeed.
 
 Depth 0 is a plain decoding step: the inner drafter is still asked (``propose(state, 0)`` returns a 1-node tree)
 and observes the result, so its caches stay in sync. A drafter with its own model skips its forwards on plain steps
@@ -235,9 +231,8 @@ class AdaptiveDrafter:
     (0.97: about the last 33 outcomes of a depth matter, whatever the batch size). ``explore_every``: steps between exploration steps (0 = never);
     ``explore_backoff``: how far that gap may grow (times ``explore_every``) while the choice holds.
     ``catchup_budget``: explorations out of plain steps are skipped where the drafter's catch-up on the lag exceeds
-    this share of the plain steps until the next exploration (``inf``: never skipped). ``optimism``: standard errors
-    added to measured acceptance in the choice (0: the plain estimate). ``switch_margin``: the last step's choice is
-    kept while its score is within this share of the best (0: always the argmax).
+    this share of the plain steps until the next exploration (``inf``: never skipped). ``optimism``: standard errors added to measured acceptance
+    in the choice (0: the plain estimate).
     ``prior_accept`` / ``prior_weight``: the prior of each depth's conditional acceptance and its weight in
     row-steps. ``cost_alpha``: weight of the newest timing in the cost curves' moving averages. ``clock``: a
     function returning seconds (default ``time.perf_counter``).
@@ -250,7 +245,7 @@ class AdaptiveDrafter:
     def __init__(self, inner, mode: str = "adapt", depth: int | None = None, *, decay: float = 0.97,
                  explore_every: int = 16, explore_backoff: int = 4, prior_accept: float = 0.7,
                  prior_weight: float = 1.0, cost_alpha: float = 0.2, catchup_budget: float = 0.05,
-                 optimism: float = 1.0, switch_margin: float = 0.02, clock=None):
+                 optimism: float = 1.0, clock=None):
         check_drafter("AdaptiveDrafter: inner", inner)
         if mode not in MODES:
             raise ValueError(f"AdaptiveDrafter: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
@@ -276,7 +271,6 @@ class AdaptiveDrafter:
         _check_number("cost_alpha", cost_alpha, 0.0, 1.0, low_open=True)
         _check_number("catchup_budget", catchup_budget, 0.0, float("inf"))  # inf: never skip
         _check_number("optimism", optimism, 0.0, 10.0)
-        _check_number("switch_margin", switch_margin, 0.0, 1.0)
         if clock is not None and not callable(clock):
             raise TypeError(f"AdaptiveDrafter: clock must be a function returning seconds, got {clock!r}")
         self.inner = inner
@@ -297,7 +291,6 @@ class AdaptiveDrafter:
         self.cost_alpha = float(cost_alpha)
         self.catchup_budget = float(catchup_budget)
         self.optimism = float(optimism)
-        self.switch_margin = float(switch_margin)
         self.clock = clock or time.perf_counter
         self.reset()
 
@@ -548,7 +541,7 @@ class AdaptiveDrafter:
         """The (depth, chain?) with the best score among depths 0..limit and the shapes, each shape going at most
         one depth past the largest tokens in flight measured so far (costs beyond it are extrapolated: climb one
         step at a time instead of jumping). ``remaining``: tokens the generation may still emit (None: unknown)."""
-        best, best_s, held_s = (0, False), None, None
+        best, best_s = (0, False), None
         max_x = max(self.target_cost.points, default=0.0)
         c = self._catchup_at(B) if self._lag > 0 else None
         catchup = c * self._lag if c else 0.0
@@ -572,14 +565,10 @@ class AdaptiveDrafter:
                     s = e / max(t, 1e-12)  # (= score(B, d, optimism, chain))
                 if best_s is None or s > best_s * (1 + 1e-9):
                     best, best_s = (d, chain), s
-                if (d, chain) == self._last_best:
-                    held_s = s
                 if B * self.nodes_at(d, chain) > max_x:
                     climbing.discard(chain)
             if not climbing:
                 break
-        if held_s is not None and held_s * (1 + self.switch_margin) >= best_s:
-            return self._last_best  # (within the margin of the best: noise, not a reason to move)
         return best
 
     def choose(self, B: int, max_depth: int) -> tuple[int, bool]:
