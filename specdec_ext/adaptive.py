@@ -488,8 +488,6 @@ class AdaptiveDrafter:
         how it grows with depth: a flat extrapolation from it would price a plain step like a deep one). A plain
         step is the same step in both shapes: booked under the tree's. (One call per step and shape: the argmax
         asks every depth, and the scale of a reference curve is worked out once.)"""
-        if chain:
-            plain = self._draft_curve(B, False)
         curves = {b: c for (b, ch), c in self.draft_cost.items() if ch == chain}
         own = curves.get(B)
         scales: dict[int, float | None] = {}
@@ -504,7 +502,7 @@ class AdaptiveDrafter:
 
         def at(d: int) -> float:
             if d == 0 and chain:
-                return plain(0)
+                return self._draft_time(B, 0)  # (the argmax never asks: a plain step is priced under the tree's)
             if own is not None and own.covers(d):
                 return own.predict(d) or 0.0
             others = [b for b, c in curves.items() if b != B and c.covers(d)]

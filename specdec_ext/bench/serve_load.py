@@ -198,9 +198,7 @@ def summarise_serve(result: dict) -> dict:
     overhead = {m: at[(m, oc)]["overhead"] for m in METHODS}
     vs_direct = {m: at[(m, oc)]["tokens_per_s"] / d["tokens_per_s"] if d["tokens_per_s"] else None
                  for m, d in result["direct"]["runs"].items()}
-    # the goal on rounds paired in time (the ratio of the medians where there are no rounds to pair)
-    ratios = [e["adaptive_vs_better_paired"] if e["adaptive_vs_better_paired"] is not None else
-              e["adaptive_vs_better"] for e in per if e["adaptive_vs_better"] is not None]
+    ratios = [r for r in map(_judged, per) if r is not None]
     return {"per_concurrency": per, "itl_gain_at_c1": itl_gain, "itl_goal_met": itl_gain is not None and
             itl_gain >= 2.0, "min_adaptive_vs_better": min(ratios) if ratios else None,
             "adaptive_goal_met": bool(ratios) and min(ratios) >= 0.95, "overhead_at": oc, "overhead": overhead,
@@ -247,9 +245,15 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _judged(entry: dict) -> float | None:
+    """The ratio the adaptive goal is judged on at one concurrency: over rounds paired in time, or the ratio of the
+    medians where there are no rounds to pair."""
+    paired = entry.get("adaptive_vs_better_paired")
+    return paired if paired is not None else entry["adaptive_vs_better"]
+
+
 def _ratio(entry: dict) -> str:
-    v = entry["adaptive_vs_better_paired"] if entry.get("adaptive_vs_better_paired") is not None else \
-        entry["adaptive_vs_better"]
+    v = _judged(entry)
     return "-" if v is None else f"{v:.2f}"
 
 
