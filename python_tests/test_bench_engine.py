@@ -202,5 +202,6 @@ def test_the_goal_is_judged_on_rounds_paired_in_time():
     assert s["goal_met"] and s["above_both_at"] == ["closed:2"] and s["min_adaptive_vs_better"] < 0.95
     assert paired_ratio(rows[2], rows[0], rows[1]) == pytest.approx(160 / 150)
     assert paired_ratio({"tokens_per_s_rounds": [1.0]}, rows[0], rows[1]) is None  # rounds that do not line up
+    assert paired_ratio(rows[2]) is None  # nothing to compare with
     assert paired_ratio({"tokens_per_s_rounds": [1, 4]}, {"tokens_per_s_rounds": [1, 1]},
                         {"tokens_per_s_rounds": [2, 2]}) == pytest.approx((0.5 + 2.0) / 2)  # an even count

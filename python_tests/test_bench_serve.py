@@ -33,7 +33,7 @@ def test_serve_suite_quick(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     serve = json.load(open(tmp_path / json_file))["serve"]
     rows = {(r["method"], r["concurrency"]): r for r in serve["rows"]}
-    assert set(rows) == {(m, c) for m in ("plain", "fixed", "adaptive") for c in (1, 2)}
+    assert set(rows) == {(m, c) for m in ("plain", "fixed", "adaptive", "control") for c in (1, 2)}
     for (method, c), r in rows.items():
         assert r["errors"] == 0 and r["finished"] == r["sent"] == 4, r
         assert r["tokens"] == r["budget_tokens"] > 0  # every request ran its whole budget
@@ -41,6 +41,8 @@ def test_serve_suite_quick(tmp_path):
         assert r["engine_step_s"] > 0 and r["overhead"] is not None
         if method == "plain":
             assert r["mean_accepted_length"] == 1.0 and r["outputs_match_plain"] is None
+        elif method == "control":  # a second plain server: plain's tokens again
+            assert r["mean_accepted_length"] == 1.0 and r["outputs_match_plain"] is True
         else:
             assert r["outputs_match_plain"] is True and r["mean_accepted_length"] >= 1.0
     s = serve["summary"]
@@ -56,6 +58,12 @@ def test_serve_suite_quick(tmp_path):
             sum(x / max(y, z) for x, y, z in zip(a, p, f)) / 2)  # statistics.median of two: their mean
     assert s["min_adaptive_vs_better"] == pytest.approx(min(e["adaptive_vs_better_paired"]
                                                             for e in s["per_concurrency"]))
+    controls = []
+    for e in s["per_concurrency"]:  # the noise floor: the control over plain in the same rounds
+        c, p = (rows[(m, e["concurrency"])]["tokens_per_s_rounds"] for m in ("control", "plain"))
+        controls.append(sum(x / y for x, y in zip(c, p)) / 2)
+        assert e["control_vs_plain_paired"] == pytest.approx(controls[-1])
+    assert s["control_vs_plain_range"] == pytest.approx([min(controls), max(controls)])
 
 
 def test_serve_suite_bad_arguments(capsys, tmp_path):

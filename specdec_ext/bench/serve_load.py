@@ -16,6 +16,11 @@ into an engine (:func:`~specdec_ext.bench.load_clients.drive`, no HTTP) for a th
 
 The issue's goals, as measured: at C = 1 the fixed drafter's ITL p50 at least 2x better than plain; adaptive's
 throughput within 5% of the better of plain and fixed at every C; overhead under 10% at C = 16.
+
+The suite's resolution (``control``): a second plain server, ``control``, runs in the same rounds, and its paired
+ratio to plain (two identical servers: 1 but for the noise) is printed beside adaptive's at each C. On a 2-core VM
+that shares its cores between the server and the clients, a point of a few seconds moves by a few percent between
+identical servers, as much as the adaptive goal's tolerance: the control says how far a ratio is from 1 by chance.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ __all__ = ["ServeLoadConfig", "format_table", "plot_serve", "run_serve_load"]
 
 CLIENTS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_clients.py")
 METHODS = ("plain", "fixed", "adaptive")
+CONTROL = "control"  # a second plain server: the noise floor of the paired ratios
 MODEL = "bench"
 
 
@@ -55,6 +61,7 @@ class ServeLoadConfig:
     drafter: str = "best"  # the fixed drafter (best: the fastest on the family's card, else the first drafter)
     overhead_at: int = 16  # the concurrency of the overhead measurement (the nearest one run)
     repeats: int = 3  # rounds per concurrency, the methods in a rotated order each round
+    control: bool = True  # a second plain server in the same rounds (the module doc's resolution)
     seed: int = 0
 
 
@@ -129,11 +136,11 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
     rows_max = max(cfg.concurrency)
     overhead_c = min(cfg.concurrency, key=lambda c: (abs(c - cfg.overhead_at), -c))
     t_start = time.perf_counter()
-    methods = list(METHODS)
+    methods = list(METHODS) + ([CONTROL] if cfg.control else [])
     servers = {}
     with contextlib.ExitStack() as stack:
         for method in methods:  # one server each, all up at once: a round visits them seconds apart
-            drafter = None if method == "plain" else models.make_drafter(fixed)
+            drafter = None if method in ("plain", CONTROL) else models.make_drafter(fixed)
             if method == "adaptive":
                 drafter = AdaptiveDrafter(drafter)
             max_len = max(len(j.prompt) + j.max_new_tokens for j in workload) + (drafter.max_nodes if drafter else 1)
@@ -161,7 +168,7 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
                 if log:
                     log(format_row(row))
     direct = {}
-    for method in methods:
+    for method in METHODS:  # (the control is plain again)
         _, _, drafter, max_len = servers[method]
         if drafter is not None and hasattr(drafter, "depth_hist"):
             last = next(r for r in reversed(rows) if r["method"] == method)
@@ -191,6 +198,9 @@ def summarise_serve(result: dict) -> dict:
         per.append({"concurrency": c, "fixed_vs_plain": f["tokens_per_s"] / p["tokens_per_s"] if p["tokens_per_s"]
                     else None, "adaptive_vs_better": a["tokens_per_s"] / better if better else None,
                     "adaptive_vs_better_paired": paired_ratio(a, p, f)})
+        control = at.get((CONTROL, c))
+        if control is not None:
+            per[-1]["control_vs_plain_paired"] = paired_ratio(control, p)
     c1 = conc[0]
     p1, f1 = at[("plain", c1)], at[("fixed", c1)]
     itl_gain = p1["itl_p50_ms"] / f1["itl_p50_ms"] if p1.get("itl_p50_ms") and f1.get("itl_p50_ms") else None
@@ -199,13 +209,15 @@ def summarise_serve(result: dict) -> dict:
     vs_direct = {m: at[(m, oc)]["tokens_per_s"] / d["tokens_per_s"] if d["tokens_per_s"] else None
                  for m, d in result["direct"]["runs"].items()}
     ratios = [r for r in map(_judged, per) if r is not None]
+    controls = [e["control_vs_plain_paired"] for e in per if e.get("control_vs_plain_paired") is not None]
     return {"per_concurrency": per, "itl_gain_at_c1": itl_gain, "itl_goal_met": itl_gain is not None and
             itl_gain >= 2.0, "min_adaptive_vs_better": min(ratios) if ratios else None,
             "adaptive_goal_met": bool(ratios) and min(ratios) >= 0.95, "overhead_at": oc, "overhead": overhead,
             "overhead_goal_met": all(v is not None and v < 0.10 for v in overhead.values()),
             "server_vs_direct_throughput": vs_direct, "errors": sum(r["errors"] for r in rows),
             "all_finished": all(r["finished"] == r["sent"] for r in rows),
-            "all_outputs_match_plain": all(r["outputs_match_plain"] is not False for r in rows)}
+            "all_outputs_match_plain": all(r["outputs_match_plain"] is not False for r in rows),
+            "control_vs_plain_range": [min(controls), max(controls)] if controls else None}
 
 
 def format_row(r: dict) -> str:
@@ -242,6 +254,10 @@ def format_table(result: dict) -> str:
                  "throughput: " + ", ".join(f"{m} {v:.2f}" for m, v in s["server_vs_direct_throughput"].items()
                                             if v is not None) +
                  f"; errors {s['errors']}; greedy outputs equal plain: {s['all_outputs_match_plain']}")
+    if s.get("control_vs_plain_range"):
+        lines.append("the noise floor, a second plain server over plain (paired rounds), per C: " + ", ".join(
+            f"{e['concurrency']}: {e['control_vs_plain_paired']:.2f}" for e in s["per_concurrency"]
+            if e.get("control_vs_plain_paired") is not None))
     return "\n".join(lines)
 
 
