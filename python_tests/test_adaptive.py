@@ -284,7 +284,8 @@ def fake_run(ad: AdaptiveDrafter, clock: FakeClock, steps: int, B: int, target_t
             state.host_tokens[b].extend([0] * (L + 1))
         Bn, N = tree.tokens.shape
         ad.observe(state, tree, StepResult(torch.zeros(Bn, N, dtype=torch.int64), torch.tensor(lens),
-                                           torch.zeros(Bn, dtype=torch.int64), [L + 1 for L in lens]))
+                                           torch.zeros(Bn, dtype=torch.int64), [L + 1 for L in lens],
+                                           host_accept_len=lens))
     return state
 
 
@@ -393,7 +394,8 @@ def test_a_drained_batch_leaves_plain_steps_despite_the_lag():
         for b, L in enumerate(lens):
             small.host_tokens[b].extend([0] * (L + 1))
         ad.observe(small, tree, StepResult(torch.zeros(4, d + 1, dtype=torch.int64), torch.tensor(lens),
-                                           torch.zeros(4, dtype=torch.int64), [L + 1 for L in lens]))
+                                           torch.zeros(4, dtype=torch.int64), [L + 1 for L in lens],
+                                           host_accept_len=lens))
     assert ad.history[n:n + 3].count(0) <= 1 and ad.history[-10:].count(0) == 0, ad.history[n:]
 
 
@@ -722,18 +724,20 @@ def test_deterministic_given_the_timings():
     assert runs[0] == runs[1] and len(set(runs[0])) > 1
 
 
-def test_finished_rows_are_left_out_of_acceptance():
+def test_acceptance_counts_the_verification_not_the_emission():
+    """Row 1 hit EOS inside its accepted run (1 token appended) and row 2 its budget: both were verified at every
+    depth they drafted, so their accept lengths count like row 0's; row 3 failed at depth 2."""
     clock = FakeClock()
     ad = AdaptiveDrafter(FakeChain(clock, D=3), mode="fixed", depth=3, clock=clock)
-    state = fake_state(2)
+    state = fake_state(4)
     ad.begin(None, state)
     tree = ad.propose(state, 10, ad.max_nodes)
-    state.done[1] = True  # row 1 hit EOS inside the run: its 1 appended token says nothing about acceptance
-    state.host_tokens[0].extend([0] * 4)
-    state.host_tokens[1].extend([0])
-    ad.observe(state, tree, StepResult(torch.zeros(2, 4, dtype=torch.int64), torch.tensor([3, 3]),
-                                       torch.zeros(2, dtype=torch.int64), [4, 1]))
-    assert ad.acceptance[False].n[1:] == [1.0, 1.0, 1.0] and ad.acceptance[False].s[1:] == [1.0, 1.0, 1.0]
+    state.done[1] = state.done[2] = True
+    for b, a in enumerate([4, 1, 2, 2]):
+        state.host_tokens[b].extend([0] * a)
+    ad.observe(state, tree, StepResult(torch.zeros(4, 4, dtype=torch.int64), torch.tensor([3, 3, 3, 1]),
+                                       torch.zeros(4, dtype=torch.int64), [4, 1, 2, 2], host_accept_len=[3, 3, 3, 1]))
+    assert ad.acceptance[False].n[1:] == [4.0, 4.0, 3.0] and ad.acceptance[False].s[1:] == [4.0, 3.0, 3.0]
 
 
 def test_cost_curve():
@@ -912,7 +916,8 @@ def test_a_wide_drafter_drafts_trees_at_one_row_and_chains_at_eight():
             for b, L in enumerate(lens):
                 state.host_tokens[b].extend([0] * (L + 1))
             ad.observe(state, tree, StepResult(torch.zeros(B, N, dtype=torch.int64), torch.tensor(lens),
-                                               torch.zeros(B, dtype=torch.int64), [L + 1 for L in lens]))
+                                               torch.zeros(B, dtype=torch.int64), [L + 1 for L in lens],
+                                               host_accept_len=lens))
 
     run(150, 1, 0)
     tail = shapes[-40:]

@@ -579,7 +579,8 @@ def _step_result(B: int, N: int, best_child_accepted: list[bool]) -> StepResult:
             accepted[b, 1] = 1
     accept_len = torch.tensor([1 if ok else 0 for ok in best_child_accepted])
     return StepResult(accepted=accepted, accept_len=accept_len, next_token=torch.zeros(B, dtype=torch.int64),
-                      appended=[1] * B, hidden_states=(torch.zeros(B, N, H),))
+                      appended=[1] * B, hidden_states=(torch.zeros(B, N, H),),
+                      host_accept_len=accept_len.tolist())
 
 
 def prefill_features(tgt) -> torch.Tensor:

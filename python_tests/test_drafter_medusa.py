@@ -165,7 +165,8 @@ def test_propose_and_observe(own_lm_head):
     accepted = torch.full((3, N), -1, dtype=torch.int64)
     accepted[0, :3] = torch.tensor([0, 1, 11])
     accepted[1:, :1] = 0
-    result = StepResult(accepted, torch.tensor([2, 0, 0]), torch.tensor([1, 2, 3]), [3, 1, 1], (hs,))
+    result = StepResult(accepted, torch.tensor([2, 0, 0]), torch.tensor([1, 2, 3]), [3, 1, 1], (hs,),
+                        host_accept_len=[2, 0, 0])
     drafter.observe(state, tree, result)
     torch.testing.assert_close(drafter.hidden, torch.stack([hs[0, 11], hs[1, 0], hs[2, 0]]))
 

@@ -16,7 +16,7 @@ The drafter protocol that reads them is :mod:`specdec_ext.drafters.base`.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -239,3 +239,7 @@ class StepResult:
     next_token: torch.Tensor  # [B] int64 correction or bonus token
     appended: list[int]  # per row, tokens appended to the context this step (cut at a stop or the budget)
     hidden_states: tuple[torch.Tensor, ...] | None = None  # per requested layer, [B, N, H] at every tree node
+    _: KW_ONLY
+    # ``accept_len`` on the host (read back with the step's tokens): what the verification accepted, before any cut
+    # at a stop or the budget, so an outcome without a device read (``appended`` - 1 is cut where a row finished)
+    host_accept_len: list[int]

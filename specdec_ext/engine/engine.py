@@ -276,6 +276,7 @@ class Engine:
         emitted, host = self._read_back(tree, v)
         t2 = time.perf_counter()
         events, appended = [], []
+        accept_lens = [h[0] for h in host]
         for b, r in enumerate(rows):
             new = r.emit(host[b][1: host[b][0] + 2])
             st.host_tokens[b].extend(new)
@@ -284,12 +285,13 @@ class Engine:
             events.append((r.id, new, r.finish_reason))
             if r.finished:
                 self._ended[r.id] = self.requests.pop(r.id)
-            stats.accept_hist[host[b][0]] += 1
+            stats.accept_hist[accept_lens[b]] += 1
         self._advance(emitted, appended)
         t3 = time.perf_counter()
         if drafter is not None:
             drafter.observe(st, tree, StepResult(v.accepted, v.accept_len, v.next_token, appended,
-                                                 tuple(out.hidden_states[i] for i in self.layers) or None))
+                                                 tuple(out.hidden_states[i] for i in self.layers) or None,
+                                                 host_accept_len=accept_lens))
         t4 = time.perf_counter()
         stats.steps += 1
         stats.target_forwards += 1
