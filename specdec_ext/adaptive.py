@@ -17,7 +17,8 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
 
 * ``E[tokens | d] = 1 + sum_{i <= d} P(accept >= i)`` and ``P(accept >= i) = c_1 * ... * c_i``, ``c_i`` the
   conditional acceptance of depth i given depth i - 1 was accepted: exponentially decayed counts from the rows of
-  recent steps that drafted at least i deep. The clock of the decay is row-steps (factor ``decay`` per row of every
+  recent steps that drafted at least i deep (each row's verification outcome, rows that finished in the step
+  included). The clock of the decay is row-steps (factor ``decay`` per row of every
   step), so the counts hold about the last ``1 / (1 - decay)`` outcomes at any batch size: a per-step decay kept
   about 7 outcomes at one row, and one unlucky exploration there settled the choice a depth or three short for the
   rest of a run. The decay is applied when a depth is tried again (``decay ** row-steps since its last update``): an
