@@ -129,24 +129,29 @@ EAGLE_RUN = ("--steps", "2", "--batch-size", "4", "--heldout", "2", "--eval-new-
              "--no-progress")
 
 
-def test_train_eagle_mixes_long_windows_by_default(model_dir, tmp_path):
-    """EAGLE-1 trains a tenth of the text in windows as long as the model's context allows (the tiny target's: 128
-    tokens) unless --max-length already reaches them, --long-fraction 0 turns it off, or the command is another."""
+def test_eagle_1_and_the_draft_lm_mix_long_windows_by_default(model_dir, tmp_path):
+    """EAGLE-1 and the draft LM train a tenth of the text in windows as long as the model's context allows (the tiny
+    target's: 128 tokens) unless --max-length already reaches them, --long-fraction 0 turns it off, or the command
+    is another (EAGLE-3, Medusa, a parallel draft)."""
     args = ["--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), *EAGLE_RUN]
     runs = {"default": ["train-eagle", "--max-length", "16"],
             "at context": ["train-eagle", "--max-length", "128"],
             "off": ["train-eagle", "--max-length", "16", "--long-fraction", "0"],
             "eagle-3": ["train-eagle", "--max-length", "16", "--version", "3"],
             "medusa": ["train-medusa", "--max-length", "16", "--heads", "2"],
-            "draft": ["train-draft", "--max-length", "16", "--layers", "1", "--hidden-size", "64"]}
+            "draft": ["train-draft", "--max-length", "16", "--layers", "1", "--hidden-size", "64"],
+            "draft off": ["train-draft", "--max-length", "16", "--layers", "1", "--hidden-size", "64",
+                          "--long-fraction", "0"],
+            "parallel": ["train-draft", "--max-length", "16", "--layers", "1", "--hidden-size", "64",
+                         "--parallel", "2"]}
     got = {}
     for name, cmd in runs.items():
         out = tmp_path / name.replace(" ", "_")
         assert main([*cmd, *args, "--out", str(out), "--no-report"]) == 0, name
         got[name] = windows_of(out)
-    assert got["default"] == (16, 0.1, 128)
-    assert got["at context"] == (128, 0.0, None) and got["off"] == (16, 0.0, None)
-    assert got["eagle-3"] == got["medusa"] == got["draft"] == (16, 0.0, None)
+    assert got["default"] == got["draft"] == (16, 0.1, 128)
+    assert got["at context"] == (128, 0.0, None) and got["off"] == got["draft off"] == (16, 0.0, None)
+    assert got["eagle-3"] == got["medusa"] == got["parallel"] == (16, 0.0, None)
 
 
 def test_evaluate_drafter_holds_out_what_training_held_out(model_dir, tmp_path):

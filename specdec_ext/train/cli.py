@@ -19,9 +19,10 @@ from specdec_ext.train.schedule import DEFAULT_STEPS
 __all__ = ["add_evaluate_command", "add_train_commands"]
 
 
-# EAGLE-1's long-context mixing by default: a tenth of the text in long windows held EAGLE-2's acceptance at 4k
-# context on the transfer target and raised it at every context length on the family's (README: long context).
-EAGLE_LONG_FRACTION = 0.1
+# Long-context mixing by default for the drafts that read the context themselves (EAGLE-1, the draft LM): a tenth of
+# the text in long windows held their acceptance at 4k context on the transfer target and on the family's, where
+# drafts of short windows lost a quarter to a half of it (README: long context).
+LONG_FRACTION = 0.1
 TRAINING_LOG = "training_log.json"  # train-*'s record of its flags and losses, in OUT
 
 
@@ -131,10 +132,12 @@ def _corpus(args, target, tok, name: str) -> tuple[list[list[int]], list[list[in
 
 
 def _default_long_fraction(args, name: str, context: int | None) -> float:
-    """``--long-fraction`` left unset: EAGLE-1's mixing where the model's context holds windows longer than
-    ``--max-length`` (train-eagle --version 1), else none."""
-    if name == "train-eagle" and args.version == 1 and context and min(4096, context) > args.max_length:
-        return EAGLE_LONG_FRACTION
+    """``--long-fraction`` left unset: the mixing where the model's context holds windows longer than
+    ``--max-length``, for EAGLE-1 (train-eagle --version 1) and the draft LM (train-draft, not --parallel), else
+    none."""
+    mixes = (name == "train-eagle" and args.version == 1) or (name == "train-draft" and args.parallel == 1)
+    if mixes and context and min(4096, context) > args.max_length:
+        return LONG_FRACTION
     return 0.0
 
 
@@ -420,7 +423,7 @@ def add_train_commands(sub) -> None:
                         "token (cross-entropy; --no-soft-labels); on by default: it accepted more on the family")
     p.set_defaults(func=train_medusa_cmd)
     p = sub.add_parser("train-eagle", help="train an EAGLE-1 or EAGLE-3 draft for a local target (official layout)")
-    _common(p, lr=1e-3, long_fraction=f"{EAGLE_LONG_FRACTION:g} for --version 1 where the model's context is "
+    _common(p, lr=1e-3, long_fraction=f"{LONG_FRACTION:g} for --version 1 where the model's context is "
                                       "longer than --max-length, else 0")
     p.add_argument("--version", type=int, choices=[1, 3], default=1)
     p.add_argument("--draft-vocab", type=int, default=None, help="EAGLE-3: keep the N most frequent tokens")
@@ -440,7 +443,8 @@ def add_train_commands(sub) -> None:
                         "(default on with --fr-vocab ids; --no-vocab-loss: the whole vocabulary)")
     p.set_defaults(func=train_eagle_cmd)
     p = sub.add_parser("train-draft", help="distil a small draft LM (LlamaForCausalLM) from a local target")
-    _common(p, lr=1e-3)
+    _common(p, lr=1e-3, long_fraction=f"{LONG_FRACTION:g} where the model's context is longer than --max-length "
+                                      "(not with --parallel), else 0")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden-size", type=int, default=None, help="default: half the target's (whole heads)")
     p.add_argument("--intermediate-size", type=int, default=None, help="default: 2 * hidden size")
