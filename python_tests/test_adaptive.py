@@ -138,7 +138,7 @@ def test_draft_model_identical_to_target_accepts_everything_across_plain_steps()
     pinned_choose = ad.choose
     calls = []
 
-    def alternate(B, max_depth):
+    def alternate(B, max_depth, remaining=None):
         calls.append(1)
         return (0, False) if len(calls) % 2 == 0 else pinned_choose(B, max_depth)
 
@@ -206,7 +206,8 @@ def test_deferred_prefill_is_caught_up_on_at_the_first_speculative_step(kind):
     if kind == "draft":  # an exact draft model: after 5 plain steps, every draft of the deferred catch-up is right
         exact = AdaptiveDrafter(DraftModelDrafter(copy.deepcopy(tgt), num_draft_tokens=3), mode="fixed", depth=3)
         exact.defers_prefill = True  # (fixed mode does not defer by itself)
-        exact.choose = lambda B, max_depth, n=iter(range(10 ** 6)): (0 if next(n) < 5 else min(3, max_depth), False)
+        exact.choose = lambda B, max_depth, remaining=None, n=iter(range(10 ** 6)): (
+            0 if next(n) < 5 else min(3, max_depth), False)
         prompt = random_prompt()
         want1, _ = generate(tgt, None, prompt, max_new_tokens=20, eos_token_id=[])
         got1, stats1 = generate(tgt, exact, prompt, max_new_tokens=20, eos_token_id=[])
@@ -564,6 +565,27 @@ def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():
     assert ad.best_step(8, 4, remaining=2000) == (4, False)
     ad._lag = 1  # one plain step behind: 50 ms / 16 per step, deep drafting still pays
     assert ad.best_step(8, 4) == (4, False)
+
+
+def test_a_draining_batch_spreads_the_catch_up_over_its_budgets():
+    """The catch-up charge is spread over the steps the rows' budgets last (``DecodeState.budgets``, their mean over
+    E[tokens]), not over ``explore_every``: 8 rows 40 plain steps behind, 0.2 ms of catch-up per lagging token and
+    row (64 ms), deep drafting 1.8x plain decoding. With 100 tokens a row left it leaves plain steps (the catch-up
+    spread over ~20 steps); with 6 left (a batch about to drain), it stays plain; with the budgets unknown, the
+    spread is ``explore_every`` (16) steps and it leaves."""
+    picks = {}
+    for budget in (100, 6, None):
+        clock = FakeClock()
+        ad = AdaptiveDrafter(FakeChain(clock, D=4, draft_time=lambda d: 1e-3 * d), explore_every=16, clock=clock)
+        fake_run(ad, clock, 20, B=8, target_time=lambda x: 0.01 + 1e-4 * x, accept=lambda s, b, d: d)
+        assert ad.history[-3:] == [4] * 3
+        ad.catchup[8] = 2e-4
+        ad._lag, ad._since_explore = 40, 0
+        state = DecodeState.of_prompts([[0] * 48] * 8, max_len=64, vocab_size=V,
+                                       budgets=None if budget is None else [budget] * 8)
+        ad.propose(state, 4, ad.max_nodes)
+        picks[budget] = ad.history[-1]
+    assert picks[100] == 4 and picks[6] == 0 and picks[None] == 4, picks
 
 
 class FakeDeferred(FakeCatchUp):

@@ -105,6 +105,24 @@ def test_seeded_sampled_request_is_independent_of_its_batch():
     assert tokens["g"] == hf_greedy(m, greedy_t.prompt_of(5, 1), NEW)  # the greedy row beside sampled rows
 
 
+def test_the_decode_state_carries_each_rows_budget_left():
+    """``DecodeState.budgets`` (what the adaptive drafter spreads its catch-up over) is each running request's
+    budget left after every step, through joins and departures."""
+    m = greedy_t.target("llama")
+    with Engine(m, max_batch=3, max_len=64, eos_token_id=[]) as e:
+        ids = [e.add_request(greedy_t.prompt_of(4 + i, i), RequestSettings(max_new_tokens=n))
+               for i, n in enumerate((3, 9, 6, 5))]  # the fourth waits for a row
+        emitted = dict.fromkeys(ids, 0)
+        budget = dict(zip(ids, (3, 9, 6, 5)))
+        while e.has_unfinished():
+            for rid, new, _ in e.step():
+                emitted[rid] += len(new)
+            if e.state is not None:
+                running = [r.id for r in e.scheduler.running]
+                assert e.state.budgets == [budget[r] - emitted[r] for r in running]
+        assert emitted == budget
+
+
 def test_abort_frees_the_row_for_the_next_queued_request():
     m = greedy_t.target("llama")
     prompts = [greedy_t.prompt_of(n, n) for n in (4, 6, 8, 5)]

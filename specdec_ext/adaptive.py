@@ -73,8 +73,10 @@ the batch). A speculative step's draft time with a lag is kept apart from its de
 seconds per lagging token and row, ``catchup``; used capped at twice a depth-1 step's drafting at that batch size,
 since reading one more token a row costs no more than that step: an estimate inflated by one bad measurement cannot
 keep plain steps for good). With a lag of k tokens, the argmax charges every speculative depth d
-``catchup * B * k / n`` seconds per step: the catch-up spread over the n steps d would take to finish the generation
-(the loop's budget over ``E[tokens | d]``), at least ``explore_every``. An exploration out of a lag is skipped where
+``catchup * B * k / n`` seconds per step: the catch-up spread over the n steps d would take to spend the rows'
+budgets (their mean budget left, ``DecodeState.budgets``, over ``E[tokens | d]``; ``explore_every`` where the
+budgets are not known). In a draining batch that is a few steps: a spread over ``explore_every`` had the batch leave
+plain steps at ~20 rows for a predicted few percent and never earn the catch-up back. An exploration out of a lag is skipped where
 the catch-up it would pay exceeds ``catchup_budget`` of the plain steps until the next exploration: explorations
 are meant to cost a small share of the time, and one out of a lag re-reads every skipped token of every row at once
 (at 16 rows on the family, a new batch's deferred prompts cost EAGLE's draft ~6 plain steps, and at a server's
@@ -374,7 +376,8 @@ class AdaptiveDrafter:
         B = state.batch_size
         if self._lag:  # (no row lags by more than its context: rows that ran up a long lag may have left)
             self._lag = min(self._lag, max(len(t) for t in state.host_tokens) - 1)
-        d, chain = self.choose(B, max_depth)
+        budgets = state.budgets
+        d, chain = self.choose(B, max_depth, sum(budgets) / len(budgets) if budgets else None)
         tree = self.inner.propose(state, d, min(max_nodes, d + 1) if chain else max_nodes)
         t1 = self.clock()
         self._pending = (B, d, chain, tree.num_nodes, t0, t1)
@@ -536,10 +539,11 @@ class AdaptiveDrafter:
             return None
         return self.expected_tokens(d, optimism, chain) / max(t, 1e-12)
 
-    def best_step(self, B: int, limit: int, remaining: int | None = None) -> tuple[int, bool]:
+    def best_step(self, B: int, limit: int, remaining: float | None = None) -> tuple[int, bool]:
         """The (depth, chain?) with the best score among depths 0..limit and the shapes, each shape going at most
         one depth past the largest tokens in flight measured so far (costs beyond it are extrapolated: climb one
-        step at a time instead of jumping). ``remaining``: tokens the generation may still emit (None: unknown)."""
+        step at a time instead of jumping). ``remaining``: tokens a row may still emit, on average over the batch
+        (None: unknown)."""
         best, best_s = (0, False), None
         max_x = max(self.target_cost.points, default=0.0)
         c = self._catchup_at(B) if self._lag > 0 else None
@@ -557,8 +561,9 @@ class AdaptiveDrafter:
                 e = expected[chain][d]
                 if d > 0 and catchup:
                     # leaving plain decoding costs the drafter's catch-up on the lag once, spread over the steps that
-                    # depth would take to finish the generation (at least ``explore_every``: it may not stay that long)
-                    steps = max(self.explore_every, (remaining or 0) / e, 1)
+                    # depth would take to spend the rows' budgets (in a draining batch a few; unknown budgets:
+                    # ``explore_every``)
+                    steps = max(remaining / e, 1.0) if remaining is not None else max(self.explore_every, 1)
                     s = e / (t + catchup / steps)
                 else:
                     s = e / max(t, 1e-12)  # (= score(B, d, optimism, chain))
@@ -570,8 +575,9 @@ class AdaptiveDrafter:
                 break
         return best
 
-    def choose(self, B: int, max_depth: int) -> tuple[int, bool]:
-        """The (depth, chain?) of the next step for a batch of B rows when the loop allows ``max_depth``."""
+    def choose(self, B: int, max_depth: int, remaining: float | None = None) -> tuple[int, bool]:
+        """The (depth, chain?) of the next step for a batch of B rows when the loop allows ``max_depth``;
+        ``remaining``: the tokens a row may still emit, on average over the batch (None: not known)."""
         limit = max(0, min(self.max_depth, int(max_depth)))
         if self.mode == "off" or limit == 0:
             return 0, False
@@ -580,7 +586,7 @@ class AdaptiveDrafter:
         step = getattr(self, "_gen_step", 0)
         if len(self.target_cost) < 2 and step < 3:  # probes: 1 (untimed), 0, 1
             return (1, 0, 1)[step], False
-        d, chain = self.best_step(B, limit, int(max_depth) + 1)
+        d, chain = self.best_step(B, limit, remaining)
         if limit == self.max_depth:  # (steps capped by the token budget say nothing about the choice)
             # the choice moved, or the batch size did by 2x (not the drift of a row or two that joins and leaves
             # make every few steps): explore at the base rate

@@ -153,14 +153,17 @@ class DecodeState:
     # ``prefix_lens`` context tokens; a drafter that drafts with the target itself (self-speculation) reads it and
     # writes scratch K/V at and after ``prefix_lens``, which the verification forward overwrites.
     target_cache: object | None = None
+    # Per row, the tokens it may still emit (its budget left; a stop may end it sooner), kept current by the engine
+    # after every step (None: not known, a state made outside an engine).
+    budgets: list[int] | None = None
 
     @classmethod
     def of_prompts(cls, prompts: list[list[int]], max_len: int, vocab_size: int, device="cpu",
                    sampling: SamplingParams | None = None,
                    generators: list[torch.Generator | None] | None = None,
-                   target_cache=None) -> "DecodeState":
+                   target_cache=None, budgets: list[int] | None = None) -> "DecodeState":
         """The state of rows that start with ``prompts`` (nothing emitted yet): greedy unless ``sampling`` says
-        otherwise, with ``generators`` (default: none) and the engine's ``target_cache``."""
+        otherwise, with ``generators`` (default: none), the engine's ``target_cache`` and the rows' ``budgets``."""
         B = len(prompts)
         buf = torch.zeros(B, max_len, dtype=torch.int64)
         for b, p in enumerate(prompts):
@@ -171,7 +174,7 @@ class DecodeState:
                    prompt_lens=[len(p) for p in prompts], done=[False] * B, max_len=max_len,
                    sampling=sampling if sampling is not None else SamplingParams.greedy_rows_of(B, dev),
                    generators=list(generators) if generators is not None else [None] * B, vocab_size=vocab_size,
-                   target_cache=target_cache)
+                   target_cache=target_cache, budgets=list(budgets) if budgets is not None else None)
 
     @property
     def batch_size(self) -> int:
@@ -204,6 +207,8 @@ class DecodeState:
         self.done = [self.done[i] for i in rows]
         self.sampling = self.sampling.keep_rows(keep, rows)
         self.generators = [self.generators[i] for i in rows]
+        if self.budgets is not None:
+            self.budgets = [self.budgets[i] for i in rows]
 
     def append(self, other: "DecodeState") -> None:
         """The rows of ``other`` (same ``max_len`` and vocabulary) join as the last rows."""
@@ -217,6 +222,7 @@ class DecodeState:
         self.done = self.done + other.done
         self.sampling = self.sampling.append(other.sampling)
         self.generators = self.generators + other.generators
+        self.budgets = None if self.budgets is None or other.budgets is None else self.budgets + other.budgets
 
     def uniforms(self, rows: int, *shape: int) -> torch.Tensor:
         """Uniform [0, 1) numbers ``[rows, *shape]`` on the state's device, row b's drawn from row b's generator

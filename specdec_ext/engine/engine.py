@@ -281,6 +281,7 @@ class Engine:
             new = r.emit(host[b][1: host[b][0] + 2])
             st.host_tokens[b].extend(new)
             st.done[b] = r.finished
+            st.budgets[b] = r.remaining
             appended.append(len(new))
             events.append((r.id, new, r.finish_reason))
             if r.finished:
@@ -374,7 +375,8 @@ class Engine:
         sampling = SamplingParams.rows([x.temperature for x in s], [x.top_k for x in s], [x.top_p for x in s],
                                        self.device)
         return DecodeState.of_prompts([r.prompt for r in requests], self.max_len, self.vocab_size, self.device,
-                                      sampling, [r.generator for r in requests], target_cache=self.cache)
+                                      sampling, [r.generator for r in requests], target_cache=self.cache,
+                                      budgets=[r.remaining for r in requests])
 
     def _leave(self) -> None:
         """Finished and aborted rows leave the cache, the state and the drafter (see the module doc)."""
