@@ -18,12 +18,11 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
 * ``E[tokens | d] = 1 + sum_{i <= d} P(accept >= i)`` and ``P(accept >= i) = c_1 * ... * c_i``, ``c_i`` the
   conditional acceptance of depth i given depth i - 1 was accepted: exponentially decayed counts from the rows of
   recent steps that drafted at least i deep (each row's verification outcome, rows that finished in the step
-  included). The clock of the decay is row-steps (factor ``decay`` per row of every
-  step), so the counts hold about the last ``1 / (1 - decay)`` outcomes at any batch size: a per-step decay kept
-  about 7 outcomes at one row, and one unlucky exploration there settled the choice a depth or three short for the
-  rest of a run. The decay is applied when a depth is tried again (``decay ** row-steps since its last update``): an
-  untried depth holds its estimate, and one explored after a long gap is judged mostly by what it does now. A weak
-  prior (``prior_accept`` with weight
+  included). The clock of the decay is row-steps (factor ``decay`` per row of every step), so the counts hold about
+  the last ``1 / (1 - decay)`` outcomes at any batch size: a per-step decay kept about 7 outcomes at one row, and one
+  unlucky exploration there settled the choice a depth or three short for the rest of a run. The decay is applied
+  when a depth is tried again (``decay ** row-steps since its last update``): an untried depth holds its estimate,
+  and one explored after a long gap is judged mostly by what it does now. A weak prior (``prior_accept`` with weight
   ``prior_weight`` row-steps) makes depths never tried look good enough to be tried once, but never better than the
   measured shallower depths (the product bounds it).
 * ``t_target(x)``: the target's forward + verification + the loop's bookkeeping as a function of tokens in flight
@@ -58,30 +57,29 @@ conditional acceptance (``sqrt(c (1 - c) / n)``, n the row-steps that measured t
 they accumulate, so it changes no settled choice): at one row every step is one sample, and one unlucky step would
 otherwise settle the choice a depth short until an exploration happened to succeed.
 
-Depth 0 is a plain decoding step: the inner drafter is still asked (``propose(state, 0)`` returns a 1-node tree)
-and observes the result, so its caches stay in sync. A drafter with its own model skips its forwards on plain steps
-and catches up on them at the next speculative step. The wrapper also asks it to defer its prefill
-(``begin`` / ``add_rows`` with ``defer_prefill=True``, where the inner drafter's ``defers_prefill`` says it
-can; not in ``"fixed"`` mode) while the batch has settled on plain steps (a new batch, or four plain steps in a
-row): the prompt is then caught up on at the first speculative step, so a generation that stays plain (large batches) never
-pays for the draft's pass over the prompts. Rows that join a speculating batch are prefilled at once: the next
-step would catch them up in one draft forward padded to their lag over every row (at 8 rows a join made that
-step's draft ~5x its steady cost, and booked as catch-up it escaped the cost model, which then chose speculation
-where plain decoding was faster). The *lag* counts the context tokens per row the drafter has not read
-(the longest prompt - 1 after a deferred prefill, then one per plain step; never more than the longest context in
-the batch). A speculative step's draft time with a lag is kept apart from its depth's steady cost (as catch-up
-seconds per lagging token and row, ``catchup``; used capped at twice a depth-1 step's drafting at that batch size,
-since reading one more token a row costs no more than that step: an estimate inflated by one bad measurement cannot
-keep plain steps for good). With a lag of k tokens, the argmax charges every speculative depth d
-``catchup * B * k / n`` seconds per step: the catch-up spread over the n steps d would take to spend the rows'
-budgets (their mean budget left, ``DecodeState.budgets``, over ``E[tokens | d]``; ``explore_every`` where the
-budgets are not known). In a draining batch that is a few steps: a spread over ``explore_every`` had the batch leave
-plain steps at ~20 rows for a predicted few percent and never earn the catch-up back. An exploration out of a lag is skipped where
-the catch-up it would pay exceeds ``catchup_budget`` of the plain steps until the next exploration: explorations
-are meant to cost a small share of the time, and one out of a lag re-reads every skipped token of every row at once
-(at 16 rows on the family, a new batch's deferred prompts cost EAGLE's draft ~6 plain steps, and at a server's
-steady high load an exploration every 64 steps would pay that each time); leaving such a lag is the argmax's
-decision, with the catch-up charged.
+Depth 0 is a plain decoding step: the inner drafter is still asked (``propose(state, 0)`` returns a 1-node tree) and
+observes the result, so its caches stay in sync. A drafter with its own model skips its forwards on plain steps and
+catches up on them at the next speculative step. The wrapper also asks it to defer its prefill (``begin`` /
+``add_rows`` with ``defer_prefill=True``, where the inner drafter's ``defers_prefill`` says it can; not in
+``"fixed"`` mode) while the batch has settled on plain steps (a new batch, or four plain steps in a row): the prompt
+is then caught up on at the first speculative step, so a generation that stays plain (large batches) never pays for
+the draft's pass over the prompts. Rows that join a speculating batch are prefilled at once: the next step would
+catch them up in one draft forward padded to their lag over every row (at 8 rows a join made that step's draft ~5x
+its steady cost, and booked as catch-up it escaped the cost model, which then chose speculation where plain decoding
+was faster). The *lag* counts the context tokens per row the drafter has not read (the longest prompt - 1 after a
+deferred prefill, then one per plain step; never more than the longest context in the batch). A speculative step's
+draft time with a lag is kept apart from its depth's steady cost (as catch-up seconds per lagging token and row,
+``catchup``; used capped at twice a depth-1 step's drafting at that batch size, since reading one more token a row
+costs no more than that step: an estimate inflated by one bad measurement cannot keep plain steps for good). With a
+lag of k tokens, the argmax charges every speculative depth d ``catchup * B * k / n`` seconds per step: the catch-up
+spread over the n steps d would take to spend the rows' budgets (their mean budget left, ``DecodeState.budgets``,
+over ``E[tokens | d]``; ``explore_every`` where the budgets are not known). In a draining batch that is a few steps:
+a spread over ``explore_every`` had the batch leave plain steps at ~20 rows for a predicted few percent and never
+earn the catch-up back. An exploration out of a lag is skipped where the catch-up it would pay exceeds
+``catchup_budget`` of the plain steps until the next exploration: explorations are meant to cost a small share of the
+time, and one out of a lag re-reads every skipped token of every row at once (at 16 rows on the family, a new batch's
+deferred prompts cost EAGLE's draft ~6 plain steps, and at a server's steady high load an exploration every 64 steps
+would pay that each time); leaving such a lag is the argmax's decision, with the catch-up charged.
 
 Tree or chain. An inner drafter whose trees are wider than a chain (``max_nodes > max_depth + 1``: EAGLE-2, Medusa,
 suffix trees) offers a second shape at every depth: the chain, asked for as a node budget of one per depth

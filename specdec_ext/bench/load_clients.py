@@ -18,8 +18,8 @@ import random
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["REPLAY_EXCLUDED", "ClosedClients", "Job", "PoissonArrivals", "Trace", "drive", "make_workload", "percentile",
-           "summarise"]
+__all__ = ["REPLAY_EXCLUDED", "ClosedClients", "Job", "PoissonArrivals", "Trace", "drive", "make_workload",
+           "percentile", "summarise"]
 
 # Drafters a load benchmark leaves out unless named: the engine and serve suites replay the same requests at every
 # load and round (and a closed loop sends each prompt twice), which a drafter that drafts from earlier requests'
