@@ -16,6 +16,7 @@ from test_hf_tree_attention import V, make_model  # noqa: E402
 from specdec_ext.cli import main  # noqa: E402
 from specdec_ext.models.checkpoints import load_eagle, load_medusa  # noqa: E402
 from specdec_ext.train import DataError, load_corpus, split_heldout  # noqa: E402
+from specdec_ext.train.cli import _minutes_left  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -198,6 +199,22 @@ def test_cli_train_draft(model_dir, tmp_path, capsys):
     m = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert m.config.num_hidden_layers == 1
     assert AutoTokenizer.from_pretrained(tmp_path)("w5 w6")["input_ids"] == [5, 6]
+
+
+def test_the_target_rewrites_each_window_past_its_prompt_by_default(model_dir, tmp_path, capsys):
+    """train-* self-distils by default (each window past its --prompt-len tokens: --max-length minus it), records
+    it, and --self-distill 0 trains on the data as is; the distillation's time comes out of --minutes."""
+    base = ("--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), "--steps", "2", "--batch-size", "4",
+            "--prompt-len", "6", "--heldout", "2", "--no-progress", "--no-report", "--max-length", "16")
+    for flags, want in (((), 10), (("--self-distill", "4"), 4), (("--self-distill", "0"), 0)):
+        out = tmp_path / f"eagle{want}"
+        text = run(capsys, "train-eagle", *base, *flags, "--out", str(out))
+        assert json.loads((out / "training_log.json").read_text())["self_distill"] == want
+        assert ("self-distillation took" in text) == (want > 0)
+    assert _minutes_left("train-eagle", None, 30.0) is None
+    assert _minutes_left("train-eagle", 10.0, 120.0) == pytest.approx(8.0)
+    with pytest.raises(SystemExit, match=r"took 9\.5 of the 10 --minutes.*--self-distill"):
+        _minutes_left("train-eagle", 10.0, 570.0)
 
 
 def test_cli_train_parallel_draft_from_a_draft_lm_and_decode_with_it(model_dir, tmp_path, capsys):

@@ -189,7 +189,7 @@ COMMON = ("--batch-size", "4", "--heldout", "2", "--eval-new-tokens", "8", "--no
 def test_train_eagle_writes_the_fr_spec_vocabulary_and_the_drafter_reads_it(model_dir, tmp_path, capsys, vocab_loss):
     out = tmp_path / "eagle"  # (the token loss over the FR-Spec ids is the default; --no-vocab-loss opts out)
     assert main(["train-eagle", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), "--out",
-                 str(out), "--steps", "6", "--fr-vocab", "20", *COMMON,
+                 str(out), "--steps", "6", "--fr-vocab", "20", *COMMON, "--self-distill", "0",  # (counted on the data)
                  *([] if vocab_loss else ["--no-vocab-loss"])]) == 0
     text = capsys.readouterr().out
     ids = json.loads((out / "draft_vocab.json").read_text())["ids"]
@@ -239,7 +239,7 @@ def test_cli_minutes_chooses_and_reports_the_step_count(model_dir, tmp_path, cap
     out = tmp_path / "draft"
     assert main(["train-draft", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), "--out",
                  str(out), "--layers", "1", "--hidden-size", "64", "--minutes", "0.05", "--max-epochs", "3",
-                 "--no-report", *COMMON]) == 0
+                 "--no-report", "--self-distill", "0", *COMMON]) == 0  # (distilling would take from the budget)
     text = capsys.readouterr().out
     log = json.loads((out / "training_log.json").read_text())
     plan = log["schedule"]
@@ -296,14 +296,21 @@ def seqs_of(lengths, seed=0):
 
 @pytest.mark.parametrize("drafter", [None, "ngram"])
 def test_self_distill_greedy_is_plain_greedy(drafter):
-    seqs = seqs_of([12, 20, 7, 16, 30, 9, 14])
+    """Each sequence keeps all but its last 14 tokens (a long one its long context), at least its first 6 (at most
+    half of it), and the target rewrites the rest up to the sequence's length: plain greedy decoding's tokens."""
+    seqs = seqs_of([12, 20, 7, 16, 30, 9, 14, 41])
     eos = 5  # an EOS ends some rows early; their places are refilled
-    got = self_distill(target(), seqs, prompt_len=6, new_tokens=14, batch_size=3, eos_token_id=eos, max_length=18,
-                       progress=False, drafter=NgramDrafter(num_pred_tokens=3) if drafter else None)
-    for s, g in zip(seqs, got):
-        p = s[: max(1, min(6, len(s) // 2))]
-        want, _ = generate(target(), None, torch.tensor(p), max_new_tokens=min(14, 18 - len(p)), eos_token_id=eos)
-        assert g == want.tolist()
+    got = self_distill(target(), seqs, prompt_len=6, new_tokens=14, batch_size=3, eos_token_id=eos, progress=False,
+                       drafter=NgramDrafter(num_pred_tokens=3) if drafter else None)
+    kept = [max(len(s) - 14, min(6, len(s) // 2)) for s in seqs]
+    assert kept == [6, 6, 3, 6, 16, 4, 6, 27]
+    for s, g, k in zip(seqs, got, kept):
+        want, _ = generate(target(), None, torch.tensor(s[:k]), max_new_tokens=len(s) - k, eos_token_id=eos)
+        assert g == want.tolist() and g[:k] == s[:k] and len(g) <= len(s)
+    assert sum(len(g) == len(s) for s, g in zip(seqs, got)) >= 2  # (not every row met the EOS)
+    with pytest.raises(ValueError, match="new_tokens must be an integer >= 0"):
+        self_distill(target(), seqs, new_tokens=-1, progress=False)
+    assert self_distill(target(), seqs, new_tokens=0, progress=False) == seqs
 
 
 def test_self_distill_sampling_is_seeded_per_sequence_and_follows_the_target():
@@ -317,7 +324,7 @@ def test_self_distill_sampling_is_seeded_per_sequence_and_follows_the_target():
     stats = pytest.importorskip("scipy.stats")
     prompt = seqs[0][:6]
     n = 600
-    out = self_distill(target(), [prompt + [0] * 6] * n, prompt_len=6, new_tokens=1, temperature=1.0, seed=0,
+    out = self_distill(target(), [prompt + [0]] * n, prompt_len=6, new_tokens=1, temperature=1.0, seed=0,
                        batch_size=200, eos_token_id=[], progress=False)
     counts = torch.bincount(torch.tensor([o[6] for o in out]), minlength=V).double()
     with torch.no_grad():

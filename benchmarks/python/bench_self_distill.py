@@ -5,8 +5,9 @@
 * **after**: :func:`specdec_ext.train.data.self_distill`, one engine of ``--batch`` rows, a finished row replaced by
   the next sequence (and with ``--drafter``, speculative).
 
-The prompts are the first ``--prompt-len`` tokens of windows of the family's held-out files, the continuations cut at
-``--max-length`` tokens (as ``specdec train-* --self-distill`` does), greedy, with the target's EOS. Both produce the
+The prompts are the first ``--prompt-len`` tokens of whole ``--max-length`` windows of the family's held-out files,
+the continuations cut at the window's length (as ``specdec train-* --self-distill`` does), greedy, with the
+target's EOS. Both produce the
 same tokens (checked). The target is loaded as the training commands load it (its files are bfloat16; ``--dtype``).
 The clock is the process's CPU time on one thread (other processes on a shared machine do not disturb it).
 
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     target = load_model(tdir, dtype=getattr(torch, args.dtype) if args.dtype else None, device="cpu")
     tok = load_tokenizer(tdir)
     stream = document_stream(encode_texts(tok, heldout_texts(), add_special_tokens=False), tok.eos_token_id)
-    seqs = windows(stream, args.max_length)[: args.sequences]
+    seqs = [w for w in windows(stream, args.max_length) if len(w) == args.max_length][: args.sequences]
     P = args.prompt_len
     generate(target, None, [torch.tensor(seqs[0][:P])], max_new_tokens=8)  # first-call costs (packing) for neither
 
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
     print(f"before: {n} tokens, {cpu_b:.1f} s CPU ({wall_b:.1f} s wall): {n / cpu_b:.0f} tokens/s", flush=True)
     for b in args.batch:
         out, cpu_a, wall_a = timed(lambda: self_distill(target, seqs, prompt_len=P, new_tokens=args.new_tokens,
-                                                        max_length=args.max_length, batch_size=b, progress=False))
+                                                        batch_size=b, progress=False))
         same = out == ref
         rows.append({"method": f"after (one engine, {b} rows)", "tokens": n, "cpu_s": round(cpu_a, 2),
                      "tokens_per_s": round(n / cpu_a, 1), "speedup": round(cpu_b / cpu_a, 2), "same_tokens": same})

@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import os
+import time
 
 import torch
 
@@ -62,12 +63,13 @@ def _common(p: argparse.ArgumentParser, lr: float, long_fraction: str = "0") -> 
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                    help="the frozen target's dtype (the trained module stays float32; default: the files', but "
                         "float32 for half-precision files on a CPU without fast bfloat16 products)")
-    p.add_argument("--self-distill", type=int, default=0, metavar="N",
-                   help="replace the data by the target's own continuations: N new tokens after each sequence's "
-                        "first --prompt-len tokens (0 = train on the data as is)")
+    p.add_argument("--self-distill", type=int, default=None, metavar="N",
+                   help="the target rewrites the last N tokens of each training window (its first --prompt-len "
+                        "tokens at least stay the data's; default: --max-length minus --prompt-len, each short "
+                        "window past its prompt; 0 = train on the data as is). Its time counts in --minutes")
     p.add_argument("--prompt-len", type=int, default=64,
                    help="prompt tokens of each held-out sequence (the evaluation and the report; at most half of "
-                        "it) and of each --self-distill sequence")
+                        "it), and the least of each window --self-distill keeps")
     p.add_argument("--distill-temperature", type=float, default=0.0, help="--self-distill: 0 = greedy")
     p.add_argument("--distill-batch", type=int, default=DISTILL_BATCH, metavar="B",
                    help="--self-distill: sequences decoded together (one engine; a finished one's row is refilled)")
@@ -177,11 +179,16 @@ def _prepare(args, name: str):
         raise ValueError(f"--distill-batch must be >= 1, got {args.distill_batch}")
     target, tok = _target(args)
     train, prompts = _corpus(args, target, tok, name)
+    minutes = args.minutes
+    if args.self_distill is None:
+        args.self_distill = max(0, args.max_length - args.prompt_len)
     if args.self_distill:
+        t0 = time.perf_counter()
         train = self_distill(target, train, prompt_len=args.prompt_len, new_tokens=args.self_distill,
                              temperature=args.distill_temperature, seed=args.seed, batch_size=args.distill_batch,
-                             max_length=args.max_length, progress=not args.no_progress)
-    cfg = TrainConfig(steps=args.steps, minutes=args.minutes, max_epochs=args.max_epochs, lr=args.lr,
+                             progress=not args.no_progress)
+        minutes = _minutes_left(name, args.minutes, time.perf_counter() - t0)
+    cfg = TrainConfig(steps=args.steps, minutes=minutes, max_epochs=args.max_epochs, lr=args.lr,
                       batch_size=args.batch_size, short_length=args.max_length if args.long_fraction else 0,
                       seed=args.seed, device=args.device, schedule=args.schedule,
                       warmup=args.warmup, warmup_fraction=0.05, min_lr_ratio=args.min_lr_ratio,
@@ -190,6 +197,19 @@ def _prepare(args, name: str):
                       checkpoint_dir=os.path.join(args.out, "checkpoint"), checkpoint_every=args.checkpoint_every,
                       checkpoint_minutes=args.checkpoint_minutes, resume=args.resume, progress=not args.no_progress)
     return target, tok, train, prompts, cfg
+
+
+def _minutes_left(name: str, minutes: float | None, distill_s: float) -> float | None:
+    """The training's share of ``--minutes`` once self-distillation took ``distill_s`` seconds of it (None: no
+    budget); too little left is an error naming both flags."""
+    print(f"specdec {name}: self-distillation took {distill_s / 60:.1f} minutes", flush=True)
+    if minutes is None:
+        return None
+    left = minutes - distill_s / 60
+    if left < 0.1 * minutes:
+        raise SystemExit(f"specdec {name}: self-distillation took {distill_s / 60:.1f} of the {minutes:g} --minutes, "
+                         f"leaving too little to train: give more --minutes, or a smaller --self-distill (0 = off)")
+    return left
 
 
 def _print_report(name: str, report, path: str) -> None:
@@ -206,7 +226,8 @@ def _report(args, name: str, result, extra: dict, target=None, drafter=None, pro
     report = None
     if drafter is not None and prompts and not args.no_report:
         report = evaluate_drafter(target, drafter, prompts, new_tokens=args.eval_new_tokens)
-    windows = {"max_length": args.max_length, "long_fraction": args.long_fraction, "long_length": args.long_length}
+    windows = {"max_length": args.max_length, "long_fraction": args.long_fraction, "long_length": args.long_length,
+               "self_distill": args.self_distill}
     info = {"command": name, "model": args.model, "data": args.data, **windows, **extra, **result.summary(),
             "report": report.to_dict() if report else None}
     with open(os.path.join(args.out, TRAINING_LOG), "w") as f:
@@ -215,7 +236,7 @@ def _report(args, name: str, result, extra: dict, target=None, drafter=None, pro
     acc = f", mean accepted length {s['evals'][-1][1]:.3f}" if s["evals"] else ""
     plan = result.plan
     timed = plan and (plan.check_seconds or plan.step_seconds)  # (the check's timing re-fixed the probe's count)
-    budget = (f" (the count {plan.budget_seconds / 60:g} minutes fit at {timed:.3f} s a step, at most "
+    budget = (f" (the count {plan.budget_seconds / 60:.3g} minutes fit at {timed:.3f} s a step, at most "
               f"{plan.probe_total})" if timed else "")
     print(f"specdec {name}: {s['steps']} steps{budget}, loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}{acc}; "
           f"saved to {args.out}")

@@ -6,8 +6,8 @@ tokenizer's chat template; a document) or ``"input_ids"`` (token ids, a sequence
 (indentation, blank lines): documents are tokenized whole, each followed by the tokenizer's EOS (none when it has
 no EOS token), joined in file order into one stream and cut into windows of ``max_length`` tokens. Explicit
 ``input_ids`` are not packed: each record is chunked at ``max_length``, and one longer than the model's context is
-an error naming the file and line. Self-distillation (:func:`self_distill`) replaces the continuations by the
-target's own (greedy or sampled), which is what makes drafts match the target's distribution.
+an error naming the file and line. Self-distillation (:func:`self_distill`) replaces each window's end by the
+target's own text (greedy or sampled), which is what makes drafts match the target's distribution.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from specdec_ext.models.config import text_config
 from specdec_ext.train.progress import Progress
 
 __all__ = ["DataError", "load_corpus", "prompt_of", "encode_texts", "document_stream", "windows", "self_distill",
-           "split_heldout", "pad_batch", "BatchSampler", "model_max_length"]
+           "distill_split", "split_heldout", "pad_batch", "BatchSampler", "model_max_length"]
 
 
 class DataError(ValueError):
@@ -200,8 +200,8 @@ def split_heldout(seqs: list[list[int]], n: int, seed: int = 0) -> tuple[list[li
 
 
 def prompt_of(seq: list[int], prompt_len: int) -> list[int]:
-    """The prompt a sequence is continued from (self-distillation) or evaluated on: its first ``prompt_len``
-    tokens, at most half of it (so that there is something to continue), at least one."""
+    """The prompt a sequence is evaluated on (and the least of it self-distillation keeps): its first
+    ``prompt_len`` tokens, at most half of it (so that there is something to continue), at least one."""
     return seq[: max(1, min(prompt_len, len(seq) // 2))]
 
 
@@ -210,22 +210,32 @@ def prompt_of(seq: list[int], prompt_len: int) -> list[int]:
 DISTILL_BATCH = 64
 
 
+def distill_split(seq: list[int], prompt_len: int, new_tokens: int) -> int:
+    """How many of ``seq``'s first tokens self-distillation keeps: all but its last ``new_tokens``, and at least its
+    prompt (:func:`prompt_of`), so that a long window keeps its long context and a short one its first tokens."""
+    return max(len(seq) - new_tokens, len(prompt_of(seq, prompt_len)))
+
+
 @torch.no_grad()
 def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens: int = 64, temperature: float = 0.0,
-                 seed: int = 0, batch_size: int = DISTILL_BATCH, eos_token_id=None, max_length: int | None = None,
-                 progress: bool = True, drafter=None) -> list[list[int]]:
-    """The target's own continuations: each sequence's first ``prompt_len`` tokens (at most half of it) followed by
-    ``new_tokens`` tokens the target generates (greedy at ``temperature`` 0; else sampled, sequence i with its own
-    stream seeded ``seed + i``, so its tokens do not depend on ``batch_size`` or its neighbours), cut at
-    ``max_length`` tokens (no token past it is generated).
+                 seed: int = 0, batch_size: int = DISTILL_BATCH, eos_token_id=None, progress: bool = True,
+                 drafter=None) -> list[list[int]]:
+    """The sequences with their ends rewritten by the target: each keeps its first tokens (all but its last
+    ``new_tokens``, at least its first ``prompt_len``, at most half of it: :func:`distill_split`) and the target
+    writes the rest up to the sequence's own length (greedy at ``temperature`` 0; else sampled, sequence i with its
+    own stream seeded ``seed + i``, so its tokens do not depend on ``batch_size`` or its neighbours). A drafter is
+    asked to continue what the target wrote after a prompt, which is this text, not the corpus's.
 
     Decoded by one :class:`~specdec_ext.engine.Engine`, ``batch_size`` rows at a time, a finished row's place
     taken by the next sequence (continuous batching); ``drafter``: speculative decoding of the rows (the output is
     the same: greedy tokens are plain greedy's, sampled ones follow the target's distribution)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"self_distill: batch_size must be an integer >= 1, got {batch_size!r}")
-    prompts = [prompt_of(s, prompt_len) for s in seqs]
-    budgets = [new_tokens if max_length is None else max(0, min(new_tokens, max_length - len(p))) for p in prompts]
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 0:
+        raise ValueError(f"self_distill: new_tokens must be an integer >= 0, got {new_tokens!r}")
+    cuts = [distill_split(s, prompt_len, new_tokens) for s in seqs]
+    prompts = [s[:c] for s, c in zip(seqs, cuts)]
+    budgets = [len(s) - c for s, c in zip(seqs, cuts)]
     out = [list(p) for p in prompts]
     todo = [i for i, n in enumerate(budgets) if n > 0]
     if not todo:

@@ -285,7 +285,7 @@ def train_loop(module: torch.nn.Module, loss_fn, seqs: list[list[int]], cfg: Tra
                 fixed = True
                 bar.set_total(plan.steps)
                 bar.write(f"{name}: {plan.step_seconds:.3f} s a step: {plan.steps} steps fit in "
-                          f"{plan.budget_seconds / 60:g} minutes (at most {plan.probe_total}: {cfg.max_epochs:g} "
+                          f"{plan.budget_seconds / 60:.3g} minutes (at most {plan.probe_total}: {cfg.max_epochs:g} "
                           "passes over the data)")
         elif plan.budget_seconds is not None and not plan.check_step:
             if check_from is None:
