@@ -84,6 +84,26 @@ def test_requests_joining_and_leaving_equal_decoding_alone(kind):
     assert not engine.requests and engine.state is None  # everything left
 
 
+@pytest.mark.parametrize("kind", ["plain", "draft", "medusa", "eagle2_tree"])
+def test_a_long_prompt_joining_short_ones_is_prefilled_apart(kind, monkeypatch):
+    """One join, a prefill forward per group (the long prompt alone; PREFILL_SMALL lowered so that the tiny prompts
+    count), the drafter given every group's rows; each request decodes as it does alone."""
+    import specdec_ext.engine.scheduler as scheduler
+
+    monkeypatch.setattr(scheduler, "PREFILL_SMALL", 0)
+    m, drafter, prompts = batch_t.case(kind)
+    long = [t for p in prompts for t in p][:40]
+    prompts = [long, *[p for p in prompts if len(p) < 10]]  # the long one arrives first
+    assert len(prompts) >= 3
+    refs = [hf_greedy(m, p, NEW) for p in prompts]
+    with Engine(m, drafter, max_batch=len(prompts), eos_token_id=[]) as e:
+        tokens = run(e, {0: [(i, p, RequestSettings(max_new_tokens=NEW)) for i, p in enumerate(prompts)]})[0]
+        T = sorted(len(p) - 1 for p in prompts)
+        forwards = sum(T[g.stop - 1] > 0 for g in scheduler.prefill_groups(T))  # (1-token prompts prefill nothing)
+        assert e.stats.joins == 1 and e.stats.prefill_forwards == forwards >= 2
+    assert [tokens[i] for i in range(len(prompts))] == [r[:NEW] for r in refs]
+
+
 def test_seeded_sampled_request_is_independent_of_its_batch():
     m = greedy_t.target("llama")
     prompt = greedy_t.prompt_of(9, 3)

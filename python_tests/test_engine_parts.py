@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdec_ext.engine import Request, RequestSettings, Scheduler, TextStops
+from specdec_ext.engine.scheduler import PREFILL_PADDING, PREFILL_SMALL, prefill_groups
 
 # ---------------------------------------------------------------------------------------------------------------
 # Settings.
@@ -116,6 +117,22 @@ def test_request_cuts_at_stop_token_and_budget():
 
 # ---------------------------------------------------------------------------------------------------------------
 # Scheduler.
+
+
+def test_admission_puts_short_prompts_first_and_groups_the_prefill_by_padding():
+    s = Scheduler(max_batch=3)
+    for i, n in enumerate((5, 2, 9, 2)):
+        r = Request(i, list(range(1, n + 1)), RequestSettings.of(), frozenset(), None)
+        s.add(r)
+    assert [r.id for r in s.admit()] == [1, 0, 2]  # the oldest three, shortest first; ties keep their order
+    assert PREFILL_PADDING == 2.0 and PREFILL_SMALL == 512
+    assert prefill_groups([]) == [] and prefill_groups([0]) == [range(0, 1)]
+    assert prefill_groups([63] * 63 + [3903]) == [range(0, 63), range(63, 64)]  # 64 x 3903 padded: 31x its tokens
+    assert prefill_groups([100] * 8 + [400]) == [range(0, 8), range(8, 9)]
+    assert prefill_groups([100] * 8 + [150]) == [range(0, 9)]  # 1350 padded for 950 tokens: within twice
+    assert prefill_groups([1, 1, 1, 120]) == [range(0, 4)]  # 480 padded: a forward that small stays one
+    groups = prefill_groups([3, 7, 7, 40, 41, 300, 2000])
+    assert groups == [range(0, 5), range(5, 7)]  # (2 x 2000 padded for 2300 tokens: within twice)
 
 
 def test_scheduler_fifo_and_retire_order():

@@ -22,10 +22,11 @@ Every emitted token comes out of a verification: a prompt's last token is not pr
 plain decoding is the same loop with 1-node trees.
 
 Joining. Requests wait in a FIFO queue (:class:`~specdec_ext.engine.scheduler.Scheduler`) and join when rows are
-free. The joining rows' prefill runs alone, as a batch of its own, into a cache of their own (sized to the
-prompts), whose rows are then appended to the running cache (:meth:`~specdec_ext.models.TreeKVCache.add_rows`);
-the drafter gains the rows (``Drafter.add_rows``, or ``begin`` when the batch was empty) and the rows take part in
-the same step. A prefill chunked into the decoding rows' forwards would take one N-token chunk a step (the
+free, shortest prompt first. The joining rows' prefill runs alone, as batches of their own (prompts of similar
+length together: :func:`~specdec_ext.engine.scheduler.prefill_groups`, since one forward pads its rows to its
+longest), each into a cache of its own (sized to its prompts), whose rows are then appended to the running cache
+(:meth:`~specdec_ext.models.TreeKVCache.add_rows`); the drafter gains the rows (``Drafter.add_rows``, or ``begin``
+when the batch was empty) and the rows take part in the same step. A prefill chunked into the decoding rows' forwards would take one N-token chunk a step (the
 forward's rows share one node count) and, on a compute-bound CPU, save little of the compute while delaying the
 first token by P / N steps (measured: docs/ARCHITECTURE.md, "Rows join").
 
@@ -62,7 +63,7 @@ from specdec_ext.drafters.base import check_drafter, serving, to_device
 from specdec_ext.engine.limits import (check_id_tensor, check_positions, check_target, check_token_ids,
                                        eos_token_ids, is_int)
 from specdec_ext.engine.request import Request
-from specdec_ext.engine.scheduler import Scheduler
+from specdec_ext.engine.scheduler import Scheduler, prefill_groups
 from specdec_ext.engine.settings import RequestSettings
 from specdec_ext.engine.stats import DecodeStats
 from specdec_ext.engine.stop_strings import TextStops
@@ -343,6 +344,14 @@ class Engine:
         if not joining:
             return
         t0 = time.perf_counter()
+        for group in prefill_groups([len(r.prompt) - 1 for r in joining]):
+            self._prefill(joining[group.start: group.stop])
+        self.stats.joins += 1
+        self.stats.batch_size = max(self.stats.batch_size, self.state.batch_size)
+        self.stats.prefill_s += time.perf_counter() - t0
+
+    def _prefill(self, joining: list[Request]) -> None:
+        """``joining``'s rows (the last admitted, in order): their prefill alone, then their rows join."""
         rows = self._rows_of(joining)
         T = max(rows.prompt_lens) - 1  # everything but each prompt's last token (its first root)
         # a cache that holds the prompts only: the join copies T slots a row, not max_len
@@ -365,9 +374,6 @@ class Engine:
             if self.drafter is not None:
                 self.drafter.add_rows(self.target, rows, hidden)
             self.state.append(rows)
-        self.stats.joins += 1
-        self.stats.batch_size = max(self.stats.batch_size, self.state.batch_size)
-        self.stats.prefill_s += time.perf_counter() - t0
 
     def _rows_of(self, requests: list[Request]) -> DecodeState:
         """The decode state of ``requests`` alone (their prompts, sampling and generators)."""

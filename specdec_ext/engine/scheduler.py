@@ -13,7 +13,7 @@ from collections import deque
 
 from specdec_ext.engine.request import Request
 
-__all__ = ["Scheduler"]
+__all__ = ["PREFILL_PADDING", "PREFILL_SMALL", "Scheduler", "prefill_groups"]
 
 
 class Scheduler:
@@ -32,9 +32,11 @@ class Scheduler:
         self.waiting.append(request)
 
     def admit(self) -> list[Request]:
-        """The waiting requests that fit in the free rows, oldest first; they become the last running rows."""
+        """The waiting requests that fit in the free rows (the oldest), shortest prompt first (stable), so that
+        :func:`prefill_groups` can prefill similar lengths together; they become the last running rows."""
         free = self.max_batch - len(self.running)
         joining = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+        joining.sort(key=lambda r: len(r.prompt))
         self.running.extend(joining)
         return joining
 
@@ -58,3 +60,27 @@ class Scheduler:
         keep = [b if live[b] else next(tail) for b in range(n)]
         self.running = [rows[b] for b in keep]
         return keep
+
+
+# a prefill group's padded tokens (its rows x its longest prompt) stay within this many times its own tokens, or
+# within PREFILL_SMALL tokens (a forward that small costs about its weights' read, whatever its rows)
+PREFILL_PADDING = 2.0
+PREFILL_SMALL = 512
+
+
+def prefill_groups(lengths: list[int]) -> list[range]:
+    """Consecutive groups of ``lengths`` (ascending: the tokens each joining row prefills), each prefilled by one
+    forward that pads its rows to its longest: a group grows while its padded tokens stay within
+    :data:`PREFILL_PADDING` times its own or :data:`PREFILL_SMALL`, so a long prompt joining short ones gets a
+    forward of its own instead of making each of them as long."""
+    groups: list[range] = []
+    start, total = 0, 0
+    for i, n in enumerate(lengths):
+        padded = (i + 1 - start) * n
+        if i > start and padded > PREFILL_SMALL and padded > PREFILL_PADDING * (total + n):
+            groups.append(range(start, i))
+            start, total = i, 0
+        total += n
+    if lengths:
+        groups.append(range(start, len(lengths)))
+    return groups
