@@ -26,7 +26,7 @@ from specdec_ext.drafters.shapes import CPU_SHAPES  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.models.checkpoints import load_eagle  # noqa: E402
 from specdec_ext.train import load_corpus, split_heldout  # noqa: E402
-from specdec_ext.train.data import self_distill  # noqa: E402
+from specdec_ext.train.data import _length_groups, self_distill  # noqa: E402
 from specdec_ext.train.eagle import eagle_drafter  # noqa: E402
 from specdec_ext.models.draft_vocab import default_draft_vocab_size, read_draft_vocab  # noqa: E402
 from specdec_ext.train.loop import CHECKPOINT_FILE, TrainConfig, read_checkpoint, train_loop  # noqa: E402
@@ -311,6 +311,10 @@ def test_self_distill_greedy_is_plain_greedy(drafter):
     with pytest.raises(ValueError, match="new_tokens must be an integer >= 0"):
         self_distill(target(), seqs, new_tokens=-1, progress=False)
     assert self_distill(target(), seqs, new_tokens=0, progress=False) == seqs
+    # decoded in engines of similar lengths (at most twice the group's shortest): here 3 of them
+    assert _length_groups([0, 1, 2, 3], [10, 300, 12, 25]) == [[0, 2], [3], [1]]
+    totals = sorted(len(s) for s in seqs)
+    assert len(_length_groups(list(range(len(seqs))), [len(s) for s in seqs])) == 3 and totals[0] * 2 < totals[-1]
 
 
 def test_self_distill_sampling_is_seeded_per_sequence_and_follows_the_target():

@@ -241,21 +241,35 @@ def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens
     if not todo:
         return out
     max_nodes = drafter.max_nodes if drafter is not None else 1
-    max_len = max(len(prompts[i]) + budgets[i] for i in todo) + max_nodes
     bar = Progress(len(prompts), "self-distill", enabled=progress)
     bar.update(len(prompts) - len(todo))
     sampled = temperature > 0
-    with Engine(target, drafter, max_batch=min(batch_size, len(todo)), max_len=max_len, eos_token_id=eos_token_id,
-                caller="self_distill") as engine:
-        row = {engine.add_request(prompts[i], max_new_tokens=budgets[i], temperature=float(temperature),
-                                  seed=seed + i if sampled else None): i for i in todo}
-        while engine.has_unfinished():
-            for rid, new, finish in engine.step():
-                out[row[rid]].extend(int(t) for t in new)
-                if finish is not None:
-                    bar.update(1)
+    for group in _length_groups(todo, [len(p) + n for p, n in zip(prompts, budgets)]):
+        with Engine(target, drafter, max_batch=min(batch_size, len(group)),
+                    max_len=max(len(prompts[i]) + budgets[i] for i in group) + max_nodes,
+                    eos_token_id=eos_token_id, caller="self_distill") as engine:
+            row = {engine.add_request(prompts[i], max_new_tokens=budgets[i], temperature=float(temperature),
+                                      seed=seed + i if sampled else None): i for i in group}
+            while engine.has_unfinished():
+                for rid, new, finish in engine.step():
+                    out[row[rid]].extend(int(t) for t in new)
+                    if finish is not None:
+                        bar.update(1)
     bar.close()
     return out
+
+
+def _length_groups(todo: list[int], lengths: list[int]) -> list[list[int]]:
+    """``todo`` in groups of similar ``lengths`` (each at most twice its group's shortest), decoded by engines of
+    their own: a decoding step's attention spans its longest row on every row (the CPU's op route), so one long
+    window among short ones made each of their steps as long as its own."""
+    groups: list[list[int]] = []
+    for i in sorted(todo, key=lambda i: lengths[i]):
+        if groups and lengths[i] <= 2 * lengths[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def pad_batch(seqs: list[list[int]], device=None) -> tuple[torch.Tensor, torch.Tensor]:
