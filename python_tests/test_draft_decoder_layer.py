@@ -203,6 +203,26 @@ def test_query_that_sees_nothing_gets_zero_attention(device):
     torch.testing.assert_close(got[0, 0], want[0, 0], atol=1e-6, rtol=0)
 
 
+def test_a_row_attends_over_its_own_keys_only(device, dtype):
+    """A row whose mask ends early (a short row in a batch whose mask spans a long one: [B, T, kv_len] with kv_len
+    the longest row's) gives what it gives alone, and never reads the slots past its last visible key (NaN there
+    stays out of its output)."""
+    c = _case(dtype, B=3, T=3, kv_len=200, S=256, seed=4)
+    g = make_gen(5)
+    own = 10
+    c["write_slots"][0] = torch.tensor([3, 5, 7])
+    c["mask"][0] = False
+    c["mask"][0, :, :own] = torch.rand(3, own, generator=g) < 0.5
+    c["mask"][0, torch.arange(3), c["write_slots"][0]] = True
+    for cache in (c["k_cache"], c["v_cache"]):
+        cache[0, :, own:] = float("nan")
+    batch, _, _ = _run(c, device)
+    alone = dict(c, **{n: c[n][:1] for n in ("x", "residual", "position_ids", "k_cache", "v_cache", "write_slots")},
+                 mask=c["mask"][:1, :, :own])
+    got, _, _ = _run(alone, device)
+    assert torch.equal(batch[0], got[0]) and bool(batch.float().isfinite().all())
+
+
 def test_bad_write_slot(device):
     c = _case(torch.float32)
     c["write_slots"][1, 2] = 24  # S = 24

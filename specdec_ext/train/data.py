@@ -261,8 +261,8 @@ def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens
 
 def _length_groups(todo: list[int], lengths: list[int]) -> list[list[int]]:
     """``todo`` in groups of similar ``lengths`` (each at most twice its group's shortest), decoded by engines of
-    their own: a decoding step's attention spans its longest row on every row (the CPU's op route), so one long
-    window among short ones made each of their steps as long as its own."""
+    their own: an engine's cache rows and each step's attention mask (``[B, T, kv_len]``) are as long as its longest
+    row, so a few long windows would size every short one's."""
     groups: list[list[int]] = []
     for i in sorted(todo, key=lambda i: lengths[i]):
         if groups and lengths[i] <= 2 * lengths[groups[-1][0]]:

@@ -229,7 +229,7 @@ __attribute__((always_inline)) inline void exp_sum_panel(float* st, int64_t st_s
 // One task of the float32 path (float32 and float16 inputs; bfloat16 without AVX512-BF16), tiles from Tiles.
 template <typename T, typename Tiles>
 __attribute__((always_inline)) inline void tree_attention_task(const TreeAttentionParams<T>& p, int64_t b,
-                                                               int64_t kvh, int64_t prefix, Work& w) {
+                                                               int64_t kvh, int64_t prefix, int64_t Nk, Work& w) {
   using V = typename Tiles::V;
   constexpr int W = sizeof(V) / sizeof(float), KT = Tiles::KeyTile, NQ = Tiles::QueryVecs, RT = Tiles::RowTile;
   static_assert(kKeyBlock % KT == 0 && kQueryPad % W == 0 && kQueryPad % RT == 0, "tile shapes");
@@ -250,7 +250,6 @@ __attribute__((always_inline)) inline void tree_attention_task(const TreeAttenti
   }
   // The tree mask as an additive bias for the tree keys: bias[jj * Mp + m] = 0 where node m % N sees node jj, else
   // -inf (padding queries see everything).
-  const int64_t Nk = p.num_tree_keys;
   float* bias = w.bias.get(Nk * Mp);
   for (int64_t jj = 0; jj < Nk; ++jj) {
     float* row = bias + jj * Mp;
@@ -334,13 +333,13 @@ __attribute__((always_inline)) inline void tree_attention_task(const TreeAttenti
 #if defined(__x86_64__) && defined(__GNUC__)
 template <typename T>
 __attribute__((target("avx512f,avx512vl,avx2,fma"))) void tree_attention_task_avx512(
-    const TreeAttentionParams<T>& p, int64_t b, int64_t kvh, int64_t prefix, Work& w) {
-  tree_attention_task<T, Avx512Tiles>(p, b, kvh, prefix, w);
+    const TreeAttentionParams<T>& p, int64_t b, int64_t kvh, int64_t prefix, int64_t Nk, Work& w) {
+  tree_attention_task<T, Avx512Tiles>(p, b, kvh, prefix, Nk, w);
 }
 template <typename T>
 __attribute__((target("avx2,fma"))) void tree_attention_task_avx2(const TreeAttentionParams<T>& p, int64_t b,
-                                                                  int64_t kvh, int64_t prefix, Work& w) {
-  tree_attention_task<T, Avx2Tiles>(p, b, kvh, prefix, w);
+                                                                  int64_t kvh, int64_t prefix, int64_t Nk, Work& w) {
+  tree_attention_task<T, Avx2Tiles>(p, b, kvh, prefix, Nk, w);
 }
 bool has_avx2() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -353,8 +352,9 @@ bool has_avx512() {
 }
 #endif
 template <typename T>
-void tree_attention_task_base(const TreeAttentionParams<T>& p, int64_t b, int64_t kvh, int64_t prefix, Work& w) {
-  tree_attention_task<T, BaseTiles>(p, b, kvh, prefix, w);
+void tree_attention_task_base(const TreeAttentionParams<T>& p, int64_t b, int64_t kvh, int64_t prefix, int64_t Nk,
+                              Work& w) {
+  tree_attention_task<T, BaseTiles>(p, b, kvh, prefix, Nk, w);
 }
 
 template <typename T>
@@ -449,10 +449,10 @@ SPECDEC_BF16_TARGET inline void pv_tile_bf16(const uint32_t* pp, const uint32_t*
 }
 
 SPECDEC_BF16_TARGET void tree_attention_bf16_task(const TreeAttentionParams<bf16>& p, int64_t b, int64_t kvh,
-                                                  int64_t prefix, Bf16Work& w) {
+                                                  int64_t prefix, int64_t Nk, Bf16Work& w) {
   const int64_t Hkv = p.num_kv_heads, G = p.num_heads / Hkv, N = p.num_nodes, D = p.head_dim, D2 = D / 2;
   const int64_t M = G * N, rows = (M + kRowTile - 1) / kRowTile * kRowTile;
-  const int64_t total = prefix + p.num_tree_keys;
+  const int64_t total = prefix + Nk;
   const int64_t ld = (total + kKeyBlock - 1) / kKeyBlock * kKeyBlock;  // scores of every key, per query
   w.q.assign(rows * D2, 0u);
   w.kt.resize(D2 * kKeyBlock);
@@ -537,6 +537,17 @@ SPECDEC_BF16_TARGET void tree_attention_bf16_task(const TreeAttentionParams<bf16
 bool has_avx512_bf16() { return false; }
 #endif
 
+// The tree keys row b's nodes may see: 1 + the last one any node sees (0: none). The keys after it are masked for
+// every query and would add exact zeros, so a task stops there: a row of a batch whose mask spans a much longer row
+// (a layer op's [B, T, kv_len] mask, kv_len the batch's longest) attends over its own keys only.
+template <typename T>
+int64_t seen_tree_keys(const TreeAttentionParams<T>& p, int64_t b) {
+  for (int64_t j = p.num_tree_keys; j > 0; --j)
+    for (int64_t i = 0; i < p.num_nodes; ++i)
+      if (tree_mask_allows(p, b, i, j - 1)) return j;
+  return 0;
+}
+
 }  // namespace
 
 template <typename T>
@@ -552,24 +563,25 @@ void TreeAttention(const TreeAttentionParams<T>& p, int64_t task_begin, int64_t 
       zero_group_outputs(p, b, kvh);
       continue;
     }
+    const int64_t seen = seen_tree_keys(p, b);
 #if defined(__x86_64__) && defined(__GNUC__)
     if constexpr (std::is_same_v<T, bf16>) {
       if (has_avx512_bf16()) {
         static thread_local Bf16Work bf16_work;
-        tree_attention_bf16_task(p, b, kvh, prefix, bf16_work);
+        tree_attention_bf16_task(p, b, kvh, prefix, seen, bf16_work);
         continue;
       }
     }
     if (has_avx512()) {
-      tree_attention_task_avx512(p, b, kvh, prefix, work);
+      tree_attention_task_avx512(p, b, kvh, prefix, seen, work);
       continue;
     }
     if (has_avx2()) {
-      tree_attention_task_avx2(p, b, kvh, prefix, work);
+      tree_attention_task_avx2(p, b, kvh, prefix, seen, work);
       continue;
     }
 #endif
-    tree_attention_task_base(p, b, kvh, prefix, work);
+    tree_attention_task_base(p, b, kvh, prefix, seen, work);
   }
 }
 
