@@ -119,20 +119,24 @@ def test_request_cuts_at_stop_token_and_budget():
 # Scheduler.
 
 
-def test_admission_puts_short_prompts_first_and_groups_the_prefill_by_padding():
-    s = Scheduler(max_batch=3)
-    for i, n in enumerate((5, 2, 9, 2)):
-        r = Request(i, list(range(1, n + 1)), RequestSettings.of(), frozenset(), None)
-        s.add(r)
-    assert [r.id for r in s.admit()] == [1, 0, 2]  # the oldest three, shortest first; ties keep their order
+def test_prefill_groups_by_padding_and_the_rows_reordered_only_when_they_split():
     assert PREFILL_PADDING == 2.0 and PREFILL_SMALL == 512
-    assert prefill_groups([]) == [] and prefill_groups([0]) == [range(0, 1)]
-    assert prefill_groups([63] * 63 + [3903]) == [range(0, 63), range(63, 64)]  # 64 x 3903 padded: 31x its tokens
-    assert prefill_groups([100] * 8 + [400]) == [range(0, 8), range(8, 9)]
-    assert prefill_groups([100] * 8 + [150]) == [range(0, 9)]  # 1350 padded for 950 tokens: within twice
-    assert prefill_groups([1, 1, 1, 120]) == [range(0, 4)]  # 480 padded: a forward that small stays one
-    groups = prefill_groups([3, 7, 7, 40, 41, 300, 2000])
-    assert groups == [range(0, 5), range(5, 7)]  # (2 x 2000 padded for 2300 tokens: within twice)
+    assert prefill_groups([]) == [] and prefill_groups([0]) == [[0]]
+    # one group keeps the admission order, whatever the lengths
+    assert prefill_groups([150] + [100] * 8) == [list(range(9))]  # 1350 padded for 950 tokens: within twice
+    assert prefill_groups([120, 1, 1, 1]) == [[0, 1, 2, 3]]  # 480 padded: a forward that small stays one
+    # a long prompt among short ones: a forward of its own, the short ones (by length) together
+    assert prefill_groups([3903] + [63] * 63) == [list(range(1, 64)), [0]]  # 64 x 3903 padded: 31x its tokens
+    assert prefill_groups([100] * 4 + [400] + [100] * 4) == [[0, 1, 2, 3, 5, 6, 7, 8], [4]]
+    assert prefill_groups([2000, 7, 300, 3, 41, 7, 40]) == [[3, 1, 5, 6, 4], [2, 0]]  # (2 x 2000 for 2300: one)
+    s = Scheduler(max_batch=4)
+    for i in range(5):
+        s.add(Request(i, [1, 2], RequestSettings.of(), frozenset(), None))
+    assert [r.id for r in s.admit()] == [0, 1, 2, 3]  # oldest first
+    s.reorder_admitted([2, 0, 3, 1])
+    assert [r.id for r in s.running] == [2, 0, 3, 1]
+    with pytest.raises(ValueError, match="order must be a permutation"):
+        s.reorder_admitted([0, 0])
 
 
 def test_scheduler_fifo_and_retire_order():

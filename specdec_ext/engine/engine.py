@@ -22,13 +22,14 @@ Every emitted token comes out of a verification: a prompt's last token is not pr
 plain decoding is the same loop with 1-node trees.
 
 Joining. Requests wait in a FIFO queue (:class:`~specdec_ext.engine.scheduler.Scheduler`) and join when rows are
-free, shortest prompt first. The joining rows' prefill runs alone, as batches of their own (prompts of similar
-length together: :func:`~specdec_ext.engine.scheduler.prefill_groups`, since one forward pads its rows to its
-longest), each into a cache of its own (sized to its prompts), whose rows are then appended to the running cache
-(:meth:`~specdec_ext.models.TreeKVCache.add_rows`); the drafter gains the rows (``Drafter.add_rows``, or ``begin``
-when the batch was empty) and the rows take part in the same step. A prefill chunked into the decoding rows' forwards would take one N-token chunk a step (the
-forward's rows share one node count) and, on a compute-bound CPU, save little of the compute while delaying the
-first token by P / N steps (measured: docs/ARCHITECTURE.md, "Rows join").
+free. The joining rows' prefill runs alone, as a batch of its own (or, where their prompts' lengths differ widely,
+as batches of similar lengths, the rows reordered by them: :func:`~specdec_ext.engine.scheduler.prefill_groups`,
+since one forward pads its rows to its longest), each into a cache of its own (sized to its prompts), whose rows
+are then appended to the running cache (:meth:`~specdec_ext.models.TreeKVCache.add_rows`); the drafter gains the
+rows (``Drafter.add_rows``, or ``begin`` when the batch was empty) and the rows take part in the same step. A
+prefill chunked into the decoding rows' forwards would take one N-token chunk a step (the forward's rows share one
+node count) and, on a compute-bound CPU, save little of the compute while delaying the first token by P / N steps
+(measured: docs/ARCHITECTURE.md, "Rows join").
 
 Leaving. Finished and aborted rows leave after the step in which they ended (aborted ones before the next step's
 work): the target cache, the state and the drafter keep the live rows (``keep_rows`` / ``Drafter.retire``), so they
@@ -344,8 +345,11 @@ class Engine:
         if not joining:
             return
         t0 = time.perf_counter()
-        for group in prefill_groups([len(r.prompt) - 1 for r in joining]):
-            self._prefill(joining[group.start: group.stop])
+        groups = prefill_groups([len(r.prompt) - 1 for r in joining])
+        if len(groups) > 1:  # the rows in their groups' order (each group's rows are appended together)
+            self.scheduler.reorder_admitted([i for g in groups for i in g])
+        for group in groups:
+            self._prefill([joining[i] for i in group])
         self.stats.joins += 1
         self.stats.batch_size = max(self.stats.batch_size, self.state.batch_size)
         self.stats.prefill_s += time.perf_counter() - t0

@@ -32,13 +32,20 @@ class Scheduler:
         self.waiting.append(request)
 
     def admit(self) -> list[Request]:
-        """The waiting requests that fit in the free rows (the oldest), shortest prompt first (stable), so that
-        :func:`prefill_groups` can prefill similar lengths together; they become the last running rows."""
+        """The waiting requests that fit in the free rows, oldest first; they become the last running rows."""
         free = self.max_batch - len(self.running)
         joining = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
-        joining.sort(key=lambda r: len(r.prompt))
         self.running.extend(joining)
         return joining
+
+    def reorder_admitted(self, order: list[int]) -> None:
+        """The last ``len(order)`` running rows (the ones just admitted) become ``[those[i] for i in order]``."""
+        n = len(order)
+        if sorted(order) != list(range(n)) or n > len(self.running):
+            raise ValueError(f"Scheduler.reorder_admitted: order must be a permutation of the last {n} rows' "
+                             f"indices (of {len(self.running)} running), got {order!r}")
+        tail = self.running[len(self.running) - n:]
+        self.running[len(self.running) - n:] = [tail[i] for i in order]
 
     def drop_waiting(self, request: Request) -> bool:
         """Takes ``request`` out of the queue; False when it is not waiting (it runs, or finished)."""
@@ -68,19 +75,20 @@ PREFILL_PADDING = 2.0
 PREFILL_SMALL = 512
 
 
-def prefill_groups(lengths: list[int]) -> list[range]:
-    """Consecutive groups of ``lengths`` (ascending: the tokens each joining row prefills), each prefilled by one
-    forward that pads its rows to its longest: a group grows while its padded tokens stay within
+def prefill_groups(lengths: list[int]) -> list[list[int]]:
+    """The joining rows (indices into ``lengths``, the tokens each prefills) in groups, each prefilled by one forward
+    that pads its rows to its longest: by length, a group growing while its padded tokens stay within
     :data:`PREFILL_PADDING` times its own or :data:`PREFILL_SMALL`, so a long prompt joining short ones gets a
-    forward of its own instead of making each of them as long."""
-    groups: list[range] = []
-    start, total = 0, 0
-    for i, n in enumerate(lengths):
-        padded = (i + 1 - start) * n
-        if i > start and padded > PREFILL_SMALL and padded > PREFILL_PADDING * (total + n):
-            groups.append(range(start, i))
-            start, total = i, 0
+    forward of its own instead of making each of them as long. One group keeps the rows in their order."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    groups: list[list[int]] = []
+    total = 0
+    for i in order:
+        n = lengths[i]
+        padded = (len(groups[-1]) + 1) * n if groups else 0
+        if not groups or (padded > PREFILL_SMALL and padded > PREFILL_PADDING * (total + n)):
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
         total += n
-    if lengths:
-        groups.append(range(start, len(lengths)))
-    return groups
+    return [list(range(len(lengths)))] if len(groups) == 1 else groups
