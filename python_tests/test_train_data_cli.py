@@ -206,7 +206,8 @@ def test_the_target_rewrites_each_window_past_its_prompt_by_default(model_dir, t
     it, and --self-distill 0 trains on the data as is; the distillation's time comes out of --minutes."""
     base = ("--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), "--steps", "2", "--batch-size", "4",
             "--prompt-len", "6", "--heldout", "2", "--no-progress", "--no-report", "--max-length", "16")
-    for flags, want in (((), 10), (("--self-distill", "4"), 4), (("--self-distill", "0"), 0)):
+    for flags, want in (((), 10), (("--self-distill", "4"), 4), (("--self-distill", "0"), 0),
+                        (("--prompt-len", "64"), 8)):  # (a prompt of at most half the window)
         out = tmp_path / f"eagle{want}"
         text = run(capsys, "train-eagle", *base, *flags, "--out", str(out))
         assert json.loads((out / "training_log.json").read_text())["self_distill"] == want

@@ -65,8 +65,9 @@ def _common(p: argparse.ArgumentParser, lr: float, long_fraction: str = "0") -> 
                         "float32 for half-precision files on a CPU without fast bfloat16 products)")
     p.add_argument("--self-distill", type=int, default=None, metavar="N",
                    help="the target rewrites the last N tokens of each training window (its first --prompt-len "
-                        "tokens at least stay the data's; default: --max-length minus --prompt-len, each short "
-                        "window past its prompt; 0 = train on the data as is). Its time counts in --minutes")
+                        "tokens at least stay the data's; default: --max-length minus --prompt-len (at most half of "
+                        "it), each short window past its prompt; 0 = train on the data as is). Its time counts in "
+                        "--minutes")
     p.add_argument("--prompt-len", type=int, default=64,
                    help="prompt tokens of each held-out sequence (the evaluation and the report; at most half of "
                         "it), and the least of each window --self-distill keeps")
@@ -180,8 +181,8 @@ def _prepare(args, name: str):
     target, tok = _target(args)
     train, prompts = _corpus(args, target, tok, name)
     minutes = args.minutes
-    if args.self_distill is None:
-        args.self_distill = max(0, args.max_length - args.prompt_len)
+    if args.self_distill is None:  # each short window past its prompt (at most half of it, as prompt_of)
+        args.self_distill = args.max_length - max(1, min(args.prompt_len, args.max_length // 2))
     if args.self_distill:
         t0 = time.perf_counter()
         train = self_distill(target, train, prompt_len=args.prompt_len, new_tokens=args.self_distill,

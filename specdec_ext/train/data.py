@@ -226,9 +226,10 @@ def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens
     own stream seeded ``seed + i``, so its tokens do not depend on ``batch_size`` or its neighbours). A drafter is
     asked to continue what the target wrote after a prompt, which is this text, not the corpus's.
 
-    Decoded by one :class:`~specdec_ext.engine.Engine`, ``batch_size`` rows at a time, a finished row's place
-    taken by the next sequence (continuous batching); ``drafter``: speculative decoding of the rows (the output is
-    the same: greedy tokens are plain greedy's, sampled ones follow the target's distribution)."""
+    Decoded by one :class:`~specdec_ext.engine.Engine` per group of similar lengths, ``batch_size`` rows at a
+    time, a finished row's place taken by the next sequence (continuous batching); ``drafter``: speculative decoding
+    of the rows (the output is the same: greedy tokens are plain greedy's, sampled ones follow the target's
+    distribution)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"self_distill: batch_size must be an integer >= 1, got {batch_size!r}")
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 0:
