@@ -172,7 +172,7 @@ def _target(args):
 
 
 def _prepare(args, name: str):
-    from specdec_ext.train.data import self_distill
+    from specdec_ext.train.data import prompt_of, self_distill
     from specdec_ext.train.loop import TrainConfig
 
     _check_schedule_flags(args)
@@ -181,8 +181,8 @@ def _prepare(args, name: str):
     target, tok = _target(args)
     train, prompts = _corpus(args, target, tok, name)
     minutes = args.minutes
-    if args.self_distill is None:  # each short window past its prompt (at most half of it, as prompt_of)
-        args.self_distill = args.max_length - max(1, min(args.prompt_len, args.max_length // 2))
+    if args.self_distill is None:  # each short window past its prompt
+        args.self_distill = args.max_length - len(prompt_of(range(args.max_length), args.prompt_len))
     if args.self_distill:
         t0 = time.perf_counter()
         train = self_distill(target, train, prompt_len=args.prompt_len, new_tokens=args.self_distill,
