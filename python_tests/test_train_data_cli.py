@@ -211,11 +211,33 @@ def test_the_target_rewrites_each_window_past_its_prompt_by_default(model_dir, t
         out = tmp_path / f"eagle{want}"
         text = run(capsys, "train-eagle", *base, *flags, "--out", str(out))
         assert json.loads((out / "training_log.json").read_text())["self_distill"] == want
-        assert ("self-distillation took" in text) == (want > 0)
-    assert _minutes_left("train-eagle", None, 30.0) is None
-    assert _minutes_left("train-eagle", 10.0, 120.0) == pytest.approx(8.0)
+        assert ("self-distillation rewrote" in text) == (want > 0)
+    assert _minutes_left("train-eagle", None, 30.0, 5, 5) is None
+    assert _minutes_left("train-eagle", 10.0, 120.0, 5, 5) == pytest.approx(8.0)
     with pytest.raises(SystemExit, match=r"took 9\.5 of the 10 --minutes.*--self-distill"):
-        _minutes_left("train-eagle", 10.0, 570.0)
+        _minutes_left("train-eagle", 10.0, 570.0, 5, 5)
+
+
+def test_self_distillation_rewrites_the_windows_the_steps_read_and_a_resumed_run_the_same(model_dir, tmp_path,
+                                                                                            capsys):
+    """--steps 1 of 2 windows rewrites 2 windows (a seeded subset) and trains on those; --resume with more steps
+    rewrites the same 2 (the sampler refuses other data), and a damaged record is a named error."""
+    out = tmp_path / "eagle"
+    args = ["train-eagle", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), "--out", str(out),
+            "--batch-size", "2", "--prompt-len", "6", "--heldout", "2", "--no-progress", "--no-report",
+            "--max-length", "16", "--checkpoint-every", "1"]
+    text = run(capsys, *args, "--steps", "1")
+    record = json.loads((out / "checkpoint" / "self_distill.json").read_text())
+    assert record["sequences"] == 2 and record["of"] > 2, record
+    assert f"self-distillation rewrote 2 of {record['of']} windows" in text
+    assert json.loads((out / "training_log.json").read_text())["self_distilled_windows"] == 2
+    run(capsys, *args, "--steps", "3", "--resume")
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["steps"] == 3 and log["self_distilled_windows"] == 2
+    (out / "checkpoint" / "self_distill.json").write_text("{\"sequences\": \"two\"}")
+    msg = failure(capsys, *args, "--steps", "4", "--resume")
+    assert "self_distill.json' does not record the windows" in msg, msg
+    assert "--distill-share must be in (0, 1], got 0" in failure(capsys, *args, "--steps", "1", "--distill-share", "0")
 
 
 def test_cli_train_parallel_draft_from_a_draft_lm_and_decode_with_it(model_dir, tmp_path, capsys):

@@ -26,7 +26,7 @@ from specdec_ext.drafters.shapes import CPU_SHAPES  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.models.checkpoints import load_eagle  # noqa: E402
 from specdec_ext.train import load_corpus, split_heldout  # noqa: E402
-from specdec_ext.train.data import _length_groups, self_distill  # noqa: E402
+from specdec_ext.train.data import DISTILL_PROBE_BATCHES, _length_groups, self_distill  # noqa: E402
 from specdec_ext.train.eagle import eagle_drafter  # noqa: E402
 from specdec_ext.models.draft_vocab import default_draft_vocab_size, read_draft_vocab  # noqa: E402
 from specdec_ext.train.loop import CHECKPOINT_FILE, TrainConfig, read_checkpoint, train_loop  # noqa: E402
@@ -315,6 +315,30 @@ def test_self_distill_greedy_is_plain_greedy(drafter):
     assert _length_groups([0, 1, 2, 3], [10, 300, 12, 25]) == [[0, 2], [3], [1]]
     totals = sorted(len(s) for s in seqs)
     assert len(_length_groups(list(range(len(seqs))), [len(s) for s in seqs])) == 3 and totals[0] * 2 < totals[-1]
+
+
+def test_self_distill_bounded_by_a_count_or_a_time_budget_rewrites_a_seeded_subset():
+    """``max_sequences`` rewrites the first ones of the seed's order; ``seconds`` times the first
+    DISTILL_PROBE_BATCHES batches and rewrites as many more as the rest of the budget fits at that rate."""
+    seqs = seqs_of([12, 20, 7, 16, 30, 9, 14, 41, 18, 22])
+    full = self_distill(target(), seqs, prompt_len=6, new_tokens=14, batch_size=1, eos_token_id=[], progress=False)
+    order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(3)).tolist()
+
+    def bounded(**kw):
+        return self_distill(target(), seqs, prompt_len=6, new_tokens=14, batch_size=1, eos_token_id=[], seed=3,
+                            progress=False, **kw)
+
+    assert bounded(max_sequences=4) == [full[i] for i in sorted(order[:4])]
+    assert bounded(max_sequences=0) == [] and bounded(max_sequences=99) == full
+    probe = DISTILL_PROBE_BATCHES  # (batch_size 1)
+    for seconds, n in ((15.0, probe + 2), (5.0, probe), (0.0, probe), (1e9, len(seqs))):
+        ticks = iter([0.0, 10.0])  # the probe's sequences take 10 s
+        got = bounded(seconds=seconds, clock=lambda: next(ticks))
+        assert got == [full[i] for i in sorted(order[:n])], seconds
+    for kw, match in (({"max_sequences": -1}, "max_sequences must be an integer >= 0"),
+                      ({"seconds": -1.0}, "seconds must be a number >= 0")):
+        with pytest.raises(ValueError, match=match):
+            bounded(**kw)
 
 
 def test_self_distill_sampling_is_seeded_per_sequence_and_follows_the_target():

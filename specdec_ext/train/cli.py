@@ -24,6 +24,10 @@ __all__ = ["add_evaluate_command", "add_train_commands"]
 # the text in long windows held their acceptance at 4k context on the transfer target and on the family's, where
 # drafts of short windows lost a quarter to a half of it (README: long context).
 LONG_FRACTION = 0.1
+# --minutes: the share of the budget self-distillation may take. A third rewrote every window of the family's and the
+# transfer target's corpora in the measured runs (8-10 of 27-30 minutes) and leaves two thirds to train on any corpus.
+DISTILL_SHARE = 1 / 3
+DISTILLED = "self_distill.json"  # in OUT/checkpoint: how many windows were rewritten, so that --resume rewrites those
 TRAINING_LOG = "training_log.json"  # train-*'s record of its flags and losses, in OUT
 
 
@@ -74,6 +78,10 @@ def _common(p: argparse.ArgumentParser, lr: float, long_fraction: str = "0") -> 
     p.add_argument("--distill-temperature", type=float, default=0.0, help="--self-distill: 0 = greedy")
     p.add_argument("--distill-batch", type=int, default=DISTILL_BATCH, metavar="B",
                    help="--self-distill: sequences decoded together (one engine; a finished one's row is refilled)")
+    p.add_argument("--distill-share", type=float, default=DISTILL_SHARE, metavar="F",
+                   help="--self-distill with --minutes: at most this fraction of the budget rewrites windows (a "
+                        "random subset when not all fit; training reads only those). With --steps: as many windows "
+                        "as the steps read")
     p.add_argument("--heldout", type=int, default=8, help="sequences held out to evaluate acceptance (0 = none)")
     p.add_argument("--eval-every", type=int, default=0, help="evaluate acceptance every N steps (0 = at the end)")
     p.add_argument("--eval-new-tokens", type=int, default=64, help="tokens generated per held-out prompt")
@@ -178,32 +186,63 @@ def _prepare(args, name: str):
     _check_schedule_flags(args)
     if args.distill_batch < 1:
         raise ValueError(f"--distill-batch must be >= 1, got {args.distill_batch}")
+    if not (math.isfinite(args.distill_share) and 0 < args.distill_share <= 1):
+        raise ValueError(f"--distill-share must be in (0, 1], got {args.distill_share:g}")
     target, tok = _target(args)
     train, prompts = _corpus(args, target, tok, name)
     minutes = args.minutes
     if args.self_distill is None:  # each short window past its prompt
         args.self_distill = args.max_length - len(prompt_of(range(args.max_length), args.prompt_len))
+    checkpoint_dir = os.path.join(args.out, "checkpoint")
+    args.distilled = None  # windows rewritten (the training log records it)
     if args.self_distill:
         t0 = time.perf_counter()
+        count, seconds = _distill_bound(args, checkpoint_dir)
+        windows = len(train)
         train = self_distill(target, train, prompt_len=args.prompt_len, new_tokens=args.self_distill,
                              temperature=args.distill_temperature, seed=args.seed, batch_size=args.distill_batch,
-                             progress=not args.no_progress)
-        minutes = _minutes_left(name, args.minutes, time.perf_counter() - t0)
+                             progress=not args.no_progress, max_sequences=count, seconds=seconds)
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        with open(os.path.join(checkpoint_dir, DISTILLED), "w") as f:
+            json.dump({"sequences": len(train), "of": windows}, f)
+        args.distilled = len(train)
+        minutes = _minutes_left(name, args.minutes, time.perf_counter() - t0, len(train), windows)
     cfg = TrainConfig(steps=args.steps, minutes=minutes, max_epochs=args.max_epochs, lr=args.lr,
                       batch_size=args.batch_size, short_length=args.max_length if args.long_fraction else 0,
                       seed=args.seed, device=args.device, schedule=args.schedule,
                       warmup=args.warmup, warmup_fraction=0.05, min_lr_ratio=args.min_lr_ratio,
                       weight_decay=args.weight_decay,
                       eval_every=args.eval_every, eval_new_tokens=args.eval_new_tokens,
-                      checkpoint_dir=os.path.join(args.out, "checkpoint"), checkpoint_every=args.checkpoint_every,
+                      checkpoint_dir=checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       checkpoint_minutes=args.checkpoint_minutes, resume=args.resume, progress=not args.no_progress)
     return target, tok, train, prompts, cfg
 
 
-def _minutes_left(name: str, minutes: float | None, distill_s: float) -> float | None:
+def _distill_bound(args, checkpoint_dir: str) -> tuple[int | None, float | None]:
+    """``(max_sequences, seconds)`` for :func:`~specdec_ext.train.data.self_distill`: what the run it resumes
+    rewrote (the same windows: the same seeded order), else the windows ``--steps`` read, or ``--distill-share`` of
+    ``--minutes``."""
+    saved = os.path.join(checkpoint_dir, DISTILLED)
+    if args.resume and os.path.isfile(saved):
+        with open(saved) as f:
+            try:
+                count = json.load(f)["sequences"]
+            except (ValueError, KeyError, TypeError):
+                count = None
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"--resume: {saved!r} does not record the windows self-distillation rewrote (a JSON "
+                             "object with an integer 'sequences'); train into another output directory")
+        return count, None
+    if args.minutes is not None:
+        return None, args.distill_share * args.minutes * 60
+    return (DEFAULT_STEPS if args.steps is None else args.steps) * args.batch_size, None
+
+
+def _minutes_left(name: str, minutes: float | None, distill_s: float, rewritten: int, windows: int) -> float | None:
     """The training's share of ``--minutes`` once self-distillation took ``distill_s`` seconds of it (None: no
     budget); too little left is an error naming both flags."""
-    print(f"specdec {name}: self-distillation took {distill_s / 60:.1f} minutes", flush=True)
+    print(f"specdec {name}: self-distillation rewrote {rewritten} of {windows} windows in {distill_s / 60:.1f} "
+          "minutes", flush=True)
     if minutes is None:
         return None
     left = minutes - distill_s / 60
@@ -228,7 +267,7 @@ def _report(args, name: str, result, extra: dict, target=None, drafter=None, pro
     if drafter is not None and prompts and not args.no_report:
         report = evaluate_drafter(target, drafter, prompts, new_tokens=args.eval_new_tokens)
     windows = {"max_length": args.max_length, "long_fraction": args.long_fraction, "long_length": args.long_length,
-               "self_distill": args.self_distill}
+               "self_distill": args.self_distill, "self_distilled_windows": args.distilled}
     info = {"command": name, "model": args.model, "data": args.data, **windows, **extra, **result.summary(),
             "report": report.to_dict() if report else None}
     with open(os.path.join(args.out, TRAINING_LOG), "w") as f:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 
 import torch
@@ -216,48 +217,82 @@ def distill_split(seq: list[int], prompt_len: int, new_tokens: int) -> int:
     return max(len(seq) - new_tokens, len(prompt_of(seq, prompt_len)))
 
 
+# with a time budget, self_distill times this many batches of rows before it fixes how many sequences fit
+DISTILL_PROBE_BATCHES = 4
+
+
 @torch.no_grad()
 def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens: int = 64, temperature: float = 0.0,
                  seed: int = 0, batch_size: int = DISTILL_BATCH, eos_token_id=None, progress: bool = True,
-                 drafter=None) -> list[list[int]]:
+                 drafter=None, max_sequences: int | None = None, seconds: float | None = None,
+                 clock=time.perf_counter) -> list[list[int]]:
     """The sequences with their ends rewritten by the target: each keeps its first tokens (all but its last
     ``new_tokens``, at least its first ``prompt_len``, at most half of it: :func:`distill_split`) and the target
     writes the rest up to the sequence's own length (greedy at ``temperature`` 0; else sampled, sequence i with its
     own stream seeded ``seed + i``, so its tokens do not depend on ``batch_size`` or its neighbours). A drafter is
     asked to continue what the target wrote after a prompt, which is this text, not the corpus's.
 
+    ``max_sequences`` / ``seconds`` bound the work to what a training run can read: the sequences are drawn in an
+    order shuffled by ``seed``, at most ``max_sequences`` of them, and with ``seconds`` the first
+    ``DISTILL_PROBE_BATCHES * batch_size`` are timed and as many more follow as the rest of ``seconds`` fits at that
+    rate. Only the rewritten sequences are returned (in their order in ``seqs``): all of them without a bound.
+
     Decoded by one :class:`~specdec_ext.engine.Engine` per group of similar lengths, ``batch_size`` rows at a
     time, a finished row's place taken by the next sequence (continuous batching); ``drafter``: speculative decoding
     of the rows (the output is the same: greedy tokens are plain greedy's, sampled ones follow the target's
     distribution)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"self_distill: batch_size must be an integer >= 1, got {batch_size!r}")
-    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 0:
-        raise ValueError(f"self_distill: new_tokens must be an integer >= 0, got {new_tokens!r}")
+    for name, v, least in (("batch_size", batch_size, 1), ("new_tokens", new_tokens, 0),
+                           ("max_sequences", max_sequences, 0)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < least):
+            raise ValueError(f"self_distill: {name} must be an integer >= {least}, got {v!r}")
+    if seconds is not None and not (isinstance(seconds, (int, float)) and seconds >= 0):
+        raise ValueError(f"self_distill: seconds must be a number >= 0 (a time budget), got {seconds!r}")
+    order = list(range(len(seqs)))
+    if max_sequences is not None or seconds is not None:
+        order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(seed)).tolist()[:max_sequences]
+    lengths = [len(s) for s in seqs]
     cuts = [distill_split(s, prompt_len, new_tokens) for s in seqs]
-    prompts = [s[:c] for s, c in zip(seqs, cuts)]
-    budgets = [len(s) - c for s, c in zip(seqs, cuts)]
-    out = [list(p) for p in prompts]
-    todo = [i for i, n in enumerate(budgets) if n > 0]
-    if not todo:
-        return out
-    max_nodes = drafter.max_nodes if drafter is not None else 1
-    bar = Progress(len(prompts), "self-distill", enabled=progress)
-    bar.update(len(prompts) - len(todo))
-    sampled = temperature > 0
-    for group in _length_groups(todo, [len(p) + n for p, n in zip(prompts, budgets)]):
-        with Engine(target, drafter, max_batch=min(batch_size, len(group)),
-                    max_len=max(len(prompts[i]) + budgets[i] for i in group) + max_nodes,
-                    eos_token_id=eos_token_id, caller="self_distill") as engine:
-            row = {engine.add_request(prompts[i], max_new_tokens=budgets[i], temperature=float(temperature),
-                                      seed=seed + i if sampled else None): i for i in group}
-            while engine.has_unfinished():
-                for rid, new, finish in engine.step():
-                    out[row[rid]].extend(int(t) for t in new)
-                    if finish is not None:
-                        bar.update(1)
+    out = {i: seqs[i][: cuts[i]] for i in order}
+    bar = Progress(len(order), "self-distill", enabled=progress)
+
+    def rewrite(idx: list[int]) -> None:
+        todo = [i for i in idx if cuts[i] < lengths[i]]
+        bar.update(len(idx) - len(todo))
+        for group in _length_groups(todo, lengths):
+            _decode_group(target, drafter, group, out, [lengths[i] for i in group], batch_size, temperature, seed,
+                          eos_token_id, bar)
+
+    if seconds is None:
+        rewrite(order)
+    else:
+        probe = order[: DISTILL_PROBE_BATCHES * batch_size]
+        t0 = clock()
+        rewrite(probe)
+        spent = clock() - t0
+        more = len(order) - len(probe)
+        if spent > 0:
+            more = min(more, max(0, int((seconds - spent) * len(probe) / spent)))
+        order = order[: len(probe) + more]
+        bar.set_total(len(order))
+        rewrite(order[len(probe):])
     bar.close()
-    return out
+    return [out[i] for i in sorted(order)]
+
+
+def _decode_group(target, drafter, group: list[int], out: dict, lengths: list[int], batch_size: int,
+                  temperature: float, seed: int, eos_token_id, bar: Progress) -> None:
+    """Extends ``out[i]`` (a prompt) to ``lengths`` tokens for each ``i`` of ``group`` with one engine."""
+    max_nodes = drafter.max_nodes if drafter is not None else 1
+    sampled = temperature > 0
+    with Engine(target, drafter, max_batch=min(batch_size, len(group)), max_len=max(lengths) + max_nodes,
+                eos_token_id=eos_token_id, caller="self_distill") as engine:
+        row = {engine.add_request(out[i], max_new_tokens=n - len(out[i]), temperature=float(temperature),
+                                  seed=seed + i if sampled else None): i for i, n in zip(group, lengths)}
+        while engine.has_unfinished():
+            for rid, new, finish in engine.step():
+                out[row[rid]].extend(int(t) for t in new)
+                if finish is not None:
+                    bar.update(1)
 
 
 def _length_groups(todo: list[int], lengths: list[int]) -> list[list[int]]:
