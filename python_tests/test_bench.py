@@ -383,3 +383,30 @@ def test_join_benchmark_compares_alone_and_chunked_on_the_same_forwards(tmp_path
     best = min(row["chunked"], key=lambda c: c["total_extra_ms"])
     assert row["best_chunk"] == best["chunk"] >= N
     assert row["chunked_over_alone"] == pytest.approx(best["total_extra_ms"] / row["alone_ms"])
+
+
+def test_draft_lms_benchmark_sets_trained_drafts_beside_the_familys(tmp_path, capsys):
+    """benchmarks/python/bench_draft_lms.py with the family's own draft LM and parallel draft as the "trained" ones:
+    a parallel draft is recognised by its config (one method per chain length), the same weights accept the same
+    tokens as the family's methods, and every greedy output is plain decoding's."""
+    import importlib.util
+
+    from specdec_ext.zoo.family import family_dir
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "python",
+                        "bench_draft_lms.py")
+    spec = importlib.util.spec_from_file_location("bench_draft_lms", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "lms.json"
+    fam = family_dir()
+    assert mod.main(["--drafts", os.path.join(fam, "draft"), os.path.join(fam, "parallel_draft"), "--chains", "2", "4",
+                     "--rounds", "1", "--temperatures", "0", "--num-prompts", "1", "--prompt-len", "16",
+                     "--max-new-tokens", "12", "--json", str(out)]) == 0
+    rows = {r["method"]: r for r in json.loads(out.read_text())["table"]}
+    assert set(rows) == {"plain", "draft-model", "parallel-draft", "draft-model:draft",
+                         "parallel-draft:parallel_draft:2", "parallel-draft:parallel_draft:4"}
+    assert rows["draft-model:draft"]["mean_accepted_length"] == rows["draft-model"]["mean_accepted_length"]
+    assert rows["parallel-draft:parallel_draft:4"]["mean_accepted_length"] == \
+        rows["parallel-draft"]["mean_accepted_length"]  # (the family's CPU shape: a chain of 4)
+    assert "greedy outputs: 5 of 5 comparisons identical" in capsys.readouterr().out

@@ -44,6 +44,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chains", type=int, nargs="+", default=[4], help="chain lengths of the parallel drafts")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
@@ -54,7 +57,8 @@ def main(argv=None) -> int:
         for name, make in _drafters(d, args.chains).items():
             models = with_drafter(models, name, make, {name: os.path.abspath(d)})
             methods.append(name)
-    cfg = E2EConfig(methods=methods, hf=False,
+    cfg = E2EConfig(methods=methods, hf=False, num_prompts=args.num_prompts, prompt_len=args.prompt_len,
+                    max_new_tokens=args.max_new_tokens,
                     temperatures=tuple(float(t) for t in args.temperatures.split(",")))
     runs = [run_e2e(models, cfg) for _ in range(args.rounds)]
     table = []
