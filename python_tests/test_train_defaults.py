@@ -336,7 +336,8 @@ def test_self_distill_bounded_by_a_count_or_a_time_budget_rewrites_a_seeded_subs
         got = bounded(seconds=seconds, clock=lambda: next(ticks))
         assert got == [full[i] for i in sorted(order[:n])], seconds
     for kw, match in (({"max_sequences": -1}, "max_sequences must be an integer >= 0"),
-                      ({"seconds": -1.0}, "seconds must be a number >= 0")):
+                      ({"seconds": -1.0}, "seconds must be a number >= 0"),
+                      ({"seconds": True}, "seconds must be a number >= 0")):
         with pytest.raises(ValueError, match=match):
             bounded(**kw)
 

@@ -235,7 +235,8 @@ def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens
     ``max_sequences`` / ``seconds`` bound the work to what a training run can read: the sequences are drawn in an
     order shuffled by ``seed``, at most ``max_sequences`` of them, and with ``seconds`` the first
     ``DISTILL_PROBE_BATCHES * batch_size`` are timed and as many more follow as the rest of ``seconds`` fits at that
-    rate. Only the rewritten sequences are returned (in their order in ``seqs``): all of them without a bound.
+    rate (``clock``: the timer). Only the rewritten sequences are returned (in their order in ``seqs``): all of them
+    without a bound.
 
     Decoded by one :class:`~specdec_ext.engine.Engine` per group of similar lengths, ``batch_size`` rows at a
     time, a finished row's place taken by the next sequence (continuous batching); ``drafter``: speculative decoding
@@ -245,7 +246,8 @@ def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens
                            ("max_sequences", max_sequences, 0)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < least):
             raise ValueError(f"self_distill: {name} must be an integer >= {least}, got {v!r}")
-    if seconds is not None and not (isinstance(seconds, (int, float)) and seconds >= 0):
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or not seconds >= 0):
         raise ValueError(f"self_distill: seconds must be a number >= 0 (a time budget), got {seconds!r}")
     order = list(range(len(seqs)))
     if max_sequences is not None or seconds is not None:
