@@ -26,6 +26,7 @@ from specdec_ext.drafters.shapes import CPU_SHAPES  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.models.checkpoints import load_eagle  # noqa: E402
 from specdec_ext.train import load_corpus, split_heldout  # noqa: E402
+from specdec_ext.train import data  # noqa: E402
 from specdec_ext.train.data import DISTILL_PROBE_BATCHES, _length_groups, self_distill  # noqa: E402
 from specdec_ext.train.eagle import eagle_drafter  # noqa: E402
 from specdec_ext.models.draft_vocab import default_draft_vocab_size, read_draft_vocab  # noqa: E402
@@ -317,9 +318,9 @@ def test_self_distill_greedy_is_plain_greedy(drafter):
     assert len(_length_groups(list(range(len(seqs))), [len(s) for s in seqs])) == 3 and totals[0] * 2 < totals[-1]
 
 
-def test_self_distill_bounded_by_a_count_or_a_time_budget_rewrites_a_seeded_subset():
+def test_self_distill_bounded_by_a_count_or_a_time_budget_rewrites_a_seeded_subset(monkeypatch):
     """``max_sequences`` rewrites the first ones of the seed's order; ``seconds`` times the first
-    DISTILL_PROBE_BATCHES batches and rewrites as many more as the rest of the budget fits at that rate."""
+    DISTILL_PROBE_BATCHES batches and rewrites more, chunk by chunk, as long as the rest of the budget fits one."""
     seqs = seqs_of([12, 20, 7, 16, 30, 9, 14, 41, 18, 22])
     full = self_distill(target(), seqs, prompt_len=6, new_tokens=14, batch_size=1, eos_token_id=[], progress=False)
     order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(3)).tolist()
@@ -331,10 +332,20 @@ def test_self_distill_bounded_by_a_count_or_a_time_budget_rewrites_a_seeded_subs
     assert bounded(max_sequences=4) == [full[i] for i in sorted(order[:4])]
     assert bounded(max_sequences=0) == [] and bounded(max_sequences=99) == full
     probe = DISTILL_PROBE_BATCHES  # (batch_size 1)
-    for seconds, n in ((15.0, probe + 2), (5.0, probe), (0.0, probe), (1e9, len(seqs))):
-        ticks = iter([0.0, 10.0])  # the probe's sequences take 10 s
-        got = bounded(seconds=seconds, clock=lambda: next(ticks))
+    now = [0.0]
+    decode = data._decode_group
+
+    def slow_decode(target, drafter, group, *args):  # 2.5 s a sequence on a fake clock
+        now[0] += 2.5 * len(group)
+        return decode(target, drafter, group, *args)
+
+    monkeypatch.setattr(data, "_decode_group", slow_decode)
+    for seconds, n in ((15.0, probe + 2), (16.0, probe + 2), (17.5, probe + 3), (5.0, probe), (0.0, probe),
+                       (1e9, len(seqs))):
+        now[0] = 0.0
+        got = bounded(seconds=seconds, clock=lambda: now[0])
         assert got == [full[i] for i in sorted(order[:n])], seconds
+        assert now[0] <= max(seconds, 2.5 * probe), seconds  # (the probe always runs)
     for kw, match in (({"max_sequences": -1}, "max_sequences must be an integer >= 0"),
                       ({"seconds": -1.0}, "seconds must be a number >= 0"),
                       ({"seconds": True}, "seconds must be a number >= 0")):

@@ -234,8 +234,9 @@ def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens
 
     ``max_sequences`` / ``seconds`` bound the work to what a training run can read: the sequences are drawn in an
     order shuffled by ``seed``, at most ``max_sequences`` of them, and with ``seconds`` the first
-    ``DISTILL_PROBE_BATCHES * batch_size`` are timed and as many more follow as the rest of ``seconds`` fits at that
-    rate (``clock``: the timer). Only the rewritten sequences are returned (in their order in ``seqs``): all of them
+    ``DISTILL_PROBE_BATCHES * batch_size`` are timed, then chunks follow, each half of what the rest of ``seconds``
+    fits at the rate so far (its first chunks carry one-time costs, so one estimate would stop short), until less
+    than one sequence fits (``clock``: the timer). Only the rewritten sequences are returned (in their order in ``seqs``): all of them
     without a bound.
 
     Decoded by one :class:`~specdec_ext.engine.Engine` per group of similar lengths, ``batch_size`` rows at a
@@ -266,17 +267,18 @@ def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens
 
     if seconds is None:
         rewrite(order)
-    else:
-        probe = order[: DISTILL_PROBE_BATCHES * batch_size]
-        t0 = clock()
-        rewrite(probe)
-        spent = clock() - t0
-        more = len(order) - len(probe)
-        if spent > 0:
-            more = min(more, max(0, int((seconds - spent) * len(probe) / spent)))
-        order = order[: len(probe) + more]
-        bar.set_total(len(order))
-        rewrite(order[len(probe):])
+    else:  # chunks, each half of what the time left fits at the rate so far (the first: the probe), then stop
+        t0, done, chunk = clock(), 0, DISTILL_PROBE_BATCHES * batch_size
+        while done < len(order):
+            rewrite(order[done: done + chunk])
+            done = min(len(order), done + chunk)
+            spent = clock() - t0
+            fits = len(order) - done if spent <= 0 else int((seconds - spent) * done / spent)
+            if fits < 1:
+                break
+            chunk = fits if fits <= 2 * batch_size else fits // 2
+        order = order[:done]
+        bar.set_total(done)
     bar.close()
     return [out[i] for i in sorted(order)]
 
