@@ -71,7 +71,7 @@ def _common(p: argparse.ArgumentParser, lr: float, long_fraction: str = "0") -> 
                    help="the target rewrites the last N tokens of each training window (its first --prompt-len "
                         "tokens at least stay the data's; default: --max-length minus --prompt-len (at most half of "
                         "it), each short window past its prompt; 0 = train on the data as is). Its time counts in "
-                        "--minutes")
+                        "--minutes (at most --distill-share of them)")
     p.add_argument("--prompt-len", type=int, default=64,
                    help="prompt tokens of each held-out sequence (the evaluation and the report; at most half of "
                         "it), and the least of each window --self-distill keeps")
