@@ -214,7 +214,7 @@ def test_the_target_rewrites_each_window_past_its_prompt_by_default(model_dir, t
         assert ("self-distillation rewrote" in text) == (want > 0)
     assert _minutes_left("train-eagle", None, 30.0, 5, 5) is None
     assert _minutes_left("train-eagle", 10.0, 120.0, 5, 5) == pytest.approx(8.0)
-    with pytest.raises(SystemExit, match=r"took 9\.5 of the 10 --minutes.*--self-distill"):
+    with pytest.raises(SystemExit, match=r"took 9\.5 of the 10 --minutes.*--distill-share.*--self-distill 0"):
         _minutes_left("train-eagle", 10.0, 570.0, 5, 5)
 
 

@@ -248,7 +248,8 @@ def _minutes_left(name: str, minutes: float | None, distill_s: float, rewritten:
     left = minutes - distill_s / 60
     if left < 0.1 * minutes:
         raise SystemExit(f"specdec {name}: self-distillation took {distill_s / 60:.1f} of the {minutes:g} --minutes, "
-                         f"leaving too little to train: give more --minutes, or a smaller --self-distill (0 = off)")
+                         f"leaving too little to train: give more --minutes, a smaller --distill-share, or --self-distill 0 "
+                         "(off)")
     return left
 
 
