@@ -339,16 +339,22 @@ def test_prompts_from_heldout_text():
     assert [len(p) for p in long_prompts] == [500, 500] and "windows" in how
 
 
-def test_tree_sizes_benchmark_runs_every_size_with_its_bound(tmp_path, capsys):
-    """benchmarks/python/bench_tree_sizes.py on the shipped family, tiny settings: one row per size, each with a
-    verification bound at least its measured speedup; bad sizes are refused by name."""
+def _bench_script(name: str):
+    """The module of ``benchmarks/python/<name>.py`` (scripts, not a package)."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "python",
-                        "bench_tree_sizes.py")
-    spec = importlib.util.spec_from_file_location("bench_tree_sizes", path)
+                        f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tree_sizes_benchmark_runs_every_size_with_its_bound(tmp_path, capsys):
+    """benchmarks/python/bench_tree_sizes.py on the shipped family, tiny settings: one row per size, each with a
+    verification bound at least its measured speedup; bad sizes are refused by name."""
+    mod = _bench_script("bench_tree_sizes")
     out = tmp_path / "sizes.json"
     assert mod.main(["--drafter", "medusa", "--sizes", "2,4", "--num-prompts", "1", "--prompt-len", "16",
                      "--max-new-tokens", "8", "--out", str(out)]) == 0
@@ -365,13 +371,7 @@ def test_tree_sizes_benchmark_runs_every_size_with_its_bound(tmp_path, capsys):
 def test_join_benchmark_compares_alone_and_chunked_on_the_same_forwards(tmp_path):
     """benchmarks/python/bench_join.py on the shipped family, tiny settings: each row's chunked cost is the extra
     of the step with one more row, times the steps its prompt takes, and the ratio is that over the alone prefill."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "python",
-                        "bench_join.py")
-    spec = importlib.util.spec_from_file_location("bench_join", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench_script("bench_join")
     assert mod.main(["--repeats", "1", "--batches", "2", "--prompts", "20", "--out", str(tmp_path)]) == 0
     (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("join_*.json")]
     (row,) = result["rows"]
@@ -389,15 +389,9 @@ def test_draft_lms_benchmark_sets_trained_drafts_beside_the_familys(tmp_path, ca
     """benchmarks/python/bench_draft_lms.py with the family's own draft LM and parallel draft as the "trained" ones:
     a parallel draft is recognised by its config (one method per chain length), the same weights accept the same
     tokens as the family's methods, and every greedy output is plain decoding's."""
-    import importlib.util
-
     from specdec_ext.zoo.family import family_dir
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "python",
-                        "bench_draft_lms.py")
-    spec = importlib.util.spec_from_file_location("bench_draft_lms", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench_script("bench_draft_lms")
     out = tmp_path / "lms.json"
     fam = family_dir()
     assert mod.main(["--drafts", os.path.join(fam, "draft"), os.path.join(fam, "parallel_draft"), "--chains", "2", "4",
