@@ -24,8 +24,8 @@ __all__ = ["add_evaluate_command", "add_train_commands"]
 # the text in long windows held their acceptance at 4k context on the transfer target and on the family's, where
 # drafts of short windows lost a quarter to a half of it (README: long context).
 LONG_FRACTION = 0.1
-# --minutes: the share of the budget self-distillation may take. A third rewrote every window of the family's and the
-# transfer target's corpora in the measured runs (8-10 of 27-30 minutes) and leaves two thirds to train on any corpus.
+# --minutes: the share of the budget self-distillation may take; 0.2-0.5 accepted alike on the family, a third the
+# most (README, the recipe table), and it leaves two thirds to train on any corpus.
 DISTILL_SHARE = 1 / 3
 DISTILLED = "self_distill.json"  # in OUT/checkpoint: how many windows were rewritten, so that --resume rewrites those
 TRAINING_LOG = "training_log.json"  # train-*'s record of its flags and losses, in OUT
@@ -222,13 +222,11 @@ def _distill_bound(args, checkpoint_dir: str) -> tuple[int | None, float | None]
     """``(max_sequences, seconds)`` for :func:`~specdec_ext.train.data.self_distill`: what the run it resumes
     rewrote (the same windows: the same seeded order), else the windows ``--steps`` read, or ``--distill-share`` of
     ``--minutes``."""
+    from specdec_ext.models.safe_files import read_json
+
     saved = os.path.join(checkpoint_dir, DISTILLED)
     if args.resume and os.path.isfile(saved):
-        with open(saved) as f:
-            try:
-                count = json.load(f)["sequences"]
-            except (ValueError, KeyError, TypeError):
-                count = None
+        count = read_json(saved, "--resume").get("sequences")
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"--resume: {saved!r} does not record the windows self-distillation rewrote (a JSON "
                              "object with an integer 'sequences'); train into another output directory")
@@ -248,8 +246,8 @@ def _minutes_left(name: str, minutes: float | None, distill_s: float, rewritten:
     left = minutes - distill_s / 60
     if left < 0.1 * minutes:
         raise SystemExit(f"specdec {name}: self-distillation took {distill_s / 60:.1f} of the {minutes:g} --minutes, "
-                         f"leaving too little to train: give more --minutes, a smaller --distill-share, or --self-distill 0 "
-                         "(off)")
+                         "leaving too little to train: give more --minutes, a smaller --distill-share, or "
+                         "--self-distill 0 (off)")
     return left
 
 

@@ -217,7 +217,7 @@ def distill_split(seq: list[int], prompt_len: int, new_tokens: int) -> int:
     return max(len(seq) - new_tokens, len(prompt_of(seq, prompt_len)))
 
 
-# with a time budget, self_distill times this many batches of rows before it fixes how many sequences fit
+# with a time budget, self_distill's first chunk: this many batches of rows, timed before it sizes the next chunk
 DISTILL_PROBE_BATCHES = 4
 
 
@@ -236,8 +236,8 @@ def self_distill(target, seqs: list[list[int]], prompt_len: int = 16, new_tokens
     order shuffled by ``seed``, at most ``max_sequences`` of them, and with ``seconds`` the first
     ``DISTILL_PROBE_BATCHES * batch_size`` are timed, then chunks follow, each half of what the rest of ``seconds``
     fits at the rate so far (its first chunks carry one-time costs, so one estimate would stop short), until less
-    than one sequence fits (``clock``: the timer). Only the rewritten sequences are returned (in their order in ``seqs``): all of them
-    without a bound.
+    than one sequence fits (``clock``: the timer). Only the rewritten sequences are returned (in their order in
+    ``seqs``): all of them without a bound.
 
     Decoded by one :class:`~specdec_ext.engine.Engine` per group of similar lengths, ``batch_size`` rows at a
     time, a finished row's place taken by the next sequence (continuous batching); ``drafter``: speculative decoding

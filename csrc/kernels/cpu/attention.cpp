@@ -554,6 +554,7 @@ template <typename T>
 void TreeAttention(const TreeAttentionParams<T>& p, int64_t task_begin, int64_t task_end) {
   const int64_t Hkv = p.num_kv_heads, Nk = p.num_tree_keys;
   static thread_local Work work;
+  int64_t seen_row = -1, seen = 0;  // seen_tree_keys of seen_row: a row's tasks (its kv heads) are consecutive
   for (int64_t task = task_begin; task < task_end; ++task) {
     const int64_t b = task / Hkv, kvh = task % Hkv;
     const int64_t prefix = p.prefix_lens[b];
@@ -563,7 +564,10 @@ void TreeAttention(const TreeAttentionParams<T>& p, int64_t task_begin, int64_t 
       zero_group_outputs(p, b, kvh);
       continue;
     }
-    const int64_t seen = seen_tree_keys(p, b);
+    if (b != seen_row) {
+      seen = seen_tree_keys(p, b);
+      seen_row = b;
+    }
 #if defined(__x86_64__) && defined(__GNUC__)
     if constexpr (std::is_same_v<T, bf16>) {
       if (has_avx512_bf16()) {
