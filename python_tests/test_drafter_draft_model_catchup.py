@@ -5,12 +5,15 @@ a batch decoding plainly and skips the draft's forwards on plain steps; the firs
 cache lacks: the whole prompt for a row that just joined, a few tokens for a row that was drafting. Each row must
 write its own lag only. The engine here gets exactly the positions its requests need (prompt + budget + the tree,
 no slack), so that an up-to-date row writing another row's lag after its context overflows the draft cache. Every
-request must equal Hugging Face's greedy decoding of it alone.
+request must equal Hugging Face's greedy decoding of it alone, and (the draft models' chains) every chain proposed
+must be what the draft's own Hugging Face forward over the row's context gives: a catch-up that read its logits at
+the wrong position would still decode exactly, only slower.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -47,17 +50,37 @@ def _drafter(kind: str, model):
     return batch_t.case(kind)[1]
 
 
-def _record_catch_ups(drafter) -> list:
+def _reference_chain(draft, context: list[int], k: int, vocab: int) -> list[int]:
+    """The chain of k drafts after ``context`` by the draft's own Hugging Face forward: its greedy continuation, or
+    (a parallel draft) the argmax at the context's last position and at each of k - 1 mask tokens after it."""
+    mask = getattr(draft.config, "pard_token", None)
+    with torch.no_grad():
+        if mask is not None:
+            logits = draft(input_ids=torch.tensor([context + [mask] * (k - 1)])).logits[0, len(context) - 1:]
+            return logits[:, :vocab].argmax(-1).tolist()
+        chain = []
+        for _ in range(k):
+            chain.append(int(draft(input_ids=torch.tensor([context + chain])).logits[0, -1, :vocab].argmax()))
+        return chain
+
+
+def _record_catch_ups(drafter, chains: bool, vocab: int) -> list:
     """Wraps ``drafter.propose`` to record, at each speculative call, every row's lag (context tokens its draft
-    cache lacks), the longest row's valid prefix and the draft cache's positions."""
+    cache lacks), the longest row's valid prefix and the draft cache's positions; with ``chains``, checks each
+    row's proposed chain against :func:`_reference_chain`."""
     seen: list = []
     propose = drafter.propose
 
     def spy(state, max_depth, max_nodes):
+        lags = [len(t) - v for t, v in zip(state.host_tokens, drafter.valid)]
+        tree = propose(state, max_depth, max_nodes)
         if max_depth > 0:
-            lags = [len(t) - v for t, v in zip(state.host_tokens, drafter.valid)]
             seen.append((lags, max(drafter.valid), drafter.cache.max_len))
-        return propose(state, max_depth, max_nodes)
+        k = tree.tokens.shape[1] - 1
+        if chains and k > 0:
+            for b, ctx in enumerate(state.host_tokens):
+                assert tree.tokens[b, 1:].tolist() == _reference_chain(drafter.model, list(ctx), k, vocab), (b, lags)
+        return tree
     drafter.propose = spy
     return seen
 
@@ -74,7 +97,7 @@ def test_rows_catch_up_on_their_own_lag_in_an_exactly_sized_engine(kind):
     max_len = max(len(p) + b for p, b in zip(prompts, budgets)) + inner.max_nodes  # no slack
     ad = AdaptiveDrafter(inner)
     assert ad.defers_prefill
-    catch_ups = _record_catch_ups(inner)
+    catch_ups = _record_catch_ups(inner, kind in ("chain_ops", "chain_hf", "parallel"), m.config.vocab_size)
     tokens, ids = {}, {}
     with Engine(m, ad, max_batch=4, max_len=max_len, eos_token_id=[]) as engine:
         def add(*keys):

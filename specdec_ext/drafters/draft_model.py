@@ -53,7 +53,7 @@ from specdec_ext.drafters.base import (all_unsure, check_confidence_threshold, c
 from specdec_ext.drafters.dynamic_tree import (CalibratedScores, ScoreCalibration, check_tree_shape, grow_dynamic_tree,
                                                max_tree_nodes)
 from specdec_ext.models import TreeKVCache, masked_forward, tree_forward, use_tree_attention
-from specdec_ext.models.config import check_window, text_config
+from specdec_ext.models.config import check_window, forward_accepts, text_config
 from specdec_ext.models import draft_layer
 from specdec_ext.models.fast_linear import pack_linears, packed_linears
 from specdec_ext.models.quantized import check_draft_quant, quantize_weights
@@ -153,6 +153,7 @@ class DraftModelDrafter(CalibratedScores):
             pack_linears(self.model)
         self.fed = 0  # drafts fed in the last propose (their K/V sit after the context)
         self.forwards = 0
+        self._keeps_logits = forward_accepts(self.model, "logits_to_keep")
         self._ops, self._ops_built = None, False  # (the prompt's prefill below is long: the Hugging Face forward)
         self.cache, self.valid = None, []
         self.add_rows(target, state, defer_prefill=defer_prefill)
@@ -175,7 +176,7 @@ class DraftModelDrafter(CalibratedScores):
         if T > 0 and not defer_prefill:
             with packed_linears(self.packed_linears):
                 self._forward(rows.tokens[:, :T], torch.zeros(rows.batch_size, dtype=torch.int64, device=rows.device),
-                              to_device(lengths, rows.device), cache)
+                              to_device(lengths, rows.device), cache, keep=1)  # (logits unread)
             valid = lengths
         if self.cache is None:
             self.cache = cache
@@ -184,28 +185,30 @@ class DraftModelDrafter(CalibratedScores):
         self.valid = self.valid + valid
 
     def _forward(self, tokens: torch.Tensor, prefix: torch.Tensor, num: torch.Tensor,
-                 cache: TreeKVCache | None = None) -> torch.Tensor:
+                 cache: TreeKVCache | None = None, keep: int = 0) -> torch.Tensor:
         """Appends ``tokens[B, T]`` (row b's first ``num[b]``) after ``prefix[b]`` in ``cache`` (default: the draft
-        cache); returns logits ``[B, T, V]``."""
+        cache); returns the logits ``[B, T, V]`` of all T tokens, or with ``keep`` > 0 of the last ``keep`` only (the
+        vocabulary product of the rest would be thrown away: a large part of a small draft's forward)."""
         B, T = tokens.shape
+        kept = {"logits_to_keep": keep} if keep and self._keeps_logits else {}
         if cache is not None:  # joining rows' own cache (their prefill): the Hugging Face forward
             logits = tree_forward(self.model, cache, tokens, None, prefix, validate=False,
-                                  use_kernel=False if T > extend_kernel_max_tokens(tokens.device) else None)
+                                  use_kernel=False if T > extend_kernel_max_tokens(tokens.device) else None, **kept)
             cache.rewind(prefix + num)
             self.forwards += 1
-            return logits
+            return logits[:, -keep:] if keep else logits
         # (read at each call, so that tests may lift the limit; on a CPU reading prefix's maximum is free)
         if self._ops is not None and B * T <= draft_layer.NATIVE_LAYER_MAX_ROWS:
             pos = prefix[:, None] + torch.arange(T, device=tokens.device)
             mask = torch.arange(int(prefix.max()) + T, device=tokens.device)[None, None, :] <= pos[:, :, None]
-            logits = self._ops.forward(tokens, pos, pos, mask)
+            logits = self._ops.run(tokens, pos, pos, mask, logits_to_keep=keep).logits
         else:
             use_kernel = False if T > extend_kernel_max_tokens(tokens.device) else None
             logits = tree_forward(self.model, self.cache, tokens, None, prefix,
-                                  use_kernel=use_kernel, validate=False)
+                                  use_kernel=use_kernel, validate=False, **kept)
         self.cache.rewind(prefix + num)
         self.forwards += 1
-        return logits
+        return logits[:, -keep:] if keep else logits
 
     def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
         if not self._ops_built and self.cache is not None:
@@ -231,8 +234,8 @@ class DraftModelDrafter(CalibratedScores):
         self.caught_up = k > 0
         if k <= 0:  # a plain step: no draft forward, so the cache does not catch up either (observe keeps valid)
             return plain_tree(root)
-        logits, num = self._catch_up(state)
-        last = logits.gather(1, (num - 1)[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0]
+        logits, at = self._catch_up(state)
+        last = logits.gather(1, at[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0]
         if shape == "dynamic":
             return self._propose_dynamic(state, root, last, k, total)
         if shape == "tree":
@@ -260,19 +263,20 @@ class DraftModelDrafter(CalibratedScores):
         """The catch-up: one forward of the longest lag T, followed by ``extra`` tokens ``fill`` right after each
         row's context (the parallel draft's mask tokens; their K/V are dropped again). Each row feeds the last T
         tokens of its context (from 0 where it has fewer), so no row writes past its context; after its valid
-        prefix, an up-to-date row would write a joining row's whole prompt there. Returns ``(logits [B, T + extra,
-        V], num [B])``: row b fed ``num[b]`` context tokens, so its prediction after the context is at ``num[b] -
-        1``."""
+        prefix, an up-to-date row would write a joining row's whole prompt there. Returns ``(logits [B, K, V],
+        at [B])``: the logits of the forward's last K positions, from the earliest row's prediction after its
+        context on (the tokens before it only write K/V), row b's prediction after its context at ``at[b]``."""
         dev = state.device
         lengths = [len(t) for t in state.host_tokens]
         T = max(n - v for n, v in zip(lengths, self.valid))
         start = to_device([max(n - T, 0) for n in lengths], dev)  # <= valid[b]: the positions before it recompute
-        num = state.lengths - start
+        num = state.lengths - start  # min(length, T) per row
         steps = torch.arange(T + extra, device=dev)
         tokens = state.tokens.gather(1, (start[:, None] + steps).clamp(max=state.max_len - 1))
         if extra:
             tokens = tokens.masked_fill(steps[None] >= num[:, None], fill)
-        return self._forward(tokens, start, num), num
+        keep = T + extra - min(min(lengths), T) + 1
+        return self._forward(tokens, start, num, keep=keep), num - 1 - (T + extra - keep)
 
     def _propose_tree(self, state: DecodeState, root: torch.Tensor, last: torch.Tensor, k: int) -> DraftTree:
         B, w, dev = state.batch_size, self.width, state.device

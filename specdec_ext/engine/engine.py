@@ -54,7 +54,6 @@ Synchronisation. Inside a step every op runs with ``validate=False``; the host r
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from typing import Callable
 
@@ -70,7 +69,7 @@ from specdec_ext.engine.stats import DecodeStats
 from specdec_ext.engine.stop_strings import TextStops
 from specdec_ext.engine.verify import Verifier
 from specdec_ext.models import TreeKVCache, make_cache, tree_forward, use_tree_attention
-from specdec_ext.models.config import check_window, text_config
+from specdec_ext.models.config import check_window, forward_accepts, text_config
 from specdec_ext.models.fast_linear import pack_linears_where_fast, packed_linears
 from specdec_ext.models.step_ops import build_step_ops
 from specdec_ext.models.tree_forward import extend_kernel_max_tokens
@@ -79,13 +78,6 @@ from specdec_ext.state import DecodeState, SamplingParams, StepResult, plain_tre
 __all__ = ["Engine"]
 
 Event = tuple[int, list[int], "str | None"]
-
-
-def _accepts(model, name: str) -> bool:
-    try:
-        return name in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def prompt_list(prompt_ids, where: str = "add_request") -> list[int]:
@@ -165,7 +157,7 @@ class Engine:
         self._hold.enter_context(serving(drafter, caller))
         self.layers = tuple(drafter.hidden_state_layers) if drafter is not None else ()
         self._hidden_kwargs = {"output_hidden_states": True, "return_outputs": True} if self.layers else {}
-        self._logits_to_keep = {"logits_to_keep": 1} if _accepts(target, "logits_to_keep") else {}
+        self._logits_to_keep = {"logits_to_keep": 1} if forward_accepts(target, "logits_to_keep") else {}
         self.make_cache = make_cache
         self.cache = make_cache(target.config, 0, self.max_len, dtype=self.dtype, device=self.device,
                                 capacity=self.max_batch)

@@ -3,6 +3,8 @@
 * :func:`text_config`: the decoder's own config (multimodal configs nest it; a plain causal LM's is the config).
 * :func:`attention_window` / :func:`check_window`: a sliding attention window, which tree verification and
   :class:`~specdec_ext.models.TreeKVCache` do not apply, so a generation that could reach past it is refused.
+* :func:`forward_accepts`: whether a model's ``forward`` takes a keyword (``logits_to_keep``: older and custom models
+  do not).
 * :func:`row_tensor`: a number or a ``[B]`` tensor as a ``[B]`` int64 tensor (cache lengths, prefix lengths). Unlike
   the ops' arguments (:mod:`specdec_ext.ops`), which must already be of the right kind and on the right device,
   these are converted: they come from the loop's own bookkeeping, often host lists or CPU tensors.
@@ -10,15 +12,25 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
-__all__ = ["attention_window", "check_window", "row_tensor", "text_config"]
+__all__ = ["attention_window", "check_window", "forward_accepts", "row_tensor", "text_config"]
 
 
 def text_config(config):
     """The text decoder's config of ``config`` (``get_text_config(decoder=True)`` where the config has one)."""
     get = getattr(config, "get_text_config", None)
     return get(decoder=True) if callable(get) else config
+
+
+def forward_accepts(model, name: str) -> bool:
+    """Whether ``model.forward`` has a parameter ``name``."""
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def attention_window(config) -> int | None:
