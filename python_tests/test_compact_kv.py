@@ -201,3 +201,13 @@ def test_aliased_caches_are_refused():
     src_view = c64.view(torch.int64).view(-1)[: 2 * 3].view(2, 3)
     with pytest.raises(ValueError, match=r"caches\[0\] and src_positions share memory"):
         ops.compact_kv([c64], src_view, dst, n)
+    # Meta tensors (the fake's checks) are refused where real ones are: a meta tensor has no data pointer, its
+    # storage and offset say where it lies.
+    meta = torch.empty(2 * c.numel(), device="meta")
+    m_src, m_dst, m_n = (t.to("meta") for t in (src, dst, n))
+    m_c = meta[: c.numel()].view(c.shape)
+    for caches in ([m_c, m_c], [m_c, meta[c.numel() // 2: c.numel() // 2 + c.numel()].view(c.shape)]):
+        with pytest.raises(ValueError, match=r"caches\[0\] and caches\[1\] share memory"):
+            ops.compact_kv(caches, m_src, m_dst, m_n)
+    ops.compact_kv([m_c, meta[c.numel():].view(c.shape)], m_src, m_dst, m_n)  # disjoint halves of one storage
+    ops.compact_kv([m_c, torch.empty(c.shape, device="meta")], m_src, m_dst, m_n)  # two storages

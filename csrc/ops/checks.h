@@ -80,22 +80,30 @@ inline int64_t checked_add(const char* op, const char* what, int64_t a, int64_t 
 // ceil(a / b) for a >= 0, b >= 1, without the a + b - 1 that wraps near 2^63.
 inline int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
-// The bytes [first, last) of `t`'s storage that its elements occupy (strides are non-negative in torch); empty
-// for a meta tensor, which owns no memory to share.
-inline std::pair<uintptr_t, uintptr_t> byte_extent(const at::Tensor& t) {
-  if (t.is_meta()) return {0, 0};
-  const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
-  if (t.numel() == 0) return {first, first};
+// Where `t`'s elements lie: the bytes [first, last) of an address space (strides are non-negative in torch). A
+// real tensor's space is its device's addresses; a meta tensor has no data, only a storage and an offset into it,
+// so each meta storage is a space of its own: views of one meta storage overlap exactly where the same views of a
+// real one would, and a meta call is refused where the real call is.
+struct MemorySpan {
+  const void* space;
+  uintptr_t first, last;
+};
+
+inline MemorySpan memory_span(const at::Tensor& t) {
+  const bool meta = t.is_meta();
+  const void* space = meta && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+  const auto first = meta ? static_cast<uintptr_t>(t.storage_offset()) * t.element_size()
+                          : reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  if (t.numel() == 0 || (meta && space == nullptr)) return {space, first, first};
   uint64_t span = 1;  // elements from the first to the last one, inclusive
   for (int64_t d = 0; d < t.dim(); ++d) span += static_cast<uint64_t>(t.size(d) - 1) * t.stride(d);
-  return {first, first + span * t.element_size()};
+  return {space, first, first + span * t.element_size()};
 }
 
 inline bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   if (a.device() != b.device()) return false;
-  const auto [a0, a1] = byte_extent(a);
-  const auto [b0, b1] = byte_extent(b);
-  return a0 < b1 && b0 < a1;
+  const auto sa = memory_span(a), sb = memory_span(b);
+  return sa.space == sb.space && sa.first < sb.last && sb.first < sa.last;
 }
 
 // `written` (an output the op writes in place) shares no memory with `other`: an aliased argument would be read

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -105,18 +106,26 @@ at::Tensor tree_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, c
 }
 
 // No two caches share memory: the same tensor twice (or overlapping views) would be moved twice, the second
-// move reading rows the first already wrote. Intervals sorted by start: one overlaps an earlier one iff it starts
-// before the furthest end so far.
+// move reading rows the first already wrote. Spans sorted by (space, start): one overlaps an earlier one of its
+// space iff it starts before the furthest end so far in that space.
 inline void check_caches_disjoint(const char* op, at::TensorList caches) {
-  std::vector<std::pair<std::pair<uintptr_t, uintptr_t>, size_t>> spans;
-  for (size_t c = 0; c < caches.size(); ++c) spans.push_back({byte_extent(caches[c]), c});
+  std::vector<std::pair<std::tuple<const void*, uintptr_t, uintptr_t>, size_t>> spans;
+  for (size_t c = 0; c < caches.size(); ++c) {
+    const auto s = memory_span(caches[c]);
+    spans.push_back({{s.space, s.first, s.last}, c});
+  }
   std::sort(spans.begin(), spans.end());
+  const void* space = nullptr;
   uintptr_t end = 0;
   size_t owner = 0;
   for (size_t i = 0; i < spans.size(); ++i) {
-    const auto [first, last] = spans[i].first;
+    const auto [at, first, last] = spans[i].first;
     if (first == last) continue;  // (empty caches hold nothing)
-    if (i > 0 && first < end) {
+    if (at != space) {  // (a new space: nothing before it can overlap)
+      space = at;
+      end = 0;
+    }
+    if (end > first) {
       const size_t a = std::min(owner, spans[i].second), b = std::max(owner, spans[i].second);
       SPECDEC_CHECK(false, op, ": caches[", a, "] and caches[", b, "] share memory (the same tensor, or overlapping "
                     "views of one storage); every cache is moved in place once, so they must be distinct");

@@ -251,9 +251,17 @@ def _tensors(args: dict) -> list[torch.Tensor]:
 CHECKS_OF_DATA = (" output features (pack_linear_weight's output for a weight of ",)
 
 
-def to_meta(t: torch.Tensor) -> torch.Tensor:
-    """``t`` on the meta device with its strides (``Tensor.to`` makes a gapped layout contiguous)."""
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+def to_meta(t: torch.Tensor, bases: dict | None = None) -> torch.Tensor:
+    """``t`` on the meta device with its strides (``Tensor.to`` makes a gapped layout contiguous). ``bases``: one meta
+    storage per real one across calls, so tensors that shared memory share it as meta views too (an aliasing the op
+    refuses must still be there to refuse)."""
+    if bases is None or t.device.type == "meta" or t.numel() == 0:  # (empty tensors hold no memory to share)
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    storage = t.untyped_storage()
+    key = (storage.data_ptr(), t.dtype)
+    if key not in bases:
+        bases[key] = torch.empty(storage.nbytes() // t.element_size(), dtype=t.dtype, device="meta")
+    return bases[key].as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def apply_mutations(args: dict, kinds: dict[str, Arg], mutations: list) -> dict:
@@ -262,11 +270,12 @@ def apply_mutations(args: dict, kinds: dict[str, Arg], mutations: list) -> dict:
     for m in sorted(mutations, key=lambda m: ORDER[m[0]]):
         kind, name = m[0], m[1] if len(m) > 1 else None
         if kind == "all_meta":
+            bases: dict = {}
             for n, v in args.items():
                 if isinstance(v, torch.Tensor):
-                    args[n] = to_meta(v)
+                    args[n] = to_meta(v, bases)
                 elif isinstance(v, list):
-                    args[n] = [to_meta(t) for t in v]
+                    args[n] = [to_meta(t, bases) for t in v]
             continue
         a = kinds[name]
         if a.kind == "caches":
