@@ -282,7 +282,9 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     attends to the whole prefix and to the tree nodes j with ``tree_mask[b, i, j]``. Grouped-query attention: query
     head h reads kv head ``h // (H / Hkv)``. D in {64, 80, 96, 128, 256}; q, k, v float32, float16 or bfloat16
     (one dtype; float32 accumulation); ``scale`` defaults to ``1 / sqrt(D)``. Returns ``[B, H, N, D]`` in q's
-    dtype. With ``validate`` a prefix length out of range raises ValueError (else that row's output is zero).
+    dtype. With ``validate`` a prefix length out of range raises ValueError (else that row's output is zero). Scores
+    are float32: a query whose scaled scores (or scaled query entries) reach its range gets an unspecified output,
+    inf or NaN, since where each path applies the scale and in what order it sums decide which.
     """
     B = _rows(q, "q", 4)
     if scale is None:  # (an empty head dim: the op's own check refuses it, naming the supported ones)
