@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 import test_generate_batch as batch_t  # noqa: E402
 import test_generate_greedy as greedy_t  # noqa: E402
 from hf_reference import hf_greedy  # noqa: E402
+from test_drafter_parallel import parallel_chain, parallel_copy  # noqa: E402
 
 from specdec_ext import AdaptiveDrafter, Engine, RequestSettings  # noqa: E402
 from specdec_ext.drafters import DraftModelDrafter, ParallelDraftDrafter  # noqa: E402
@@ -40,8 +41,6 @@ def _drafter(kind: str, model):
     if kind == "chain_hf":  # the Hugging Face forward throughout
         return DraftModelDrafter(greedy_t.perturbed_copy(model), num_draft_tokens=4, packed_linears=False)
     if kind == "parallel":  # a parallel draft: the catch-up forward carries the mask tokens after each row's lag
-        from test_drafter_parallel import parallel_copy
-
         return ParallelDraftDrafter(parallel_copy(model))
     if kind == "tree":
         return greedy_t.make_drafter("tree", model)
@@ -53,11 +52,9 @@ def _drafter(kind: str, model):
 def _reference_chain(draft, context: list[int], k: int, vocab: int) -> list[int]:
     """The chain of k drafts after ``context`` by the draft's own Hugging Face forward: its greedy continuation, or
     (a parallel draft) the argmax at the context's last position and at each of k - 1 mask tokens after it."""
-    mask = getattr(draft.config, "pard_token", None)
+    if getattr(draft.config, "pard_token", None) is not None:
+        return parallel_chain(draft, context, k, vocab)
     with torch.no_grad():
-        if mask is not None:
-            logits = draft(input_ids=torch.tensor([context + [mask] * (k - 1)])).logits[0, len(context) - 1:]
-            return logits[:, :vocab].argmax(-1).tolist()
         chain = []
         for _ in range(k):
             chain.append(int(draft(input_ids=torch.tensor([context + chain])).logits[0, -1, :vocab].argmax()))

@@ -41,6 +41,14 @@ def parallel_copy(model, k: int = 4, scale: float = 1e-3):
     return d
 
 
+def parallel_chain(draft, context: list[int], k: int, vocab: int) -> list[int]:
+    """The parallel draft's chain after ``context`` by its own Hugging Face forward: the argmax (over the target's
+    ``vocab`` ids) at the context's last position and at each of k - 1 mask tokens after it."""
+    with torch.no_grad():
+        logits = draft(input_ids=torch.tensor([context + [draft.config.pard_token] * (k - 1)])).logits
+    return logits[0, len(context) - 1:, :vocab].argmax(-1).tolist()
+
+
 def record_proposals(drafter):
     seen = []
     propose = drafter.propose
@@ -62,19 +70,14 @@ def test_chains_are_the_argmax_of_a_forward_over_context_and_masks(packed):
     prompts = [greedy_t.prompt_of(n, 40 + n) for n in (3, 9, 14)]
     generate(model, drafter, [torch.tensor(p) for p in prompts], max_new_tokens=12, eos_token_id=[])
     assert len(seen) >= 3
-    mask = draft.config.pard_token
     assert max(tokens.shape[1] for _, tokens in seen) == 5  # full chains (shorter ones: the budget's end)
     for contexts, tokens in seen:
         k = tokens.shape[1] - 1
         if k == 0:  # a plain step (no room left for drafts)
             continue
         for b, ctx in enumerate(contexts):
-            ids = torch.tensor([ctx + [mask] * (k - 1)])
-            with torch.no_grad():
-                logits = draft(input_ids=ids).logits[0, len(ctx) - 1:, : model.config.vocab_size]
-            want = logits.argmax(-1).tolist()
             assert tokens[b, 0].item() == ctx[-1]
-            assert tokens[b, 1:].tolist() == want, (b, len(ctx))
+            assert tokens[b, 1:].tolist() == parallel_chain(draft, ctx, k, model.config.vocab_size), (b, len(ctx))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

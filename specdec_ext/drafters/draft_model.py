@@ -275,8 +275,8 @@ class DraftModelDrafter(CalibratedScores):
         tokens = state.tokens.gather(1, (start[:, None] + steps).clamp(max=state.max_len - 1))
         if extra:
             tokens = tokens.masked_fill(steps[None] >= num[:, None], fill)
-        keep = T + extra - min(min(lengths), T) + 1
-        return self._forward(tokens, start, num, keep=keep), num - 1 - (T + extra - keep)
+        first = min(min(lengths), T) - 1  # the forward's position of the earliest row's prediction after its context
+        return self._forward(tokens, start, num, keep=T + extra - first), num - 1 - first
 
     def _propose_tree(self, state: DecodeState, root: torch.Tensor, last: torch.Tensor, k: int) -> DraftTree:
         B, w, dev = state.batch_size, self.width, state.device
