@@ -8,7 +8,7 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz.compare import close
-from fuzz.spec import FLOAT_DTYPES, Arg, OpSpec, dim, dtype_of
+from fuzz.spec import FLOAT_DTYPES, Arg, OpSpec, dim, dtype_of, to_cpu
 from helpers import make_gen, per_row, random_parents
 from specdec_ext import ops
 from specdec_ext.ops import reference as ref
@@ -19,22 +19,15 @@ SEED = st.integers(0, 2**31 - 1)
 # draft_decoder_layer (test_draft_decoder_layer's _assert_matches_reference): output atol per unit of scale, cache atol
 LAYER_ATOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 CACHE_ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
-# ... plus one ulp of the value: k and v are rounded once from float32 sums whose order differs from the reference's
-# (the test's inputs keep |k| < 2, where the atol covers an ulp). The ulp is that of the RoPE pair's length
-# (|(x1, x2)|, which the rotation keeps): x1 cos - x2 sin may cancel to far less than its terms.
+# ... plus float32 roundings of the product's terms: k and v are sums over the normed input whose order differs from
+# the reference's (which sums in float64), so the error scales with sum |a_i w_i|, not with the value, which may
+# cancel to far less than its terms; and RoPE's x1 cos - x2 sin is bounded by the pair's length (|(x1, x2)|, which
+# the rotation keeps). The test's inputs keep |k| < 2, where the atol covers this.
 CACHE_RTOL = {torch.float32: 1e-6, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 # tree_attention: float32 roundings of the largest score allowed in the output, per unit of |v| (_compare_attention),
 # and the score bound past which a query's output is unspecified (a margin under float32's largest value)
 SCORE_ULPS = 2
 OVERFLOW = torch.finfo(torch.float32).max / 4
-
-
-def _close_cache(got, want):
-    w = want.float()
-    half = w.shape[-1] // 2
-    pair = torch.hypot(w[..., :half], w[..., half:2 * half])  # (no overflow of the squares near 1e30)
-    length = torch.cat([pair, pair, w[..., 2 * half:].abs()], -1).nan_to_num(0, 0, 0)
-    close(got, want, CACHE_ATOL[want.dtype] + CACHE_RTOL[want.dtype] * length, 0.0, "cache")
 
 
 def _pack_mask(dense: torch.Tensor) -> torch.Tensor:
@@ -99,29 +92,55 @@ def _compare_attention(got, want, a, rerun, validate=True):
     # a float32 score s is rounded to ~eps |s| (its dot product's order, the exp2 argument s log2 e), which moves
     # the softmax weights by that much relative: with large scores (a fuzzed scale, wide heads) this is the
     # softmax's own conditioning, not an error of the kernel's (scale 8, D 256: |s| ~ 400, errors ~1e-4)
-    scores = _abs_scores(a)  # [B, H, N]: max |scale| sum_d |q_d k_d| over each query's keys (float64)
+    scores, reach = _abs_scores(a)
     fin = scores[scores.isfinite()]
     score_err = SCORE_ULPS * torch.finfo(torch.float32).eps * (float(fin.max()) if fin.numel() else 0.0) * v_scale
     # a query whose scores reach float32's range is unspecified (ops.tree_attention): which of them turn into inf
     # or NaN depends on where the scale is applied and on the order of the sums
-    off = (scores > OVERFLOW)[..., None].expand_as(got)
+    # and so is a query with a masked key whose value is not finite: the kernels read masked values with weight 0
+    # up to the row's last visible key (0 x inf is NaN) and no further
+    off = ((reach > OVERFLOW) | _sees_masked_nonfinite(a))[..., None].expand_as(got)
     got, want32 = got.masked_fill(off, 0.0), want32.masked_fill(off, 0.0)
     close(got, want32, 2 * ref_err + ATTENTION_ATOL[dt] * v_scale + score_err, 0.0, "output")
 
 
-def _abs_scores(a) -> torch.Tensor:
-    """Per query ``[B, H, N]``, in float64: the largest ``|scale| sum_d |q_d k_d|`` over the keys of its row's cache
-    (a bound on every partial sum of its scores) or ``|scale q_d| log2(e)`` (the CUDA path scales q by that first).
-    NaN and inf in q or k count as 0 here: they propagate the same way in every path and are compared as they are."""
+def _sees_masked_nonfinite(a) -> torch.Tensor:
+    """Per query ``[B, H, N]``: whether one of its row's tree keys that it may not see holds a non-finite value."""
+    B, H, N, _ = a["q"].shape
+    v = a["v_cache"]
+    out = torch.zeros(B, H, N, dtype=torch.bool)
+    if v.numel() == 0 or bool(v.isfinite().all()):
+        return out
+    dense = ref.unpack_tree_mask(a["tree_mask"].cpu(), N)  # [B, N, N]
+    prefix = per_row(a["prefix_lens"], B, torch.int64)
+    for b in range(B):
+        p = int(prefix[b])
+        if not 0 <= p <= v.shape[2] - N:  # (a row refused, or with validate=False answered with zeros)
+            continue
+        bad = ~v[b, :, p:p + N].isfinite().all(-1)  # [Hkv, N keys]
+        out[b] = ((~dense[b])[None] & bad[:, None, :]).any(-1).repeat_interleave(H // v.shape[1], 0)
+    return out
+
+
+def _abs_scores(a) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query ``[B, H, N]``, in float64: ``(size, reach)``. ``size``: the largest ``|scale| sum_d |q_d k_d|`` over
+    the keys of its row's cache (a bound on every partial sum of its scaled scores). ``reach``: the largest value a
+    path forms on the way: that, the unscaled ``sum_d |q_d k_d|`` (the reference scales the scores after the
+    product) and ``|scale q_d| log2(e)`` (the CUDA path scales q by that first). NaN and inf in q or k count as 0
+    here: they propagate the same way in every path and are compared as they are."""
     q, k = a["q"].double(), a["k_cache"].double()
     B, H, N, _ = q.shape
     if q.numel() == 0 or k.numel() == 0 or k.shape[1] == 0 or H % k.shape[1]:
-        return torch.zeros(B, H, N, dtype=torch.float64)
+        zero = torch.zeros(B, H, N, dtype=torch.float64)
+        return zero, zero
     k = k.repeat_interleave(H // k.shape[1], dim=1)
     scale = abs(a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5)
     qa, ka = q.abs().nan_to_num(0, 0, 0), k.abs().nan_to_num(0, 0, 0)
-    s = torch.einsum("bhnd,bhsd->bhns", qa, ka).amax(-1) * scale
-    return torch.maximum(s, qa.amax(-1) * scale * math.log2(math.e)) if s.numel() else s
+    products = torch.einsum("bhnd,bhsd->bhns", qa, ka).amax(-1)
+    if not products.numel():
+        return products, products
+    reach = torch.maximum(products * max(scale, 1.0), qa.amax(-1) * scale * math.log2(math.e))
+    return products * scale, reach
 
 
 def _attention_call(fn):
@@ -252,14 +271,87 @@ def _layer_wrapper(a, v):
 
 
 def _compare_layer(got, want, a, rerun):
+    """Flash-attention's rule, as for tree_attention: within the atol of ``want`` plus (low precision) twice the
+    reference's own error, its distance from the same layer computed in float32."""
+    run = _layer_raw(ref.draft_decoder_layer)
+    after = to_cpu(a)
+    run(after, False)  # (the caches as the call leaves them)
+    off = _sees_masked_nonfinite_layer(after)
     if all(bool(t.isfinite().all()) for t in a.values() if isinstance(t, torch.Tensor) and t.is_floating_point()):
         # from finite inputs, a token whose reference output is not finite overflowed float32 on the way (a huge
         # weight or value): where the inf or NaN appears depends on each path's order of operations, so the
         # kernel's row is unspecified there (it must still be finite wherever the reference is)
-        off = (~want.isfinite()).any(-1, keepdim=True).expand_as(want)
-        got, want = got.masked_fill(off, 0.0), want.masked_fill(off, 0.0)
+        off |= (~want.isfinite()).any(-1)
+    off = off[..., None].expand_as(want)
+    got, want = got.masked_fill(off, 0.0), want.masked_fill(off, 0.0)
     scale = float(want.float().nan_to_num(0, 0, 0).abs().max()) + 1.0 if want.numel() else 1.0
-    close(got, want, LAYER_ATOL[want.dtype] * scale, 0.0, "output")
+    tol = LAYER_ATOL[want.dtype] * scale
+    if want.dtype != torch.float32:  # (rounding each intermediate to 8 or 11 bits, as the module does, errs too)
+        want32 = run(_float32_layer(a), False).masked_fill(off, 0.0)
+        tol = tol + 2 * (want.float() - want32).abs().nan_to_num(0, 0, 0)
+    close(got, want, tol, 0.0, "output")
+
+
+def _sees_masked_nonfinite_layer(after: dict) -> torch.Tensor:
+    """Per token ``[B, T]``: whether a key of the cache it may not see holds a non-finite value after the call's
+    writes (as for tree_attention, the op reads masked values with weight 0 up to the row's last visible key)."""
+    v, mask = after["v_cache"], after["mask"]
+    kv_len = mask.shape[-1]
+    bad = ~v[:, :, :kv_len].isfinite().all(-1).any(1)  # [B, kv_len]
+    return ((~mask) & bad[:, None, :]).any(-1)
+
+
+def _weight_shapes(a: dict) -> dict[str, tuple[int, int]]:
+    """``{packed weight's name: (out_features, in_features)}`` of the layer's arguments."""
+    nKV, D = a["k_cache"].shape[1], a["k_cache"].shape[3]
+    nH, I, H, Din = a["num_heads"], a["intermediate_size"], a["residual"].shape[-1], a["x"].shape[-1]
+    return {"qkv_weight": ((nH + 2 * nKV) * D, Din), "o_weight": (H, nH * D), "gate_up_weight": (2 * I, H),
+            "down_weight": (H, I)}
+
+
+def _float32_layer(a: dict) -> dict:
+    """The arguments in float32 (packed weights repacked), for the reference's float32 answer."""
+    shapes = _weight_shapes(a)
+    out = {}
+    for n, t in a.items():
+        if n in shapes:
+            t = ref.pack_linear_weight(ref.unpack_linear_weight(t, *shapes[n]).float())
+        elif isinstance(t, torch.Tensor) and t.is_floating_point():
+            t = t.float()
+        out[n] = t
+    return out
+
+
+def _pair_length(t: torch.Tensor) -> torch.Tensor:
+    """Per element, the length of its RoPE pair (|(x1, x2)|; the last odd element: its own size); 0 where not finite."""
+    t = t.float()
+    half = t.shape[-1] // 2
+    pair = torch.hypot(t[..., :half], t[..., half:2 * half])  # (no overflow of the squares near 1e30)
+    return torch.cat([pair, pair, t[..., 2 * half:].abs()], -1).nan_to_num(0, 0, 0)
+
+
+def _layer_terms(a: dict) -> dict:
+    """The caches as the reference leaves them when every product term is taken by its size: |x|, the norm weight's
+    |w| (the RMS of |x| is x's), |qkv_weight|, |qkv_bias| and no rotation (inv_freq 0), so each written k and v is
+    sum |a_i w_i| + |b| of its product."""
+    qkv = ref.unpack_linear_weight(a["qkv_weight"], *_weight_shapes(a)["qkv_weight"]).abs()
+
+    def size(t):
+        return None if t is None else t.abs()
+
+    terms = {**a, "x": a["x"].abs(), "input_norm_weight": size(a["input_norm_weight"]), "qkv_bias": size(a["qkv_bias"]),
+             "qkv_weight": ref.pack_linear_weight(qkv), "inv_freq": torch.zeros_like(a["inv_freq"]),
+             "k_cache": a["k_cache"].abs(), "v_cache": a["v_cache"].abs()}
+    try:
+        _layer_raw(ref.draft_decoder_layer)(terms, False)
+    except ValueError:  # refused before writing anything (a bad packed weight): the caches as they were
+        pass
+    return terms
+
+
+def _close_cache(name: str, got: torch.Tensor, want: torch.Tensor, args: dict) -> None:
+    size = torch.maximum(_pair_length(want), _pair_length(_layer_terms(args)[name]))
+    close(got, want, CACHE_ATOL[want.dtype] + CACHE_RTOL[want.dtype] * size, 0.0, "cache")
 
 
 DRAFT_DECODER_LAYER = OpSpec(

@@ -252,10 +252,13 @@ CHECKS_OF_DATA = (" output features (pack_linear_weight's output for a weight of
 
 
 def to_meta(t: torch.Tensor, bases: dict | None = None) -> torch.Tensor:
-    """``t`` on the meta device with its strides (``Tensor.to`` makes a gapped layout contiguous). ``bases``: one meta
+    """``t`` on the meta device with its strides (``Tensor.to`` makes a gapped layout contiguous; a meta ``t``: itself,
+    so that a second mutation to meta keeps what the first shared). ``bases``: one meta
     storage per real one across calls, so tensors that shared memory share it as meta views too (an aliasing the op
     refuses must still be there to refuse)."""
-    if bases is None or t.device.type == "meta" or t.numel() == 0:  # (empty tensors hold no memory to share)
+    if t.device.type == "meta":
+        return t
+    if bases is None or t.numel() == 0:  # (empty tensors hold no memory to share)
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
     storage = t.untyped_storage()
     key = (storage.data_ptr(), t.dtype)
@@ -267,10 +270,10 @@ def to_meta(t: torch.Tensor, bases: dict | None = None) -> torch.Tensor:
 def apply_mutations(args: dict, kinds: dict[str, Arg], mutations: list) -> dict:
     """``args`` with ``mutations`` applied: values first, then shapes, dtypes, aliases, layouts, devices."""
     args = dict(args)
+    bases: dict = {}  # (one meta storage per real one, whichever mutation moves a tensor to meta: to_meta)
     for m in sorted(mutations, key=lambda m: ORDER[m[0]]):
         kind, name = m[0], m[1] if len(m) > 1 else None
         if kind == "all_meta":
-            bases: dict = {}
             for n, v in args.items():
                 if isinstance(v, torch.Tensor):
                     args[n] = to_meta(v, bases)
@@ -287,7 +290,7 @@ def apply_mutations(args: dict, kinds: dict[str, Arg], mutations: list) -> dict:
                     _set(args, f"{name}.{(i + 1) % len(caches)}", caches[i])
                 continue
             if kind == "meta":
-                _set(args, target, to_meta(caches[i]))
+                _set(args, target, to_meta(caches[i], bases))
                 continue
             name = target
         v = _get(args, name)
@@ -306,7 +309,7 @@ def apply_mutations(args: dict, kinds: dict[str, Arg], mutations: list) -> dict:
         elif kind == "layout":
             v = _layout(v, m[3])
         elif kind == "meta":
-            v = to_meta(v) if isinstance(v, torch.Tensor) else v
+            v = to_meta(v, bases) if isinstance(v, torch.Tensor) else v
         _set(args, name, v)
     return args
 
@@ -328,6 +331,8 @@ class OpSpec:
     compare(got, want, args, rerun): asserts the kernel's answer matches the reference's; ``args`` are CPU copies
         of the arguments, ``rerun(**overrides)`` reruns the reference with some of them replaced.
     inplace: arguments the op writes (compared after the call).
+    inplace_tolerance(name, got, want, args): asserts the kernel's value of the written argument ``name`` matches the
+        reference's (``args``: CPU copies of the arguments before the call); None: bit-exact.
     """
 
     name: str
@@ -339,7 +344,7 @@ class OpSpec:
     compare: Callable[[Any, Any, dict, Callable], None]
     wrapper: Callable[[dict, bool], Any] | None = None
     inplace: tuple[str, ...] = ()
-    inplace_tolerance: Callable[[torch.Tensor, torch.Tensor], None] | None = None  # None: bit-exact
+    inplace_tolerance: Callable[[str, torch.Tensor, torch.Tensor, dict], None] | None = None
     names: tuple[str, ...] = ()  # more words a clear message may name (the wrapper's argument names)
 
 
@@ -485,6 +490,7 @@ def check(spec: OpSpec, recipe: dict) -> str:
         return "refused"
     # (the reference runs only now: given what the kernels refuse, e.g. absurd sizes, it may allocate without limit)
     ref_args = to_cpu({**args, **cpu_before})
+    before = to_cpu(ref_args)  # (the reference writes ref_args)
     want, ref_exc = _run(lambda: spec.reference(ref_args, recipe["validate"]))
     if exc is not None:
         # refused after writing (a data error found by the kernel, the valid rows moved): as the reference does
@@ -496,7 +502,7 @@ def check(spec: OpSpec, recipe: dict) -> str:
             if _first_line(ref_exc) != _first_line(exc):
                 fail(f"message differs from the reference's: {_first_line(ref_exc)!r}")
             for n in spec.inplace:  # the valid rows moved as in the reference
-                _compare_inplace(spec, n, args[n], ref_args[n], fail)
+                _compare_inplace(spec, n, args[n], ref_args[n], before, fail)
         return "refused"
     if ref_exc is not None:
         fail(f"answered arguments that the reference refuses: {type(ref_exc).__name__}: {_first_line(ref_exc)}")
@@ -510,7 +516,7 @@ def check(spec: OpSpec, recipe: dict) -> str:
     except AssertionError as err:
         fail(f"differs from the reference: {str(err).strip()[:600]}")
     for n in spec.inplace:
-        _compare_inplace(spec, n, args[n], ref_args[n], fail)
+        _compare_inplace(spec, n, args[n], ref_args[n], before, fail)
     return "answered"
 
 
@@ -522,8 +528,9 @@ def _same_values(got, want) -> bool:
         and torch.equal(g.detach().cpu().nan_to_num(), w.nan_to_num())) for g, w in pairs)
 
 
-def _compare_inplace(spec: OpSpec, name: str, got, want, fail) -> None:
-    """An argument the op writes, after the call, against the reference's after its call."""
+def _compare_inplace(spec: OpSpec, name: str, got, want, before: dict, fail) -> None:
+    """An argument the op writes, after the call, against the reference's after its call (``before``: CPU copies of
+    the arguments before the call)."""
     pairs = zip(got, want) if isinstance(got, list) else [(got, want)]
     for i, (g, w) in enumerate(pairs):
         if not isinstance(g, torch.Tensor):
@@ -533,6 +540,6 @@ def _compare_inplace(spec: OpSpec, name: str, got, want, fail) -> None:
                 fail(f"{name}[{i}] after the call differs from the reference's")
             continue
         try:
-            spec.inplace_tolerance(g.detach().cpu(), w)
+            spec.inplace_tolerance(name, g.detach().cpu(), w, before)
         except AssertionError as err:
             fail(f"{name}[{i}] after the call differs from the reference's: {str(err).strip()[:300]}")

@@ -283,8 +283,11 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     head h reads kv head ``h // (H / Hkv)``. D in {64, 80, 96, 128, 256}; q, k, v float32, float16 or bfloat16
     (one dtype; float32 accumulation); ``scale`` defaults to ``1 / sqrt(D)``. Returns ``[B, H, N, D]`` in q's
     dtype. With ``validate`` a prefix length out of range raises ValueError (else that row's output is zero). Scores
-    are float32: a query whose scaled scores (or scaled query entries) reach its range gets an unspecified output,
-    inf or NaN, since where each path applies the scale and in what order it sums decide which.
+    are float32: a query whose scores, scaled or not, (or scaled query entries) reach its range gets an unspecified
+    output, inf or NaN, since where each path applies the scale and in what order it sums decide which. A masked key's value
+    adds nothing while it is finite; one that is inf or NaN makes the output of the nodes that may not see it
+    unspecified (kernels read masked values with weight 0, where 0 x inf is NaN, but not past a row's last visible
+    key).
     """
     B = _rows(q, "q", 4)
     if scale is None:  # (an empty head dim: the op's own check refuses it, naming the supported ones)
@@ -363,7 +366,9 @@ def draft_decoder_layer(x: torch.Tensor, residual: torch.Tensor, qkv_weight: tor
     ``position_ids[B, T]`` with ``inv_freq[D / 2]`` (float32). The new keys / values are written into ``k_cache`` /
     ``v_cache`` ``[B, nKV, S, D]`` (contiguous; in place) at ``write_slots[B, T]``; then each position attends to
     the cache slots ``s < kv_len`` with ``mask[b, t, s]`` (bool ``[B, T, kv_len]``; grouped-query: query head h
-    reads kv head ``h // (num_heads / nKV)``; scale ``1 / sqrt(D)``; a query that sees nothing gets zeros).
+    reads kv head ``h // (num_heads / nKV)``; scale ``1 / sqrt(D)``; a query that sees nothing gets zeros; a
+    masked slot holding inf or NaN leaves the output of the positions that may not see it unspecified, as in
+    :func:`tree_attention`).
 
     Returns ``residual + attention``, then ``+ down(silu(gate) * up)`` of its RMSNorm: ``[B, T, H]`` in x's dtype
     (float32, float16 or bfloat16), rounded to it wherever the module (:class:`specdec_ext.models.eagle.Eagle1Layer`
