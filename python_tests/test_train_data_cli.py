@@ -249,11 +249,11 @@ def test_cli_train_parallel_draft_from_a_draft_lm_and_decode_with_it(model_dir, 
     run(capsys, "train-draft", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"), "--out", str(lm),
         "--layers", "1", "--hidden-size", "64", *COMMON)
     text = run(capsys, "train-draft", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"),
-               "--out", str(pard), "--init", str(lm), "--parallel", "3", *COMMON)
+               "--out", str(pard), "--init", str(lm), "--layers", "1", "--parallel", "3", *COMMON)
     assert "specdec train-draft: 20 steps" in text
     m = load_model(str(pard))
     assert (m.config.pard_token, m.config.pard_num_tokens, m.config.vocab_size) == (V, 3, V + 1)
-    assert m.config.num_hidden_layers == 1  # --init's shape
+    assert m.config.num_hidden_layers == 1  # --init's shape, its first (only) layer kept
     log = json.loads((pard / "training_log.json").read_text())
     assert log["parallel"] == 3 and log["init"] == str(lm)
     # --draft-model DIR of a parallel draft drafts in parallel, its chain the positions it was trained for
@@ -267,7 +267,10 @@ def test_cli_train_parallel_draft_from_a_draft_lm_and_decode_with_it(model_dir, 
         drafter_from_args(ns, load_model(str(model_dir)))
     msg = failure(capsys, "train-draft", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"),
                   "--out", str(tmp_path / "x"), "--init", str(lm), "--layers", "3")
-    assert "--init starts from that draft LM's own shape" in msg
+    assert "--layers 3: the --init draft LM has 1 layer(s); it keeps its first 1 to 1" in msg
+    msg = failure(capsys, "train-draft", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"),
+                  "--out", str(tmp_path / "x"), "--init", str(lm), "--hidden-size", "32")
+    assert "--init starts from that draft LM's own width" in msg
     msg = failure(capsys, "train-draft", "--model", str(model_dir), "--data", str(model_dir / "corpus.txt"),
                   "--out", str(tmp_path / "x"), "--parallel", "0")
     assert "--parallel must be >= 1" in msg

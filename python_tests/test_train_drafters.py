@@ -231,6 +231,29 @@ def test_draft_lm_distils(tmp_path):
     check_lossless(DraftModelDrafter(loaded), prompts)
 
 
+def test_first_layers_is_the_smaller_llama_with_those_weights(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec_ext.train.draft_lm import first_layers
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2)
+    big = LlamaForCausalLM(config).eval()
+    weights = {k: v.clone() for k, v in big.state_dict().items() if not k.startswith("model.layers.2.")}
+    cut = first_layers(big, 2)
+    small = LlamaForCausalLM(LlamaConfig(**{**config.to_dict(), "num_hidden_layers": 2})).eval()
+    small.load_state_dict(weights)  # (strict: the cut model holds exactly these)
+    x = torch.randint(0, V, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(cut(x).logits, small(x).logits, rtol=0, atol=0)
+    cut.save_pretrained(tmp_path)
+    assert LlamaForCausalLM.from_pretrained(tmp_path).config.num_hidden_layers == 2
+    for bad in (0, 3, 1.0, True):
+        with pytest.raises(ValueError, match=r"first_layers: num_layers must be an integer in \[1, 2\]"):
+            first_layers(cut, bad)
+
+
 def test_resume_equals_uninterrupted(tmp_path):
     seqs, prompts = data()
     full, r_full = train_medusa(target(), seqs, cfg(steps=12), num_heads=2)

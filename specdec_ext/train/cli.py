@@ -338,23 +338,30 @@ def train_eagle_cmd(args) -> int:
 
 
 def train_draft_cmd(args) -> int:
-    from specdec_ext.train.draft_lm import draft_lm_drafter, train_draft_lm
+    from specdec_ext.train.draft_lm import draft_lm_drafter, first_layers, train_draft_lm
 
     if args.parallel < 1:
         raise ValueError(f"--parallel must be >= 1 (1 = an ordinary draft LM), got {args.parallel}")
     for flag, v in (("--retention", args.retention), ("--min-retention", args.min_retention)):
         if not (math.isfinite(v) and 0 < v <= 1):
             raise ValueError(f"{flag} must be in (0, 1], got {v:g}")
-    if args.init and (args.layers != 2 or args.hidden_size or args.intermediate_size):
-        raise ValueError("--init starts from that draft LM's own shape: drop --layers / --hidden-size / "
-                         "--intermediate-size")
+    if args.layers is not None and args.layers < 1:
+        raise ValueError(f"--layers must be >= 1, got {args.layers}")
+    if args.init and (args.hidden_size or args.intermediate_size):
+        raise ValueError("--init starts from that draft LM's own width: drop --hidden-size / --intermediate-size")
     init = None
     if args.init:
         from specdec_ext.generate import load_model
 
         init = load_model(args.init, dtype=torch.float32, device=args.device or "cpu")
+        held = init.config.num_hidden_layers
+        if args.layers is not None and args.layers > held:
+            raise ValueError(f"--layers {args.layers}: the --init draft LM has {held} layer(s); it keeps its first "
+                             f"1 to {held}")
+        if args.layers is not None:
+            init = first_layers(init, args.layers)
     target, tok, train, prompts, cfg = _prepare(args, "train-draft")
-    model, result = train_draft_lm(target, train, cfg, num_layers=args.layers, hidden_size=args.hidden_size,
+    model, result = train_draft_lm(target, train, cfg, num_layers=args.layers or 2, hidden_size=args.hidden_size,
                                    intermediate_size=args.intermediate_size, kl_weight=args.kl_weight,
                                    heldout_prompts=prompts, num_draft_tokens=args.num_draft_tokens, model=init,
                                    parallel=args.parallel, retention=args.retention,
@@ -505,7 +512,8 @@ def add_train_commands(sub) -> None:
     p = sub.add_parser("train-draft", help="distil a small draft LM (LlamaForCausalLM) from a local target")
     _common(p, lr=1e-3, long_fraction=f"{LONG_FRACTION:g} where the model's context is longer than --max-length "
                                       "(not with --parallel), else 0")
-    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--layers", type=int, default=None,
+                   help="decoder layers (default 2); with --init: keep that draft LM's first N (default all)")
     p.add_argument("--hidden-size", type=int, default=None, help="default: half the target's (whole heads)")
     p.add_argument("--intermediate-size", type=int, default=None, help="default: 2 * hidden size")
     p.add_argument("--kl-weight", type=float, default=1.0, help="KL to the target's logits vs CE on the data")

@@ -25,7 +25,7 @@ from specdec_ext.train.common import first_param, freeze, in_target_dtype
 from specdec_ext.train.loop import TrainConfig, evaluate_acceptance, train_loop
 from specdec_ext.train.parallel_batch import parallel_batch
 
-__all__ = ["draft_config_for", "draft_lm_drafter", "train_draft_lm"]
+__all__ = ["draft_config_for", "draft_lm_drafter", "first_layers", "train_draft_lm"]
 
 
 def draft_config_for(target, num_layers: int = 2, hidden_size: int | None = None, intermediate_size: int | None = None):
@@ -64,6 +64,21 @@ def draft_lm_drafter(model, target, num_draft_tokens: int | None = None) -> Draf
     if num_draft_tokens is not None:
         shape["num_draft_tokens"] = num_draft_tokens
     return (ParallelDraftDrafter if parallel else DraftModelDrafter)(in_target_dtype(model, target), **shape)
+
+
+def first_layers(model, num_layers: int):
+    """The draft LM ``model`` (Llama-shaped: ``model.model.layers``) cut to its first ``num_layers`` decoder layers in
+    place, its final norm and head kept: a smaller draft that starts from a trained one (training re-fits the
+    layers it kept to the head)."""
+    layers = model.model.layers
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= len(layers):
+        raise ValueError(f"first_layers: num_layers must be an integer in [1, {len(layers)}] (the draft LM's "
+                         f"layers), got {num_layers!r}")
+    model.model.layers = layers[:num_layers]
+    model.config.num_hidden_layers = num_layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:num_layers]
+    return model
 
 
 def _with_mask_row(model, num_tokens: int):
