@@ -404,3 +404,26 @@ def test_draft_lms_benchmark_sets_trained_drafts_beside_the_familys(tmp_path, ca
     assert rows["parallel-draft:parallel_draft:4"]["mean_accepted_length"] == \
         rows["parallel-draft"]["mean_accepted_length"]  # (the family's CPU shape: a chain of 4)
     assert "greedy outputs: 5 of 5 comparisons identical" in capsys.readouterr().out
+
+
+def test_draft_split_benchmark_nests_the_forward_in_the_drafters_part(tmp_path, capsys):
+    """benchmarks/python/bench_draft_split.py on the family's draft LM and parallel draft, tiny settings: per draft,
+    its decoder layers within its forward within the drafter's part of the loop; two drafts of one folder name are
+    told apart by their parents, and the same weights accept the same tokens."""
+    from specdec_ext.zoo.family import family_dir
+
+    fam = family_dir()
+    for parent in ("a", "b"):
+        (tmp_path / parent).mkdir()
+        os.symlink(os.path.join(fam, "draft"), tmp_path / parent / "draft")
+    mod = _bench_script("bench_draft_split")
+    out = tmp_path / "split.json"
+    assert mod.main(["--drafts", str(tmp_path / "a" / "draft"), str(tmp_path / "b" / "draft"),
+                     os.path.join(fam, "parallel_draft"), "--rounds", "1", "--num-prompts", "1", "--prompt-len", "16",
+                     "--max-new-tokens", "12", "--json", str(out)]) == 0
+    rows = {r["draft"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"a/draft", "b/draft", "parallel_draft"}
+    assert rows["a/draft"]["kind"] == "DraftModelDrafter" and rows["parallel_draft"]["kind"] == "ParallelDraftDrafter"
+    assert rows["a/draft"]["accepted_per_step"] == rows["b/draft"]["accepted_per_step"] > 1
+    for r in rows.values():
+        assert 0 < r["layers_share"] < r["forward_share"] < r["drafter_share"] < 1
