@@ -99,27 +99,44 @@ def _compare_attention(got, want, a, rerun, validate=True):
     # or NaN depends on where the scale is applied and on the order of the sums
     # and so is a query with a masked key whose value is not finite: the kernels read masked values with weight 0
     # up to the row's last visible key (0 x inf is NaN) and no further
-    off = ((reach > OVERFLOW) | _sees_masked_nonfinite(a))[..., None].expand_as(got)
-    got, want32 = got.masked_fill(off, 0.0), want32.masked_fill(off, 0.0)
+    masked, seen = _sees_nonfinite_values(a)
+    off = ((reach > OVERFLOW) | masked)[..., None].expand_as(got)
+    got, want32 = _nonfinite_alike(got.masked_fill(off, 0.0), want32.masked_fill(off, 0.0), seen)
     close(got, want32, 2 * ref_err + ATTENTION_ATOL[dt] * v_scale + score_err, 0.0, "output")
 
 
-def _sees_masked_nonfinite(a) -> torch.Tensor:
-    """Per query ``[B, H, N]``: whether one of its row's tree keys that it may not see holds a non-finite value."""
+def _nonfinite_alike(got: torch.Tensor, want: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where ``rows`` (the output's leading dims) saw an inf or NaN value: the same elements must be non-finite,
+    which of inf and NaN left open (a weight that underflows to 0 in one precision makes 0 x inf NaN where another
+    keeps inf); those rows are then compared no further."""
+    rows = rows[..., None].expand_as(want)
+    assert torch.equal(~got.isfinite() & rows, ~want.isfinite() & rows), \
+        "output: non-finite at other positions than the reference's, where an inf or NaN value was attended to"
+    return got.masked_fill(rows, 0.0), want.masked_fill(rows, 0.0)
+
+
+def _sees_nonfinite_values(a) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query ``[B, H, N]``: whether a key it may not see holds an inf or NaN value (the kernels read masked
+    values with weight 0 up to the row's last visible key, and 0 x inf is NaN: unspecified), and whether one it sees
+    does."""
     B, H, N, _ = a["q"].shape
     v = a["v_cache"]
-    out = torch.zeros(B, H, N, dtype=torch.bool)
+    masked, seen = torch.zeros(B, H, N, dtype=torch.bool), torch.zeros(B, H, N, dtype=torch.bool)
     if v.numel() == 0 or bool(v.isfinite().all()):
-        return out
+        return masked, seen
     dense = ref.unpack_tree_mask(a["tree_mask"].cpu(), N)  # [B, N, N]
     prefix = per_row(a["prefix_lens"], B, torch.int64)
     for b in range(B):
         p = int(prefix[b])
         if not 0 <= p <= v.shape[2] - N:  # (a row refused, or with validate=False answered with zeros)
             continue
-        bad = ~v[b, :, p:p + N].isfinite().all(-1)  # [Hkv, N keys]
-        out[b] = ((~dense[b])[None] & bad[:, None, :]).any(-1).repeat_interleave(H // v.shape[1], 0)
-    return out
+        G = H // v.shape[1]
+        bad = ~v[b, :, :p + N].isfinite().all(-1)  # [Hkv, keys]
+        sees = torch.ones(N, p + N, dtype=torch.bool)
+        sees[:, p:] = dense[b]
+        masked[b] = ((~sees)[None] & bad[:, None, :]).any(-1).repeat_interleave(G, 0)
+        seen[b] = (sees[None] & bad[:, None, :]).any(-1).repeat_interleave(G, 0)
+    return masked, seen
 
 
 def _abs_scores(a) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,14 +293,17 @@ def _compare_layer(got, want, a, rerun):
     run = _layer_raw(ref.draft_decoder_layer)
     after = to_cpu(a)
     run(after, False)  # (the caches as the call leaves them)
-    off = _sees_masked_nonfinite_layer(after)
+    # as for tree_attention: a token whose attention scores may reach float32's range, or that may not see a slot
+    # holding inf or NaN, is unspecified
+    masked, seen = _sees_nonfinite_slots(after)
+    off = (_layer_score_reach(a, after) > OVERFLOW) | masked
     if all(bool(t.isfinite().all()) for t in a.values() if isinstance(t, torch.Tensor) and t.is_floating_point()):
         # from finite inputs, a token whose reference output is not finite overflowed float32 on the way (a huge
         # weight or value): where the inf or NaN appears depends on each path's order of operations, so the
         # kernel's row is unspecified there (it must still be finite wherever the reference is)
         off |= (~want.isfinite()).any(-1)
     off = off[..., None].expand_as(want)
-    got, want = got.masked_fill(off, 0.0), want.masked_fill(off, 0.0)
+    got, want = _nonfinite_alike(got.masked_fill(off, 0.0), want.masked_fill(off, 0.0), seen & ~off[..., 0])
     scale = float(want.float().nan_to_num(0, 0, 0).abs().max()) + 1.0 if want.numel() else 1.0
     tol = LAYER_ATOL[want.dtype] * scale
     if want.dtype != torch.float32:  # (rounding each intermediate to 8 or 11 bits, as the module does, errs too)
@@ -292,13 +312,40 @@ def _compare_layer(got, want, a, rerun):
     close(got, want, tol, 0.0, "output")
 
 
-def _sees_masked_nonfinite_layer(after: dict) -> torch.Tensor:
-    """Per token ``[B, T]``: whether a key of the cache it may not see holds a non-finite value after the call's
-    writes (as for tree_attention, the op reads masked values with weight 0 up to the row's last visible key)."""
+def _sees_nonfinite_slots(after: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token ``[B, T]``: whether a cache slot it may not see holds an inf or NaN value after the call's writes,
+    and whether one it sees does (as :func:`_sees_nonfinite_values` for tree_attention)."""
     v, mask = after["v_cache"], after["mask"]
-    kv_len = mask.shape[-1]
-    bad = ~v[:, :, :kv_len].isfinite().all(-1).any(1)  # [B, kv_len]
-    return ((~mask) & bad[:, None, :]).any(-1)
+    bad = ~v[:, :, :mask.shape[-1]].isfinite().all(-1).any(1)  # [B, kv_len]
+    return ((~mask) & bad[:, None, :]).any(-1), (mask & bad[:, None, :]).any(-1)
+
+
+def _layer_score_reach(a: dict, after: dict) -> torch.Tensor:
+    """Per token ``[B, T]``, in float64: a bound on the values its attention scores reach in any path (as
+    :func:`_abs_scores`'s ``reach``), from the sizes of its query's terms (``sum |a_i w_i| + |b|``, each RoPE pair by
+    its length) and of the cache's keys after the call's writes. NaN and inf count as 0 (compared as they are)."""
+    x = a["x"].double().abs().nan_to_num(0, 0, 0)
+    w = a["input_norm_weight"]
+    if w is not None:  # the RMSNorm: each segment divided by its RMS (the RMS of |x| is x's), times |w|
+        B, T, Din = x.shape
+        seg = x.view(B, T, a["input_norm_segments"], -1)
+        x = (seg * torch.rsqrt(seg.pow(2).mean(-1, keepdim=True) + a["eps"])).view(B, T, Din)
+        x = x * w.double().abs().nan_to_num(0, 0, 0)
+    nH, (nKV, D) = a["num_heads"], (a["k_cache"].shape[1], a["k_cache"].shape[3])
+    wq = ref.unpack_linear_weight(a["qkv_weight"], *_weight_shapes(a)["qkv_weight"])[:nH * D]
+    q = x @ wq.double().abs().nan_to_num(0, 0, 0).T
+    if a["qkv_bias"] is not None:
+        q = q + a["qkv_bias"][:nH * D].double().abs().nan_to_num(0, 0, 0)
+    q = _pair_length(q.view(*q.shape[:2], nH, D).float()).double()  # [B, T, nH, D]
+    kv_len = a["mask"].shape[-1]
+    k = after["k_cache"][:, :, :kv_len].double().abs().nan_to_num(0, 0, 0).repeat_interleave(nH // nKV, 1)
+    products = _last_max(torch.einsum("bthd,bhsd->bths", q, k).flatten(2))  # (scale 1 / sqrt(D) < 1)
+    return torch.maximum(products, _last_max(q.flatten(2)) * D**-0.5 * math.log2(math.e))
+
+
+def _last_max(t: torch.Tensor) -> torch.Tensor:
+    """The maximum over the last dimension (0 where it is empty)."""
+    return t.amax(-1) if t.shape[-1] else t.new_zeros(t.shape[:-1])
 
 
 def _weight_shapes(a: dict) -> dict[str, tuple[int, int]]:
