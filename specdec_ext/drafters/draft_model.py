@@ -206,7 +206,7 @@ class DraftModelDrafter(CalibratedScores):
             use_kernel = False if T > extend_kernel_max_tokens(tokens.device) else None
             logits = tree_forward(self.model, self.cache, tokens, None, prefix,
                                   use_kernel=use_kernel, validate=False, **kept)
-        self.cache.rewind(prefix + num)
+        self.cache.rewind(prefix + num, validate=False)  # (context lengths: in range)
         self.forwards += 1
         return logits[:, -keep:] if keep else logits
 
@@ -234,8 +234,7 @@ class DraftModelDrafter(CalibratedScores):
         self.caught_up = k > 0
         if k <= 0:  # a plain step: no draft forward, so the cache does not catch up either (observe keeps valid)
             return plain_tree(root)
-        logits, at = self._catch_up(state)
-        last = logits.gather(1, at[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0]
+        last = self._catch_up(state)[:, 0]
         if shape == "dynamic":
             return self._propose_dynamic(state, root, last, k, total)
         if shape == "tree":
@@ -259,13 +258,13 @@ class DraftModelDrafter(CalibratedScores):
             draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], 1)  # leaf row: never read
         return DraftTree(tokens, parents, draft_probs)
 
-    def _catch_up(self, state: DecodeState, extra: int = 0, fill: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def _catch_up(self, state: DecodeState, extra: int = 0, fill: int = 0) -> torch.Tensor:
         """The catch-up: one forward of the longest lag T, followed by ``extra`` tokens ``fill`` right after each
         row's context (the parallel draft's mask tokens; their K/V are dropped again). Each row feeds the last T
         tokens of its context (from 0 where it has fewer), so no row writes past its context; after its valid
-        prefix, an up-to-date row would write a joining row's whole prompt there. Returns ``(logits [B, K, V],
-        at [B])``: the logits of the forward's last K positions, from the earliest row's prediction after its
-        context on (the tokens before it only write K/V), row b's prediction after its context at ``at[b]``."""
+        prefix, an up-to-date row would write a joining row's whole prompt there. Returns the logits
+        ``[B, extra + 1, V]`` of each row's predictions: after its context, then after each ``fill`` token (the
+        forward keeps the logits from the earliest row's first prediction on; the tokens before it only write K/V)."""
         dev = state.device
         lengths = [len(t) for t in state.host_tokens]
         T = max(n - v for n, v in zip(lengths, self.valid))
@@ -276,7 +275,12 @@ class DraftModelDrafter(CalibratedScores):
         if extra:
             tokens = tokens.masked_fill(steps[None] >= num[:, None], fill)
         first = min(min(lengths), T) - 1  # the forward's position of the earliest row's prediction after its context
-        return self._forward(tokens, start, num, keep=T + extra - first), num - 1 - first
+        logits = self._forward(tokens, start, num, keep=T + extra - first)
+        at = [min(n, T) - 1 - first for n in lengths]  # row b's prediction after its context, in the kept logits
+        if len(set(at)) == 1:  # (one row, or rows that lag alike: a view)
+            return logits[:, at[0]: at[0] + extra + 1]
+        rows = to_device(at, dev)[:, None] + torch.arange(extra + 1, device=dev)
+        return logits.gather(1, rows[..., None].expand(-1, -1, logits.shape[-1]))
 
     def _propose_tree(self, state: DecodeState, root: torch.Tensor, last: torch.Tensor, k: int) -> DraftTree:
         B, w, dev = state.batch_size, self.width, state.device

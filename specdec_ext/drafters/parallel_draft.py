@@ -95,9 +95,7 @@ class ParallelDraftDrafter(DraftModelDrafter):
         self.caught_up = k > 0
         if k <= 0:
             return plain_tree(root)
-        logits, last = self._catch_up(state, extra=k - 1, fill=self.mask_token_id)
-        at = last[:, None] + torch.arange(k, device=dev)  # the context's last position, then each mask
-        drafts_at = logits.gather(1, at[..., None].expand(B, k, logits.shape[-1]))[..., :Vt]  # [B, k, Vt] logits
+        drafts_at = self._catch_up(state, extra=k - 1, fill=self.mask_token_id)[..., :Vt]  # [B, k, Vt] logits
         if self.dynamic and total > k:
             w = self.width
 
