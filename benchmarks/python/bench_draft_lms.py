@@ -22,39 +22,30 @@ import torch
 from specdec_ext.bench.e2e import E2EConfig, run_e2e, with_drafter
 from specdec_ext.bench.machine import machine_info
 from specdec_ext.bench.models import from_zoo
+from specdec_ext.bench.draft_lms import add_draft_lm_args, draft_names, load_draft
 from specdec_ext.drafters import DraftModelDrafter, ParallelDraftDrafter
-from specdec_ext.drafters.parallel_draft import parallel_draft_config
-from specdec_ext.models.causal_lm import load_causal_lm
 
 
-def _drafters(directory: str, chains: list[int]) -> dict:
+def _drafters(directory: str, name: str, chains: list[int]) -> dict:
     """``{method name: maker}`` for one directory: a draft LM's chain of 4, or a parallel draft's chains."""
-    model = load_causal_lm(directory, torch.float32).eval()
-    base = os.path.basename(os.path.normpath(directory))
-    if parallel_draft_config(model.config) is None:
-        return {f"draft-model:{base}": lambda: DraftModelDrafter(model, num_draft_tokens=4)}
-    return {f"parallel-draft:{base}:{k}": (lambda k=k: ParallelDraftDrafter(model, num_draft_tokens=k))
+    model, parallel = load_draft(directory)
+    if not parallel:
+        return {f"draft-model:{name}": lambda: DraftModelDrafter(model, num_draft_tokens=4)}
+    return {f"parallel-draft:{name}:{k}": (lambda k=k: ParallelDraftDrafter(model, num_draft_tokens=k))
             for k in chains}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--zoo", default=None, help="family directory (default: the shipped family)")
-    ap.add_argument("--drafts", nargs="+", required=True, help="draft LM / parallel draft directories")
+    add_draft_lm_args(ap)
     ap.add_argument("--chains", type=int, nargs="+", default=[4], help="chain lengths of the parallel drafts")
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--num-prompts", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     models = from_zoo(args.zoo)
     methods = ["plain", "draft-model", "parallel-draft"]
-    for d in args.drafts:
-        for name, make in _drafters(d, args.chains).items():
+    for d, draft in zip(args.drafts, draft_names(args.drafts)):
+        for name, make in _drafters(d, draft, args.chains).items():
             models = with_drafter(models, name, make, {name: os.path.abspath(d)})
             methods.append(name)
     cfg = E2EConfig(methods=methods, hf=False, num_prompts=args.num_prompts, prompt_len=args.prompt_len,

@@ -21,12 +21,11 @@ import time
 
 import torch
 
+from specdec_ext.bench.draft_lms import add_draft_lm_args, draft_names, load_draft
 from specdec_ext.bench.machine import machine_info
 from specdec_ext.bench.models import from_zoo
 from specdec_ext.drafters import DraftModelDrafter, ParallelDraftDrafter
-from specdec_ext.drafters.parallel_draft import parallel_draft_config
 from specdec_ext.generate import generate
-from specdec_ext.models.causal_lm import load_causal_lm
 from specdec_ext.models.llama_step import LlamaStepOps
 
 
@@ -55,9 +54,8 @@ def _timed_draft_ops(drafter, spent: dict):
 
 
 def _drafter(directory: str, chain: int):
-    model = load_causal_lm(directory, torch.float32).eval()
-    cls = ParallelDraftDrafter if parallel_draft_config(model.config) is not None else DraftModelDrafter
-    return cls(model, num_draft_tokens=chain)
+    model, parallel = load_draft(directory)
+    return (ParallelDraftDrafter if parallel else DraftModelDrafter)(model, num_draft_tokens=chain)
 
 
 def _decode(target, drafter, prompts, new_tokens: int) -> dict:
@@ -74,22 +72,13 @@ def _decode(target, drafter, prompts, new_tokens: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--zoo", default=None, help="family directory (default: the shipped family)")
-    ap.add_argument("--drafts", nargs="+", required=True, help="draft LM / parallel draft directories")
+    add_draft_lm_args(ap)
     ap.add_argument("--chain", type=int, default=4, help="draft tokens a step")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--num-prompts", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     models = from_zoo(args.zoo)
     prompts, note = models.prompts(args.num_prompts + 1, args.prompt_len, 0)
-    names = [os.path.basename(os.path.normpath(d)) for d in args.drafts]
-    names = [n if names.count(n) == 1 else os.path.join(os.path.basename(os.path.dirname(os.path.normpath(d))), n)
-             for n, d in zip(names, args.drafts)]  # (two drafts of one name: with their folders')
+    names = draft_names(args.drafts)
     drafters = {n: _drafter(d, args.chain) for n, d in zip(names, args.drafts)}
     for d in drafters.values():  # warm-up (and the ops' first shapes)
         _decode(models.target, d, prompts[-1:], 16)

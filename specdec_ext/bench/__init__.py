@@ -8,6 +8,7 @@
 * :mod:`~specdec_ext.bench.engine_load` (``--suite engine``): the :class:`~specdec_ext.Engine` under load, plain vs
   each drafter vs adaptive: throughput, TTFT and ITL p50/p99 against concurrency and Poisson arrival rates, with
   :mod:`~specdec_ext.bench.load_clients` (the request mix, open- and closed-loop clients, what they measure);
+* :mod:`~specdec_ext.bench.draft_lms`: what the draft-LM benchmark scripts share (``benchmarks/python``);
 * :mod:`~specdec_ext.bench.plots` (PNGs), :mod:`~specdec_ext.bench.machine` (machine and versions),
   :mod:`~specdec_ext.bench.models` (the zoo family, user directories or tiny random models),
   :mod:`~specdec_ext.bench.cli` (``add_bench_command``).
