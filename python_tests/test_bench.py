@@ -427,3 +427,9 @@ def test_draft_split_benchmark_nests_the_forward_in_the_drafters_part(tmp_path, 
     assert rows["a/draft"]["accepted_per_step"] == rows["b/draft"]["accepted_per_step"] > 1
     for r in rows.values():
         assert 0 < r["layers_share"] < r["forward_share"] < r["drafter_share"] < 1
+    # --draft-quant: the drafts' weights, recorded
+    assert mod.main(["--drafts", os.path.join(fam, "parallel_draft"), "--draft-quant", "int8", "--rounds", "1",
+                     "--num-prompts", "1", "--prompt-len", "16", "--max-new-tokens", "12", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["draft_quant"] == "int8" and data["rows"][0]["accepted_per_step"] > 1
+    assert mod._drafter(os.path.join(fam, "parallel_draft"), 4, "int8").draft_quant == "int8"

@@ -22,16 +22,17 @@ import torch
 from specdec_ext.bench.e2e import E2EConfig, run_e2e, with_drafter
 from specdec_ext.bench.machine import machine_info
 from specdec_ext.bench.models import from_zoo
-from specdec_ext.bench.draft_lms import add_draft_lm_args, draft_names, load_draft
+from specdec_ext.bench.draft_lms import add_draft_lm_args, draft_names, draft_quant, load_draft
 from specdec_ext.drafters import DraftModelDrafter, ParallelDraftDrafter
 
 
-def _drafters(directory: str, name: str, chains: list[int]) -> dict:
+def _drafters(directory: str, name: str, chains: list[int], quant: str | None) -> dict:
     """``{method name: maker}`` for one directory: a draft LM's chain of 4, or a parallel draft's chains."""
     model, parallel = load_draft(directory)
     if not parallel:
-        return {f"draft-model:{name}": lambda: DraftModelDrafter(model, num_draft_tokens=4)}
-    return {f"parallel-draft:{name}:{k}": (lambda k=k: ParallelDraftDrafter(model, num_draft_tokens=k))
+        return {f"draft-model:{name}": lambda: DraftModelDrafter(model, num_draft_tokens=4, draft_quant=quant)}
+    return {f"parallel-draft:{name}:{k}": (lambda k=k: ParallelDraftDrafter(model, num_draft_tokens=k,
+                                                                            draft_quant=quant))
             for k in chains}
 
 
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     models = from_zoo(args.zoo)
     methods = ["plain", "draft-model", "parallel-draft"]
     for d, draft in zip(args.drafts, draft_names(args.drafts)):
-        for name, make in _drafters(d, draft, args.chains).items():
+        for name, make in _drafters(d, draft, args.chains, draft_quant(args)).items():
             models = with_drafter(models, name, make, {name: os.path.abspath(d)})
             methods.append(name)
     cfg = E2EConfig(methods=methods, hf=False, num_prompts=args.num_prompts, prompt_len=args.prompt_len,
@@ -71,8 +72,8 @@ def main(argv=None) -> int:
     print(f"greedy outputs: {sum(c['equal'] for c in greedy)} of {len(greedy)} comparisons identical")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine_info(), "drafts": args.drafts, "chains": args.chains,
-                       "rounds": args.rounds, "table": table, "runs": runs}, f, indent=1)
+            json.dump({"machine": machine_info(), "drafts": args.drafts, "draft_quant": args.draft_quant,
+                       "chains": args.chains, "rounds": args.rounds, "table": table, "runs": runs}, f, indent=1)
     return 0 if all(c["equal"] for c in greedy) else 1
 
 

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from specdec_ext.bench.draft_lms import add_draft_lm_args, draft_names, load_draft
+from specdec_ext.bench.draft_lms import add_draft_lm_args, draft_names, draft_quant, load_draft
 from specdec_ext.bench.machine import machine_info
 from specdec_ext.bench.models import from_zoo
 from specdec_ext.drafters import DraftModelDrafter, ParallelDraftDrafter
@@ -53,9 +53,9 @@ def _timed_draft_ops(drafter, spent: dict):
         LlamaStepOps.run, LlamaStepOps.layers = run, layers
 
 
-def _drafter(directory: str, chain: int):
+def _drafter(directory: str, chain: int, quant: str | None):
     model, parallel = load_draft(directory)
-    return (ParallelDraftDrafter if parallel else DraftModelDrafter)(model, num_draft_tokens=chain)
+    return (ParallelDraftDrafter if parallel else DraftModelDrafter)(model, num_draft_tokens=chain, draft_quant=quant)
 
 
 def _decode(target, drafter, prompts, new_tokens: int) -> dict:
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     models = from_zoo(args.zoo)
     prompts, note = models.prompts(args.num_prompts + 1, args.prompt_len, 0)
     names = draft_names(args.drafts)
-    drafters = {n: _drafter(d, args.chain) for n, d in zip(names, args.drafts)}
+    drafters = {n: _drafter(d, args.chain, draft_quant(args)) for n, d in zip(names, args.drafts)}
     for d in drafters.values():  # warm-up (and the ops' first shapes)
         _decode(models.target, d, prompts[-1:], 16)
     rounds: dict[str, list[dict]] = {name: [] for name in drafters}
@@ -102,7 +102,8 @@ def main(argv=None) -> int:
               f"{row['layers_share']:8.1%}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine_info(), "prompts": note, "num_prompts": args.num_prompts,
+            json.dump({"machine": machine_info(), "prompts": note, "draft_quant": args.draft_quant,
+                       "num_prompts": args.num_prompts,
                        "prompt_len": args.prompt_len, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
                        "rows": rows}, f, indent=1)
     return 0

@@ -11,20 +11,29 @@ import torch
 
 from specdec_ext.drafters.parallel_draft import parallel_draft_config
 from specdec_ext.models.causal_lm import load_causal_lm
+from specdec_ext.models.quantized import DRAFT_QUANT_SCHEMES
 
-__all__ = ["add_draft_lm_args", "draft_names", "load_draft"]
+__all__ = ["add_draft_lm_args", "draft_names", "draft_quant", "load_draft"]
 
 
 def add_draft_lm_args(ap: argparse.ArgumentParser) -> None:
-    """The family, the draft directories, the rounds, the held-out prompts, the threads and the JSON output."""
+    """The family, the draft directories and their weights, the rounds, the held-out prompts, the threads and the
+    JSON output."""
     ap.add_argument("--zoo", default=None, help="family directory (default: the shipped family)")
     ap.add_argument("--drafts", nargs="+", required=True, help="draft LM / parallel draft directories")
+    ap.add_argument("--draft-quant", choices=["none", *DRAFT_QUANT_SCHEMES], default="none",
+                    help="the --drafts' weights (the family's own methods stay as they are)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the results here")
+
+
+def draft_quant(args: argparse.Namespace) -> str | None:
+    """The drafters' ``draft_quant`` keyword for ``--draft-quant``."""
+    return None if args.draft_quant == "none" else args.draft_quant
 
 
 def draft_names(directories: list[str]) -> list[str]:
