@@ -196,7 +196,8 @@ def verify_tree_typical(logits: torch.Tensor, tokens: torch.Tensor, parents: tor
 
     A node is acceptable when the target probability of its token at its parent exceeds
     ``min(posterior_threshold, posterior_alpha * exp(-entropy))``; the deepest fully acceptable path wins (ties:
-    lowest node index) and ``next_token`` is sampled at its end with ``uniforms[B]``.
+    lowest node index) and ``next_token`` is sampled at its end with ``uniforms[B]``. A probability equal to its
+    threshold within float32 rounding (a uniform distribution with ``posterior_alpha = 1``) may go either way.
     """
     B = _rows(logits, "logits", 3)
     temperature = _per_row("verify_tree_typical", "temperature", temperature, B, torch.float32, logits, "logits")
