@@ -173,12 +173,15 @@ def _typical_ties(a) -> torch.Tensor:
     for b in range(B):
         for c in range(1, N):
             par, tok = int(parents[b, c]), int(tokens[b, c])
-            if not (0 <= par < N and 0 <= tok < V) or not bool(logits[b, par].isfinite().all()):
+            if not (0 <= par < N and 0 <= tok < V):
                 continue
+            x = logits[b, par].float()
+            if bool((x.isnan() | (x == float("inf"))).any()):
+                continue  # (-inf: a masked id, as the reference reads it)
             try:
-                p, thr = ref.typical_threshold(logits[b, par].float(), float(temperature[b]),
-                                               a["posterior_threshold"], a["posterior_alpha"])
-            except (ValueError, ZeroDivisionError):
+                p, thr = ref.typical_threshold(x, float(temperature[b]), a["posterior_threshold"],
+                                               a["posterior_alpha"])
+            except ValueError:
                 continue
             ties[b] |= abs(float(p[tok]) - thr) <= TYPICAL_TIE_RTOL * max(abs(thr), 1e-30)
     return ties

@@ -466,7 +466,8 @@ def check(spec: OpSpec, recipe: dict) -> str:
             if exc is None:
                 fail("meta tensors mixed with CPU tensors were accepted, not refused")
             only_devices = all(m[0] in DATA or m[0] == "meta" for m in recipe["mutations"])
-            if only_devices and ("meta" not in str(exc) or "cpu" not in str(exc)):
+            checked_data = any(c in str(exc) for c in CHECKS_OF_DATA)  # (a value mutation a data check saw first)
+            if only_devices and not checked_data and ("meta" not in str(exc) or "cpu" not in str(exc)):
                 fail("meta tensors mixed with CPU tensors: the message does not name both devices")
             return "refused"
         cpu_recipe = {**recipe, "mutations": [m for m in recipe["mutations"] if m[0] not in ("meta", "all_meta")]}
