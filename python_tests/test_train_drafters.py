@@ -254,6 +254,48 @@ def test_first_layers_is_the_smaller_llama_with_those_weights(tmp_path):
             first_layers(cut, bad)
 
 
+def test_the_zoo_parallel_draft_is_the_draft_lms_first_layers_trained_on_the_targets_own_text(monkeypatch):
+    """The family's recipe (zoo spec): the draft LM's first layer, adapted on the windows the steps read with their
+    ends rewritten by the target, exactly what self_distill gives for them; with self-distillation off, the
+    windows as they are."""
+    from dataclasses import replace
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import specdec_ext.train.draft_lm as draft_lm_module
+    from specdec_ext.zoo.build import train_parallel_draft
+    from specdec_ext.zoo.spec import QUICK
+
+    torch.manual_seed(0)
+    draft = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(3, V, (20,), generator=g).tolist() for _ in range(9)]
+    spec = replace(QUICK, drafter_seq_len=20, draft_layers=2, parallel_draft_layers=1, parallel_draft_tokens=3,
+                   parallel_draft_self_distill=12)
+    seen = []
+    real = draft_lm_module.train_draft_lm
+    monkeypatch.setattr(draft_lm_module, "train_draft_lm",
+                        lambda target, data, *a, **kw: seen.append(data) or real(target, data, *a, **kw))
+    model, result, distilled = train_parallel_draft(target(), copy.deepcopy(draft), seqs, spec,
+                                                    cfg(steps=2, lr=1e-3), progress=False)
+    want = self_distill(target(), seqs, prompt_len=8, new_tokens=12, seed=spec.seed, progress=False,
+                        max_sequences=2 * 6)
+    assert seen == [want] and distilled == len(want) == 9  # (fewer windows than the steps read: all of them)
+    assert [w[:8] for w in want] == [s[:8] for s in seqs] and want != seqs  # (prompts kept, ends rewritten)
+    assert model.config.num_hidden_layers == 1 and model.config.pard_num_tokens == 3 and result.summary()["steps"] == 2
+    assert model.config.vocab_size == V + 1  # the mask row
+    seen.clear()
+    _, _, distilled = train_parallel_draft(target(), copy.deepcopy(draft), seqs,
+                                           replace(spec, parallel_draft_self_distill=0), cfg(steps=1, lr=1e-3),
+                                           progress=False)
+    assert seen == [seqs] and distilled == 0
+    with pytest.raises(ValueError, match="parallel_draft_layers must be in"):
+        replace(spec, parallel_draft_layers=3)
+    with pytest.raises(ValueError, match="parallel_draft_self_distill must be in"):
+        replace(spec, parallel_draft_self_distill=20)
+
+
 def test_resume_equals_uninterrupted(tmp_path):
     seqs, prompts = data()
     full, r_full = train_medusa(target(), seqs, cfg(steps=12), num_heads=2)

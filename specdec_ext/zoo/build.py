@@ -9,6 +9,8 @@ long stages checkpoint every 100 steps so ``--resume`` also continues inside one
     target     a Llama LM pre-trained on the token stream, rounded to bf16     (train_target below)
     target_long  (specs with target_long_steps) the target continued on long windows
     draft      a small Llama distilled from the target (KL on its logits)      (train/draft_lm.py)
+    parallel_draft  the draft's first layer(s) adapted to draft K tokens in one forward on the target's own
+               text (train_parallel_draft below: self_distill, then train/draft_lm.py with parallel=K)
     medusa     Medusa-1 heads sharing the target's lm_head                     (train/medusa.py)
     eagle1     EAGLE-1 draft (feature regression + token KL)                   (train/eagle.py)
     eagle3     EAGLE-3 draft, fused features, training-time test, draft vocab  (train/eagle.py)
@@ -37,7 +39,8 @@ from specdec_ext.models.safe_files import read_json
 from specdec_ext.zoo.corpus import python_sources, read_sources, split_sources, stdlib_dir
 from specdec_ext.zoo.spec import ZooSpec
 
-__all__ = ["build_zoo", "reevaluate_family", "target_config", "new_target", "train_target", "FLOOR_RATIO"]
+__all__ = ["build_zoo", "reevaluate_family", "target_config", "new_target", "train_target", "train_parallel_draft",
+           "FLOOR_RATIO"]
 
 FLOOR_RATIO = 0.85  # test floor = 85% of the accepted length measured at build time
 
@@ -107,6 +110,26 @@ def heldout_loss(model, seqs: list[list[int]], batch: int = 4) -> float:
                                        reduction="sum"))
         n += toks[:, 1:].numel()
     return total / max(n, 1)
+
+
+def train_parallel_draft(target, draft_lm, seqs: list[list[int]], spec: ZooSpec, cfg, progress: bool = True):
+    """``(model, result, distilled)``: the parallel draft of ``spec``'s recipe: ``draft_lm`` cut to its first
+    ``parallel_draft_layers`` layers, trained by ``cfg`` to draft ``parallel_draft_tokens`` tokens in one forward on
+    the windows the steps read, their last ``parallel_draft_self_distill`` tokens rewritten by ``target``
+    (``distilled`` of them; 0 with self-distillation off: the windows as they are)."""
+    from specdec_ext.train.data import self_distill
+    from specdec_ext.train.draft_lm import first_layers, train_draft_lm
+
+    if spec.parallel_draft_layers:
+        draft_lm = first_layers(draft_lm, spec.parallel_draft_layers)
+    data, distilled = seqs, 0
+    if spec.parallel_draft_self_distill:
+        data = self_distill(target, seqs, prompt_len=spec.drafter_seq_len - spec.parallel_draft_self_distill,
+                            new_tokens=spec.parallel_draft_self_distill, seed=spec.seed, progress=progress,
+                            max_sequences=cfg.steps * cfg.batch_size)
+        distilled = len(data)
+    model, result = train_draft_lm(target, data, cfg, model=draft_lm, parallel=spec.parallel_draft_tokens)
+    return model, result, distilled
 
 
 def _params(module) -> int:
@@ -277,12 +300,14 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
 
     def parallel_draft():  # PARD's recipe: adapt the trained draft LM rather than train one from scratch
         draft_lm = load_causal_lm(os.path.join(out, "draft"), torch.float32)
-        model, result = train_draft_lm(target_model, seqs, drafter_cfg("parallel_draft", spec.parallel_draft_steps),
-                                       model=draft_lm, parallel=spec.parallel_draft_tokens)
+        cfg = _train_cfg(spec, out, "parallel_draft", spec.parallel_draft_steps, spec.parallel_draft_lr,
+                         spec.drafter_batch, max(1, spec.parallel_draft_steps // 20), progress, resume)
+        model, result, distilled = train_parallel_draft(target_model, draft_lm, seqs, spec, cfg, progress)
         pdir = os.path.join(out, "parallel_draft")
         _bf16_copy(model).save_pretrained(pdir)
         tok.save_pretrained(pdir)
-        return {**_summary(result), "params": _params(model), "tokens": spec.parallel_draft_tokens}
+        return {**_summary(result), "params": _params(model), "tokens": spec.parallel_draft_tokens,
+                "layers": model.config.num_hidden_layers, "self_distilled_windows": distilled}
 
     def medusa():
         heads, result = train_medusa(target_model, seqs, drafter_cfg("medusa", spec.medusa_steps),

@@ -16,6 +16,15 @@ _ROLE = {"ngram": "prompt lookup (no model)", "suffix": "suffix decoding (no mod
          "early-exit": "the target's first layers + an adapter, chain (self-speculation)"}
 
 
+def _parallel_draft_what(spec: dict) -> str:
+    layers = spec.get("parallel_draft_layers")  # (absent from cards of builds before the recipe had it: all)
+    distilled = spec.get("parallel_draft_self_distill")
+    return (("the draft LM" if not layers else f"the draft LM's first {layers} layer(s)")
+            + f" adapted to draft {spec.get('parallel_draft_tokens')} tokens in one forward (PARD: mask tokens after "
+            "the context, a new vocabulary row)"
+            + (f", on windows whose last {distilled} tokens the target rewrote" if distilled else ""))
+
+
 def write_card(out: str, card: dict) -> None:
     with open(os.path.join(out, "card.json"), "w") as f:
         json.dump(card, f, indent=1)
@@ -58,8 +67,7 @@ def render_card(card: dict) -> str:
                   f"({spec['num_kv_heads']} KV), SwiGLU {spec['intermediate_size']}"
                   + (" (one MoE expert)" if hybrid else "") + f", tied embeddings, {spec['max_positions']} positions",
         "draft": f"Llama draft LM, {spec['draft_layers']} layers, hidden {spec['draft_hidden']}, KL-distilled",
-        "parallel_draft": f"the draft LM adapted to draft {spec.get('parallel_draft_tokens')} tokens in one forward "
-                          "(PARD: mask tokens after the context, a new vocabulary row)",
+        "parallel_draft": _parallel_draft_what(spec),
         "medusa": f"Medusa-1, {spec['medusa_heads']} heads (1 ResBlock each) sharing the target's lm_head",
         "eagle1": "EAGLE-1: fc + 1 decoder layer; uses the target's embeddings and lm_head"
                   + (f"; drafts over the {spec['eagle1_vocab']} most frequent ids (draft_vocab.json)"

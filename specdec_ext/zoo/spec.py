@@ -48,9 +48,16 @@ class ZooSpec:
     draft_layers: int = 2
     draft_hidden: int = 256
     draft_steps: int = 400
-    # the parallel draft (PARD): the draft LM above, adapted to predict this many tokens in one forward
+    # the parallel draft (PARD): the draft LM above cut to its first parallel_draft_layers layers (0: all) and adapted
+    # to predict this many tokens in one forward, on windows whose last parallel_draft_self_distill tokens the target
+    # rewrote (0: the corpus as it is), as `specdec train-draft --init DRAFT --layers 1 --parallel 8` does by default.
+    # (one layer: the forward that is the whole drafting costs half; the target's own text: the tokens past the first
+    # are the target's, far easier to guess than the corpus's; README, "Parallel drafts")
     parallel_draft_tokens: int = 8
-    parallel_draft_steps: int = 600
+    parallel_draft_steps: int = 760
+    parallel_draft_layers: int = 1
+    parallel_draft_self_distill: int = 192
+    parallel_draft_lr: float = 1e-3
     medusa_heads: int = 4
     medusa_steps: int = 600
     medusa_soft_labels: bool = True  # KL to the target's distributions (mean accepted length 2.21 -> 2.38 vs CE)
@@ -84,6 +91,13 @@ class ZooSpec:
         if self.hybrid and not 2 <= self.attention_every <= self.num_layers:
             raise ValueError(f"ZooSpec.attention_every must be in [2, num_layers={self.num_layers}] for a MiniMax "
                              f"target (some layers Lightning, some attention), got {self.attention_every}")
+        if not 0 <= self.parallel_draft_layers <= self.draft_layers:
+            raise ValueError(f"ZooSpec.parallel_draft_layers must be in [0, draft_layers={self.draft_layers}] (0: all "
+                             f"the draft LM's layers), got {self.parallel_draft_layers}")
+        if not 0 <= self.parallel_draft_self_distill < self.drafter_seq_len:
+            raise ValueError(f"ZooSpec.parallel_draft_self_distill must be in [0, drafter_seq_len="
+                             f"{self.drafter_seq_len}) (tokens rewritten at each window's end), got "
+                             f"{self.parallel_draft_self_distill}")
         if self.target_long_steps < 0:
             raise ValueError(f"ZooSpec.target_long_steps must be >= 0, got {self.target_long_steps}")
         if self.target_long_steps and not self.target_seq_len < self.target_long_seq_len <= self.max_positions:
@@ -116,7 +130,8 @@ FULL = ZooSpec()
 QUICK = replace(FULL, vocab_size=512, hidden_size=64, num_layers=4, intermediate_size=128, num_heads=2,
                 num_kv_heads=1, max_positions=512, target_seq_len=64, target_batch=4, target_steps=40,
                 target_warmup=5, drafter_seq_len=64, drafter_batch=4, draft_layers=1, draft_hidden=64,
-                draft_steps=15, parallel_draft_tokens=4, parallel_draft_steps=15, medusa_heads=3, medusa_steps=15,
+                draft_steps=15, parallel_draft_tokens=4, parallel_draft_steps=15, parallel_draft_self_distill=48,
+                medusa_heads=3, medusa_steps=15,
                 eagle1_steps=15, eagle3_steps=15, eagle3_vocab=256, eagle1_vocab=128, early_exit_steps=15,
                 eval_prompts=2, eval_prompt_len=16, eval_new_tokens=16, max_files=10,
                 drafters={**{k: dict(v) for k, v in CPU_SHAPES.items()},
