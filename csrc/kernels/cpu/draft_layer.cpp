@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kernels.h"
+#include "vocab_loops.h"
 
 namespace specdec::cpu {
 namespace {
@@ -107,11 +108,7 @@ void DraftLayerSwiGlu(const DraftLayerParams<T>& p, int64_t row_begin, int64_t r
   const int64_t I = p.intermediate;
   for (int64_t r = row_begin; r < row_end; ++r) {
     const T* gu = p.gate_up + r * 2 * I;
-    T* act = p.act + r * I;
-    for (int64_t i = 0; i < I; ++i) {
-      const float g = to_float(gu[i]);
-      act[i] = from_float_rn<T>(rounded<T>(g / (1.0f + std::exp(-g))) * to_float(gu[I + i]));
-    }
+    swiglu(gu, gu + I, p.act + r * I, I);  // (vocab_loops: vectorised, one clone per ISA)
   }
 }
 

@@ -57,6 +57,17 @@ inline void subtract_clamped_impl(float* r, const float* q, int64_t n, float sca
   }
 }
 
+template <typename T>
+inline void swiglu_impl(const T* gate, const T* up, T* act, int64_t n) {
+#pragma omp simd
+  for (int64_t t = 0; t < n; ++t) {
+    const float g = to_float(gate[t]);
+    const float e = exp_nonpositive(g >= 0.0f ? -g : g);  // exp(-g) for g >= 0, exp(g) below
+    const float silu = (g >= 0.0f ? g : g * e) / (1.0f + e);
+    act[t] = from_float_rn<T>(to_float(from_float_rn<T>(silu)) * to_float(up[t]));
+  }
+}
+
 inline double sum_of_impl(const float* w, int64_t n) {
   double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t t = 0;
@@ -101,5 +112,8 @@ SPECDEC_VOCAB_LOOP(void, scaled_exp_weights,
 SPECDEC_VOCAB_LOOP(void, zero_below, (const float* x, float* w, int64_t n, float cut), (x, w, n, cut))
 SPECDEC_VOCAB_LOOP(void, subtract_clamped, (float* r, const float* q, int64_t n, float scale), (r, q, n, scale))
 SPECDEC_VOCAB_LOOP(double, sum_of, (const float* w, int64_t n), (w, n))
+SPECDEC_VOCAB_LOOP(void, swiglu, (const float* gate, const float* up, float* act, int64_t n), (gate, up, act, n))
+SPECDEC_VOCAB_LOOP(void, swiglu, (const f16* gate, const f16* up, f16* act, int64_t n), (gate, up, act, n))
+SPECDEC_VOCAB_LOOP(void, swiglu, (const bf16* gate, const bf16* up, bf16* act, int64_t n), (gate, up, act, n))
 
 }  // namespace specdec::cpu

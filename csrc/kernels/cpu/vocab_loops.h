@@ -1,10 +1,13 @@
-// The loops over a vocabulary row that dominate the CPU kernels' time, compiled twice — for the baseline x86-64
-// ISA (SSE2) and for AVX2 — and dispatched once per call on the CPU's features. Both versions compute bit-identical
+// The loops over a vocabulary row that dominate the CPU kernels' time (and the draft layer's SwiGLU row, which
+// dominated its elementwise time at many rows), compiled twice — for the baseline x86-64 ISA (SSE2) and for AVX2 —
+// and dispatched once per call on the CPU's features. Both versions compute bit-identical
 // results: AVX2 only widens the vectors (no FMA contraction, no reassociation). Non-x86 builds get the portable
 // version alone.
 #pragma once
 
 #include <cstdint>
+
+#include "../common/dtype.h"
 
 namespace specdec::cpu {
 
@@ -26,6 +29,11 @@ void scaled_exp_weights(const float* x, float* w, int64_t n, float m, float temp
 void zero_below(const float* x, float* w, int64_t n, float cut);
 // r[t] = max(r[t] - q[t] * scale, 0) (two rounded float operations, as the reference; NaN stays NaN).
 void subtract_clamped(float* r, const float* q, int64_t n, float scale);
+// act[t] = T(T(silu(gate[t])) * up[t]), silu(g) = g / (1 + exp(-g)) in float as torch's module computes it in T
+// (exp within 2 ulp of expf, evaluated on -|g| so that it never overflows).
+void swiglu(const float* gate, const float* up, float* act, int64_t n);
+void swiglu(const f16* gate, const f16* up, f16* act, int64_t n);
+void swiglu(const bf16* gate, const bf16* up, bf16* act, int64_t n);
 // Sum in float64 over eight fixed lanes (t mod 8), then the lanes pairwise: a fixed order on every ISA.
 double sum_of(const float* w, int64_t n);
 
