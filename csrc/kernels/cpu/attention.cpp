@@ -469,9 +469,15 @@ SPECDEC_BF16_TARGET void tree_attention_bf16_task(const TreeAttentionParams<bf16
   const bf16* kbase = p.k + b * p.k_stride_b + kvh * p.k_stride_h;
   const bf16* vbase = p.v + b * p.v_stride_b + kvh * p.v_stride_h;
   const __m512 scale = _mm512_set1_ps(p.scale);
-  // Pass 1 (the two-pass softmax of the float32 path): scores, mask, maxima.
+  // Pass 1 (the two-pass softmax of the float32 path): scores, mask, maxima. The cache rows of the next block (the
+  // V rows of the first block after the last K block) are prefetched while this block computes.
+  prefetch_rows(kbase, p.k_stride_s, 0, std::min(kKeyBlock, total), D);
   for (int64_t t0 = 0; t0 < total; t0 += kKeyBlock) {
     const int64_t keys = std::min(kKeyBlock, total - t0);
+    if (t0 + kKeyBlock < total)
+      prefetch_rows(kbase, p.k_stride_s, t0 + kKeyBlock, std::min(t0 + 2 * kKeyBlock, total), D);
+    else
+      prefetch_rows(vbase, p.v_stride_s, 0, std::min(kKeyBlock, total), D);
     for (int64_t j = 0; j < kKeyBlock; ++j) {
       if (j < keys) {
         uint32_t kw[128];
@@ -506,6 +512,7 @@ SPECDEC_BF16_TARGET void tree_attention_bf16_task(const TreeAttentionParams<bf16
   // Pass 2: P (rounded to bf16, as flash-attention does on GPUs; the sums stay float32), sums, acc += P V.
   for (int64_t t0 = 0; t0 < total; t0 += kKeyBlock) {
     const int64_t keys = std::min(kKeyBlock, total - t0);
+    prefetch_rows(vbase, p.v_stride_s, t0 + kKeyBlock, std::min(t0 + 2 * kKeyBlock, total), D);
     for (int64_t j = 0; j < keys; ++j) {  // V rows as (v, 0) bf16 pairs
       const uint16_t* vr = &vbase[(t0 + j) * p.v_stride_s].bits;
       uint32_t* out = w.v.data() + j * D;
