@@ -10,35 +10,14 @@
 #include "vocab_loops.h"
 
 namespace specdec::cpu {
-namespace {
-
-// x rounded to T, back in float: where the module computes a T tensor, the layer rounds the same way.
-template <typename T>
-inline float rounded(float x) {
-  return to_float(from_float_rn<T>(x));
-}
-
-// torch's RMSNorm module in T: w * T(x * rsqrt(mean(x^2) + eps)), n values from `x` into `y`.
-template <typename T>
-inline void rms_norm(const T* x, const T* w, int64_t n, float eps, T* y) {
-  float ss = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = to_float(x[i]);
-    ss += v * v;
-  }
-  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = from_float_rn<T>(to_float(w[i]) * rounded<T>(to_float(x[i]) * inv));
-}
-
-}  // namespace
 
 template <typename T>
 void DraftLayerInputNorm(const DraftLayerParams<T>& p, int64_t row_begin, int64_t row_end) {
   const int64_t seg = p.in_features / p.input_norm_segments;
   for (int64_t r = row_begin; r < row_end; ++r)
     for (int64_t s = 0; s < p.input_norm_segments; ++s)
-      rms_norm(p.x + r * p.in_features + s * seg, p.input_norm_weight + s * seg, seg, p.eps,
-               p.normed_input + r * p.in_features + s * seg);
+      rms_norm_row(p.x + r * p.in_features + s * seg, p.input_norm_weight + s * seg,
+                   p.normed_input + r * p.in_features + s * seg, seg, p.eps);
 }
 
 template <typename T>
@@ -99,7 +78,7 @@ void DraftLayerAddNorm(const DraftLayerParams<T>& p, int64_t row_begin, int64_t 
     T* h1 = p.h1 + r * H;  // holds o Wo^T; becomes residual + o Wo^T
     const T* res = p.residual + r * H;
     for (int64_t i = 0; i < H; ++i) h1[i] = from_float_rn<T>(to_float(res[i]) + to_float(h1[i]));
-    rms_norm(h1, p.norm_weight, H, p.eps, p.normed + r * H);
+    rms_norm_row(h1, p.norm_weight, p.normed + r * H, H, p.eps);
   }
 }
 

@@ -1,5 +1,7 @@
 #include "vocab_loops.h"
 
+#include <cmath>
+
 #include "../common/dtype.h"
 #include "fast_exp.h"
 
@@ -68,6 +70,27 @@ inline void swiglu_impl(const T* gate, const T* up, T* act, int64_t n) {
   }
 }
 
+template <typename T>
+inline void rms_norm_row_impl(const T* x, const T* w, T* y, int64_t n, float eps) {
+  float lane[16] = {};
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16)
+    for (int j = 0; j < 16; ++j) {
+      const float v = to_float(x[t + j]);
+      lane[j] += v * v;
+    }
+  for (int j = 0; t < n; ++t, ++j) {
+    const float v = to_float(x[t]);
+    lane[j] += v * v;
+  }
+  for (int width = 8; width >= 1; width /= 2)
+    for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
+  const float inv = 1.0f / std::sqrt(lane[0] / static_cast<float>(n) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = from_float_rn<T>(to_float(w[i]) * to_float(from_float_rn<T>(to_float(x[i]) * inv)));
+}
+
 inline double sum_of_impl(const float* w, int64_t n) {
   double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t t = 0;
@@ -112,6 +135,11 @@ SPECDEC_VOCAB_LOOP(void, scaled_exp_weights,
 SPECDEC_VOCAB_LOOP(void, zero_below, (const float* x, float* w, int64_t n, float cut), (x, w, n, cut))
 SPECDEC_VOCAB_LOOP(void, subtract_clamped, (float* r, const float* q, int64_t n, float scale), (r, q, n, scale))
 SPECDEC_VOCAB_LOOP(double, sum_of, (const float* w, int64_t n), (w, n))
+SPECDEC_VOCAB_LOOP(void, rms_norm_row, (const float* x, const float* w, float* y, int64_t n, float eps),
+                   (x, w, y, n, eps))
+SPECDEC_VOCAB_LOOP(void, rms_norm_row, (const f16* x, const f16* w, f16* y, int64_t n, float eps), (x, w, y, n, eps))
+SPECDEC_VOCAB_LOOP(void, rms_norm_row, (const bf16* x, const bf16* w, bf16* y, int64_t n, float eps),
+                   (x, w, y, n, eps))
 SPECDEC_VOCAB_LOOP(void, swiglu, (const float* gate, const float* up, float* act, int64_t n), (gate, up, act, n))
 SPECDEC_VOCAB_LOOP(void, swiglu, (const f16* gate, const f16* up, f16* act, int64_t n), (gate, up, act, n))
 SPECDEC_VOCAB_LOOP(void, swiglu, (const bf16* gate, const bf16* up, bf16* act, int64_t n), (gate, up, act, n))
