@@ -422,6 +422,38 @@ __attribute__((always_inline)) inline void exp_sum_block(int64_t M, int64_t rows
     for (int64_t j = 0; j < kKeyBlock; ++j) s[m * ld + j] = 0.0f;
 }
 
+// K^T for 16 keys: rows `k + i * stride` (i < n; zeros for the rest), bf16 pairs x0 .. x0 + 15 of each, stored
+// as kt[x * kKeyBlock + i]: a 16 x 16 transpose of 32-bit pairs in registers (interleave 32-bit, then 64-bit
+// elements within 128-bit lanes, then the lanes), instead of 16 scalar stores per pair. Data movement only.
+// (GCC 12's unpack intrinsics pass _mm512_undefined_epi32() as their unused merge source: a false -Wmaybe-uninitialized.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+SPECDEC_BF16_TARGET inline void transpose_keys16(const bf16* k, int64_t stride, int64_t n, int64_t x0,
+                                                 uint32_t* kt) {
+  __m512i r[16], t[16], u[16];
+  for (int i = 0; i < 16; ++i) r[i] = i < n ? _mm512_loadu_si512(k + i * stride + 2 * x0) : _mm512_setzero_si512();
+  for (int i = 0; i < 16; i += 2) {  // t[i] lane l: r_i[4l], r_{i+1}[4l], r_i[4l+1], r_{i+1}[4l+1]; t[i+1]: +2
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + e] lane l: r_i .. r_{i+3} at pair 4l + e
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {  // pair 4l + e of the 16 keys: lane l of u[e], u[4 + e], u[8 + e], u[12 + e]
+    const __m512i a0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44), a1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xEE);
+    const __m512i b0 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44);
+    const __m512i b1 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xEE);
+    _mm512_storeu_si512(kt + (x0 + e) * kKeyBlock, _mm512_shuffle_i32x4(a0, b0, 0x88));
+    _mm512_storeu_si512(kt + (x0 + 4 + e) * kKeyBlock, _mm512_shuffle_i32x4(a0, b0, 0xDD));
+    _mm512_storeu_si512(kt + (x0 + 8 + e) * kKeyBlock, _mm512_shuffle_i32x4(a1, b1, 0x88));
+    _mm512_storeu_si512(kt + (x0 + 12 + e) * kKeyBlock, _mm512_shuffle_i32x4(a1, b1, 0xDD));
+  }
+}
+#pragma GCC diagnostic pop
+
 struct Bf16Work {
   std::vector<uint32_t> q, kt, v, pp;  // [rows][D/2], [D/2][KB], [KB][D], [rows][KB]
   std::vector<float> s, acc, mx, sum;  // s: [rows][blocks * KB], the scores of every key
@@ -478,14 +510,17 @@ SPECDEC_BF16_TARGET void tree_attention_bf16_task(const TreeAttentionParams<bf16
       prefetch_rows(kbase, p.k_stride_s, t0 + kKeyBlock, std::min(t0 + 2 * kKeyBlock, total), D);
     else
       prefetch_rows(vbase, p.v_stride_s, 0, std::min(kKeyBlock, total), D);
-    for (int64_t j = 0; j < kKeyBlock; ++j) {
-      if (j < keys) {
-        uint32_t kw[128];
-        std::memcpy(kw, kbase + (t0 + j) * p.k_stride_s, D * sizeof(bf16));
-        for (int64_t x = 0; x < D2; ++x) w.kt[x * kKeyBlock + j] = kw[x];
-      } else {
-        for (int64_t x = 0; x < D2; ++x) w.kt[x * kKeyBlock + j] = 0u;
-      }
+    for (int64_t j0 = 0; j0 < kKeyBlock; j0 += 16) {  // K^T, 16 keys x 16 pairs at a time (zeros past the keys)
+      const int64_t n = std::clamp<int64_t>(keys - j0, 0, 16);
+      const bf16* k = n > 0 ? kbase + (t0 + j0) * p.k_stride_s : nullptr;
+      int64_t x0 = 0;
+      for (; x0 + 16 <= D2; x0 += 16) transpose_keys16(k, p.k_stride_s, n, x0, w.kt.data() + j0);
+      for (int64_t j = 0; j < 16; ++j)  // (D = 80: the last 8 pairs one by one)
+        for (int64_t x = x0; x < D2; ++x) {
+          uint32_t pair = 0u;
+          if (j < n) std::memcpy(&pair, k + j * p.k_stride_s + 2 * x, sizeof(pair));
+          w.kt[x * kKeyBlock + j0 + j] = pair;
+        }
     }
     float* sb = w.s.data() + t0;
     for (int64_t m0 = 0; m0 < rows; m0 += kRowTile) {
