@@ -18,7 +18,8 @@
 // the clones may differ in the last bits (FMA contraction): attention outputs are compared with a tolerance, and
 // FMA doubles the arithmetic throughput. On Zen4 both micro-kernels run at ~95% of the FMA peak in place; the
 // softmax (~6%) is most of the rest. float16 and bfloat16 caches are converted to float32 once per block, except
-// bfloat16 on CPUs with AVX512-BF16, which has its own path (below: scores at twice the float32 rate).
+// bfloat16 on CPUs with AVX512-BF16, which has its own path (below: scores at twice the float32 rate, K^T built by
+// register transposes).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
