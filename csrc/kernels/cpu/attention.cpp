@@ -426,7 +426,8 @@ __attribute__((always_inline)) inline void exp_sum_block(int64_t M, int64_t rows
 // K^T for 16 keys: rows `k + i * stride` (i < n; zeros for the rest), bf16 pairs x0 .. x0 + 15 of each, stored
 // as kt[x * kKeyBlock + i]: a 16 x 16 transpose of 32-bit pairs in registers (interleave 32-bit, then 64-bit
 // elements within 128-bit lanes, then the lanes), instead of 16 scalar stores per pair. Data movement only.
-// (GCC 12's unpack intrinsics pass _mm512_undefined_epi32() as their unused merge source: a false -Wmaybe-uninitialized.)
+// (GCC 12's unpack intrinsics pass _mm512_undefined_epi32() as their unused merge source: a false
+// -Wmaybe-uninitialized.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 SPECDEC_BF16_TARGET inline void transpose_keys16(const bf16* k, int64_t stride, int64_t n, int64_t x0,
