@@ -1,6 +1,6 @@
 // The loops over a vocabulary row that dominate the CPU kernels' time (and the draft layer's SwiGLU and RMSNorm
-// rows, which dominated its elementwise time at many rows), compiled twice — for the baseline x86-64 ISA (SSE2) and for AVX2 —
-// and dispatched once per call on the CPU's features. Both versions compute bit-identical
+// rows, which dominated its elementwise time at many rows), compiled twice — for the baseline x86-64 ISA (SSE2)
+// and for AVX2 — and dispatched once per call on the CPU's features. Both versions compute bit-identical
 // results: AVX2 only widens the vectors (no FMA contraction, no reassociation). Non-x86 builds get the portable
 // version alone.
 #pragma once
