@@ -182,11 +182,14 @@ def test_reevaluate_rewrites_the_card_not_the_weights(built, tmp_path, capsys):
     weights = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parent != out}
     threads = torch.get_num_threads()
     try:
-        assert main(["zoo", "evaluate", "--out", str(out), "--threads", "1"]) == 0
+        assert main(["zoo", "evaluate", "--out", str(out), "--threads", "1", "--rounds", "2"]) == 0
     finally:
         torch.set_num_threads(threads)
     new = json.loads(card_file.read_text())
-    assert new["spec"]["drafters"] == CPU_SHAPES
+    assert new["spec"]["drafters"] == CPU_SHAPES and new["evaluation"]["rounds"] == 2
+    for k, r in card["evaluation"]["drafters"].items():  # (greedy: the same tokens every round, where the shape held)
+        if k != "plain" and card["spec"]["drafters"].get(k) == CPU_SHAPES.get(k):
+            assert new["evaluation"]["drafters"][k]["mean_accepted_length"] == r["mean_accepted_length"], k
     assert new["training"] == card["training"] and new["evaluation"]["prompt_ids"] == card["evaluation"]["prompt_ids"]
     ev = new["evaluation"]["drafters"]
     assert set(ev) == {"plain", *load_family(str(out)).drafter_names}
@@ -198,6 +201,41 @@ def test_reevaluate_rewrites_the_card_not_the_weights(built, tmp_path, capsys):
     (out / "card.json").write_text(json.dumps({k: v for k, v in new.items() if k != "evaluation"}))
     with pytest.raises(SystemExit, match="no evaluation.prompt_ids"):
         main(["zoo", "evaluate", "--out", str(out)])
+    with pytest.raises(SystemExit, match="--rounds must be >= 1"):
+        main(["zoo", "evaluate", "--out", str(out), "--rounds", "0"])
+
+
+def test_evaluation_rounds_take_the_median_of_each_rounds_ratio_to_plain(monkeypatch):
+    """evaluate_drafters(rounds=3): round-robin timing, tokens/s the median round's, the speedup the median of the
+    rounds' ratios to that round's plain decoding (a clock and a decoder that script each run's time)."""
+    from types import SimpleNamespace
+
+    import specdec_ext.generate as generate_module
+    from specdec_ext.zoo.evaluate import evaluate_drafters
+
+    seconds = {None: [1.0, 4.0, 1.0], "a": [0.5, 1.0, 0.25], "b": [2.0, 2.0, 2.0]}  # per prompt, per round
+    clock, runs = [0.0], []
+
+    def fake_generate(target, drafter, prompt, max_new_tokens, eos_token_id):
+        name = getattr(drafter, "name", None)
+        runs.append(name)
+        clock[0] += seconds[name][sum(r == name for r in runs) - 1]
+        return torch.cat([prompt, torch.arange(4)]), SimpleNamespace(new_tokens=4, row_steps=2, accept_hist=[2, 2])
+
+    monkeypatch.setattr(generate_module, "generate", fake_generate)
+    monkeypatch.setattr("specdec_ext.zoo.evaluate.time.perf_counter", lambda: clock[0])
+    made = []
+    family = SimpleNamespace(target=None, drafter_names=["a", "b"],
+                             make_drafter=lambda n: made.append(n) or SimpleNamespace(name=n))
+    got = evaluate_drafters(family, [[1, 2]], 4, rounds=3)
+    assert runs == [None, "a", "b"] * 3  # round-robin, plain first
+    assert made == ["a", "b"] * 3  # a fresh drafter each round (suffix decoding must not see earlier rounds)
+    assert got["plain"]["tokens_per_s"] == 4.0  # rates 4, 1, 4
+    assert got["a"]["tokens_per_s"] == 8.0 and got["a"]["speedup"] == 4.0  # rates 8, 4, 16; ratios 2, 4, 4
+    assert got["b"]["tokens_per_s"] == 2.0 and got["b"]["speedup"] == 0.5  # ratios 0.5, 2, 0.5
+    assert got["a"]["mean_accepted_length"] == 2.0 and got["a"]["greedy_identical"]
+    with pytest.raises(ValueError, match="rounds must be an integer >= 1"):
+        evaluate_drafters(family, [[1, 2]], 4, rounds=0)
 
 
 def test_corpus_halves_are_disjoint_and_share_the_heldout_files():

@@ -361,8 +361,8 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
         prompts = heldout_prompts(fam.tokenizer, spec.eval_prompts, spec.eval_prompt_len, root)
         return {"prompts": len(prompts), "prompt_tokens": spec.eval_prompt_len,
                 "new_tokens": spec.eval_new_tokens,
-                "drafters": evaluate_drafters(fam, prompts, spec.eval_new_tokens),
-                "prompt_ids": prompts}  # the tests decode exactly these (held-out files differ across Pythons)
+                "drafters": evaluate_drafters(fam, prompts, spec.eval_new_tokens, rounds=spec.eval_rounds),
+                "rounds": spec.eval_rounds, "prompt_ids": prompts}  # the tests decode exactly these (held-out files differ across Pythons)
 
     evaluation = stages.run("evaluate", evaluate)
     members = {m: {"bytes": _dir_bytes(os.path.join(out, m)), "params": stages.records[s].get("params")}
@@ -426,11 +426,11 @@ def _floors(evaluation: dict) -> dict:
     return {"ratio": FLOOR_RATIO, "mean_accepted_length": {k: round(FLOOR_RATIO * v, 2) for k, v in acc.items()}}
 
 
-def reevaluate_family(out: str, threads: int | None = None) -> dict:
+def reevaluate_family(out: str, threads: int | None = None, rounds: int = 3) -> dict:
     """Re-measures a built family with the library's current drafter shapes (``CPU_SHAPES``) and code, on the
     card's own prompts, and rewrites ``card.json`` / ``README.md``: the evaluation, the shapes and the tests' floors.
     The weights and the training records are untouched (``specdec zoo evaluate``: after a drafter change that needs
-    no retraining)."""
+    no retraining). ``rounds``: :func:`~specdec_ext.zoo.evaluate.evaluate_drafters`'s timed rounds."""
     from specdec_ext.zoo.card import write_card
     from specdec_ext.zoo.evaluate import evaluate_drafters
     from specdec_ext.zoo.family import load_family
@@ -447,7 +447,8 @@ def reevaluate_family(out: str, threads: int | None = None) -> dict:
         json.dump(card, f, indent=1)
     fam = load_family(out)
     _log(f"== evaluating {len(prompts)} prompts x {old['new_tokens']} new tokens per drafter")
-    card["evaluation"] = {**old, "drafters": evaluate_drafters(fam, prompts, old["new_tokens"])}
+    card["evaluation"] = {**old, "drafters": evaluate_drafters(fam, prompts, old["new_tokens"], rounds=rounds),
+                          "rounds": rounds}
     card["evaluation"]["evaluated"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     card["floors"] = _floors(card["evaluation"])
     write_card(out, card)

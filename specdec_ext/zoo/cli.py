@@ -26,7 +26,9 @@ def zoo_build_cmd(args) -> int:
 def zoo_evaluate_cmd(args) -> int:
     from specdec_ext.zoo.build import reevaluate_family
 
-    reevaluate_family(args.out)
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+    reevaluate_family(args.out, rounds=args.rounds)
     return 0
 
 
@@ -54,5 +56,8 @@ def add_zoo_command(sub) -> None:
                         "its card (evaluation, shapes, test floors); weights untouched",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     e.add_argument("--out", required=True, help="the family directory (e.g. specdec_ext/zoo/family)")
+    e.add_argument("--rounds", type=int, default=3,
+                   help="timed rounds, round-robin over plain decoding and the drafters; the card's speedups are the "
+                        "medians (its fastest drafter is `specdec serve --zoo`'s default)")
     add_threads_argument(e)
     e.set_defaults(func=zoo_evaluate_cmd)

@@ -78,6 +78,7 @@ class ZooSpec:
     eval_prompts: int = 8
     eval_prompt_len: int = 64
     eval_new_tokens: int = 64
+    eval_rounds: int = 3  # timed round-robin; speedups are medians over rounds (evaluate_drafters)
     max_files: int | None = None  # corpus files (sorted) to use; None: all
     corpus_part: str = "all"  # CORPUS_PARTS; the held-out files are the same whichever part trains
     seed: int = 0
@@ -133,7 +134,7 @@ QUICK = replace(FULL, vocab_size=512, hidden_size=64, num_layers=4, intermediate
                 draft_steps=15, parallel_draft_tokens=4, parallel_draft_steps=15, parallel_draft_self_distill=48,
                 medusa_heads=3, medusa_steps=15,
                 eagle1_steps=15, eagle3_steps=15, eagle3_vocab=256, eagle1_vocab=128, early_exit_steps=15,
-                eval_prompts=2, eval_prompt_len=16, eval_new_tokens=16, max_files=10,
+                eval_prompts=2, eval_prompt_len=16, eval_new_tokens=16, eval_rounds=1, max_files=10,
                 drafters={**{k: dict(v) for k, v in CPU_SHAPES.items()},
                           "eagle2": {"depth": 3, "top_k": 2, "total_tokens": 6},
                           "eagle3": {"depth": 3, "top_k": 2, "total_tokens": 6}})
