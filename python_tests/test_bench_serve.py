@@ -74,16 +74,28 @@ def test_serve_suite_bad_arguments(capsys, tmp_path):
     assert "drafter 'eagle9' is not one of" in capsys.readouterr().err
 
 
-def test_the_best_fixed_drafter_is_not_one_the_replayed_workload_favours(tmp_path):
-    """The suite replays the same requests at every point and round: suffix decoding, which drafts from earlier
-    outputs, would look them up (13 tokens a step). "best" takes the fastest on the card among the others."""
+def test_the_best_fixed_drafter_is_the_fastest_at_one_client_on_the_suites_requests(monkeypatch):
+    """"best": each drafter but those the replayed workload favours (suffix decoding would look up the replays) is
+    timed at one client straight into an engine on the suite's first requests (after a warm-up), the fastest kept;
+    a named drafter is taken as named, an unknown one refused."""
     from types import SimpleNamespace
 
-    from specdec_ext.bench.serve_load import _fixed_drafter
+    import specdec_ext.bench.serve_load as serve_load
+    from specdec_ext.bench.load_clients import Job
 
-    card = {"evaluation": {"drafters": {"suffix": {"speedup": 1.9}, "eagle1": {"speedup": 1.8},
-                                        "ngram": {"speedup": 1.6}}}}
-    (tmp_path / "card.json").write_text(json.dumps(card))
-    models = SimpleNamespace(drafter_names=["ngram", "suffix", "eagle1"], info={"family_path": str(tmp_path)})
-    assert _fixed_drafter(models, "best") == "eagle1"
-    assert _fixed_drafter(models, "suffix") == "suffix"  # (named: measured as asked)
+    rates = {"ngram": 500.0, "suffix": 900.0, "eagle1": 700.0, "medusa": 600.0}
+    timed = []
+
+    def fake_direct(models, drafter, jobs, concurrency, max_len):
+        timed.append((drafter.name, len(jobs), concurrency, max_len))
+        return {"tokens_per_s": rates[drafter.name]}
+
+    monkeypatch.setattr(serve_load, "_direct", fake_direct)
+    models = SimpleNamespace(drafter_names=list(rates), make_drafter=lambda n: SimpleNamespace(name=n, max_nodes=9))
+    jobs = [Job([1] * 10, 6), Job([1] * 20, 12), Job([1] * 5, 3)]
+    assert serve_load._fixed_drafter(models, "best", jobs) == "eagle1"
+    assert timed == [(n, k, 1, 32 + 9) for n in ("ngram", "eagle1", "medusa") for k in (2, 3)]  # warm-up, then all
+    timed.clear()
+    assert serve_load._fixed_drafter(models, "suffix", jobs) == "suffix" and not timed  # (named: measured as asked)
+    with pytest.raises(ValueError, match="drafter 'eagle9' is not one of"):
+        serve_load._fixed_drafter(models, "eagle9", jobs)
