@@ -316,7 +316,7 @@ def _sees_nonfinite_slots(after: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Per token ``[B, T]``: whether a cache slot it may not see holds an inf or NaN value after the call's writes,
     and whether one it sees does (as :func:`_sees_nonfinite_values` for tree_attention)."""
     v, mask = after["v_cache"], after["mask"]
-    bad = ~v[:, :, :mask.shape[-1]].isfinite().all(-1).any(1)  # [B, kv_len]
+    bad = (~v[:, :, :mask.shape[-1]].isfinite()).any(-1).any(1)  # [B, kv_len]: some kv head's value there
     return ((~mask) & bad[:, None, :]).any(-1), (mask & bad[:, None, :]).any(-1)
 
 
