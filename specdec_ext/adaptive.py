@@ -43,8 +43,12 @@ the decode loop is needed. The first step of a generation adds nothing to the co
 its draft time counts as catch-up when the drafter caught up on a deferred prefill there.
 
 Schedule (``mode="adapt"``): depth 1, 0, 1 for the first three steps (so that two target costs are measured), then
-the argmax every step, among the depths up to the first one whose tokens in flight exceed every measured point (a
-cost beyond the measurements is an extrapolation: the choice climbs one depth at a time into it). Exploration: the
+the argmax, among the depths up to the first one whose tokens in flight exceed every measured point (a cost beyond
+the measurements is an extrapolation: the choice climbs one depth at a time into it). A clear answer (its score
+``_HOLD_LEAD`` over the runner-up's) stands for ``_HOLD`` steps unless the batch size, the loop's depth bound or
+whether the batch lags changes first: its inputs move by about a sample a step, and working it out cost ~100 us a
+step on a CPU (1-3% of a step; docs/ARCHITECTURE.md, "Adaptive speculation"). Close calls are worked out every
+step: at one row a step is one sample, and one unlucky one must not keep a depth off for several steps. Exploration: the
 argmax's neighbour (in turn one deeper, the other shape where there are two, one shallower) is tried instead, so that acceptance of the next depth and
 costs off the current point stay fresh (acceptance drops and cost changes at the chosen depth are seen every step);
 ``explore_every`` steps after the choice last moved, then twice, four times as far apart while it holds (up to
@@ -104,6 +108,8 @@ __all__ = ["AdaptiveDrafter", "CostCurve", "DepthAcceptance"]
 
 MODES = ("adapt", "off", "fixed")
 _SETTLED = 4  # plain steps in a row after which joining rows' draft prefill is deferred (see _defer)
+_HOLD = 4  # steps a clear argmax answers for while the batch size, the depth bound and the lag's presence hold
+_HOLD_LEAD = 1.05  # clear: its score at least this much over the runner-up's (one sample a step moves scores ~1%)
 
 
 class DepthAcceptance:
@@ -329,6 +335,7 @@ class AdaptiveDrafter:
         self._explore_gap = self.explore_every  # steps between explorations now (grows while the choice holds)
         self._explore_turn = 0  # which neighbour the next exploration tries (deeper, other shape, shallower, ...)
         self._last_best: tuple[int, bool] | None = None  # the argmax (depth, chain?) of the last step
+        self._held: tuple | None = None  # ((B, limit, lagging?), argmax, steps it still answers for)
         self._base_rows = 0  # the batch rows when the exploration rate last restarted
         self.explorations = 0
 
@@ -339,6 +346,7 @@ class AdaptiveDrafter:
         self.inner.begin(target, state, prefill_hidden_states, **self._defer(state))
         self._gen_step = 0
         self._pending = None
+        self._held = None
 
     def add_rows(self, target: torch.nn.Module, rows: DecodeState, prefill_hidden_states=None, *,
                  defer_prefill: bool = False) -> None:
@@ -542,7 +550,12 @@ class AdaptiveDrafter:
         one depth past the largest tokens in flight measured so far (costs beyond it are extrapolated: climb one
         step at a time instead of jumping). ``remaining``: tokens a row may still emit, on average over the batch
         (None: unknown)."""
-        best, best_s = (0, False), None
+        return self._ranked(B, limit, remaining)[0]
+
+    def _ranked(self, B: int, limit: int, remaining: float | None) -> tuple[tuple[int, bool], float]:
+        """:meth:`best_step`'s answer and its lead: its score over the runner-up's (inf without one; 1 where the
+        answer is a climb's step past the measured costs, or no cost is known yet)."""
+        best, best_s, best_beyond, second_s = (0, False), None, False, 0.0
         max_x = max(self.target_cost.points, default=0.0)
         c = self._catchup_at(B) if self._lag > 0 else None
         catchup = c * self._lag if c else 0.0
@@ -555,7 +568,7 @@ class AdaptiveDrafter:
                     continue
                 t = self._step_time(B, d, chain, draft[chain])
                 if t is None:
-                    return min(1, limit), False
+                    return (min(1, limit), False), 1.0
                 e = expected[chain][d]
                 if d > 0 and catchup:
                     # leaving plain decoding costs the drafter's catch-up on the lag once, spread over the steps that
@@ -565,13 +578,18 @@ class AdaptiveDrafter:
                     s = e / (t + catchup / steps)
                 else:
                     s = e / max(t, 1e-12)  # (= score(B, d, optimism, chain))
+                beyond = B * self.nodes_at(d, chain) > max_x
                 if best_s is None or s > best_s * (1 + 1e-9):
-                    best, best_s = (d, chain), s
-                if B * self.nodes_at(d, chain) > max_x:
+                    best, best_s, best_beyond, second_s = (d, chain), s, beyond, (best_s or 0.0)
+                else:
+                    second_s = max(second_s, s)
+                if beyond:
                     climbing.discard(chain)
             if not climbing:
                 break
-        return best
+        if best_beyond:  # (a climb's step: the next argmax may climb on)
+            return best, 1.0
+        return best, (best_s / second_s if second_s > 0 else float("inf"))
 
     def choose(self, B: int, max_depth: int, remaining: float | None = None) -> tuple[int, bool]:
         """The (depth, chain?) of the next step for a batch of B rows when the loop allows ``max_depth``;
@@ -584,7 +602,7 @@ class AdaptiveDrafter:
         step = getattr(self, "_gen_step", 0)
         if len(self.target_cost) < 2 and step < 3:  # probes: 1 (untimed), 0, 1
             return (1, 0, 1)[step], False
-        d, chain = self.best_step(B, limit, remaining)
+        d, chain = self._argmax(B, limit, remaining)
         if limit == self.max_depth:  # (steps capped by the token budget say nothing about the choice)
             # the choice moved, or the batch size did by 2x (not the drift of a row or two that joins and leaves
             # make every few steps): explore at the base rate
@@ -602,6 +620,18 @@ class AdaptiveDrafter:
             self.explorations += 1
             return e, e_chain
         return d, chain
+
+    def _argmax(self, B: int, limit: int, remaining: float | None) -> tuple[int, bool]:
+        """:meth:`best_step`, worked out afresh every ``_HOLD`` steps or when ``B``, ``limit`` or whether the batch
+        lags changes (see "Schedule" in the module doc)."""
+        key = (B, limit, self._lag > 0)
+        held = self._held
+        if held is not None and held[0] == key and held[2] > 0:
+            self._held = (key, held[1], held[2] - 1)
+            return held[1]
+        best, lead = self._ranked(B, limit, remaining)
+        self._held = (key, best, _HOLD - 1 if lead >= _HOLD_LEAD else 0)
+        return best
 
     def _neighbour(self, B: int, d: int, chain: bool, limit: int) -> tuple[int, bool]:
         """The step an exploration tries instead of (d, chain): in turn one deeper, the other shape at the same

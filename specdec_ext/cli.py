@@ -32,6 +32,7 @@ import torch
 
 from specdec_ext.devices import check_device
 from specdec_ext.drafter_args import add_drafter_arguments, check_one_drafter, drafter_from_args
+from specdec_ext.host_allocator import tune_host_allocator
 from specdec_ext.threads import add_threads_argument, apply_threads
 
 try:
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             check_device(args.device, "--device")
         if getattr(args, "threads", None) is not None:
             apply_threads(args)
+        tune_host_allocator()  # (a decoding process's malloc thresholds; see specdec_ext/host_allocator.py)
         return args.func(args)
     except KeyboardInterrupt:
         if args.debug:

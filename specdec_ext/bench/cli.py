@@ -22,6 +22,7 @@ import time
 
 import specdec_ext
 from specdec_ext.devices import check_device
+from specdec_ext.host_allocator import tune_host_allocator
 from specdec_ext.threads import add_threads_argument, apply_threads
 
 SUITES = ("e2e", "batch", "context", "engine", "serve")
@@ -310,6 +311,7 @@ def run(args: argparse.Namespace, log=print) -> tuple[dict, list[str]]:
             log(f"specdec bench: skipping the batch sweep: {err}")
             batch_fn = err
     apply_threads(args)  # (also when run() is called without specdec's main)
+    tune_host_allocator()
     device = args.device or ("cuda" if torch.cuda.is_available() and specdec_ext.built_with_cuda() else "cpu")
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else None)
     try:

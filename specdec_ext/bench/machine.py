@@ -11,6 +11,7 @@ import torch
 
 import specdec_ext
 from specdec_ext.hardware import cpu_model
+from specdec_ext.host_allocator import host_allocator_settings
 
 
 def _version(module: str) -> str | None:
@@ -22,8 +23,9 @@ def _version(module: str) -> str | None:
 
 
 def machine_info() -> dict:
-    """CPU model, cores (and the ones this process may use), torch threads, versions of python / torch /
-    transformers / specdec_ext (and whether its CUDA kernels are built), and the CUDA device when there is one."""
+    """CPU model, cores (and the ones this process may use), torch threads, the host allocator's settings, versions
+    of python / torch / transformers / specdec_ext (and whether its CUDA kernels are built), and the CUDA device when
+    there is one."""
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -34,6 +36,7 @@ def machine_info() -> dict:
         "cores": os.cpu_count(),
         "usable_cores": usable,
         "torch_threads": torch.get_num_threads(),
+        "host_allocator": host_allocator_settings(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,
