@@ -142,6 +142,9 @@ def test_engine_suite_through_the_cli(tmp_path, capsys):
     cfg = eng["config"]
     assert cfg["methods"] == ["plain", "ngram", "draft-model", "adaptive"]
     assert cfg["adaptive_inner"] in ("ngram", "draft-model") and cfg["temperature"] == 0.0
+    rates = cfg["adaptive_inner_rates"]  # ("best": the fixed drafters timed at one client before the loads)
+    assert set(rates) == {"ngram", "draft-model"} and cfg["adaptive_inner"] == max(rates, key=rates.get)
+    assert data["machine"]["host_allocator"]["reason"]  # (what the run's malloc thresholds were, and why)
     loads = [("closed", 1), ("closed", 3), ("poisson", 300.0)]
     assert [(r["load"], r["value"], r["method"]) for r in eng["rows"]] == \
         [(k, v, m) for k, v in loads for m in cfg["methods"]]

@@ -6,8 +6,9 @@ the same requests (:func:`~specdec_ext.bench.load_clients.make_workload`) one af
 in a rotated order (round ``r`` starts at the ``r``-th method), and each method reports its median round: a VM
 that drifts or a neighbour that wakes up then lands on every method alike instead of on whichever ran last. Each
 method keeps one drafter for the whole run (as a server does). ``adaptive`` is
-an :class:`~specdec_ext.adaptive.AdaptiveDrafter` around ``adaptive_inner`` (``"best"``: the fixed drafter with the
-highest throughput at the first load). Per configuration: throughput, TTFT and ITL p50/p99, mean accepted length,
+an :class:`~specdec_ext.adaptive.AdaptiveDrafter` around ``adaptive_inner`` (``"best"``: of the fixed drafters among
+the methods, the fastest at one client on the suite's first requests before the loads, by the median of three
+rounds: :func:`~specdec_ext.bench.load_clients.fastest_drafter`). Per configuration: throughput, TTFT and ITL p50/p99, mean accepted length,
 whether greedy outputs equal plain decoding's. The summary asks the issue's question: where does speculation stop
 paying, and is adaptive within 5% of the better of plain and the best fixed drafter at every load (and above both
 somewhere)? It answers from paired rounds: per round, adaptive over the better of plain and the best fixed drafter
@@ -24,8 +25,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specdec_ext.adaptive import AdaptiveDrafter
-from specdec_ext.bench.load_clients import (REPLAY_EXCLUDED, ClosedClients, Job, PoissonArrivals, drive, make_workload,
-                                            summarise)
+from specdec_ext.bench.load_clients import (REPLAY_EXCLUDED, ClosedClients, Job, PoissonArrivals, drive,
+                                            fastest_drafter, make_workload, summarise)
 from specdec_ext.bench.rounds import median_round, paired_ratio, round_order
 from specdec_ext.engine import Engine, RequestSettings
 
@@ -64,7 +65,7 @@ def _methods(cfg: EngineLoadConfig, names: list[str]) -> list[str]:
         raise ValueError(f"adaptive_inner must be 'best' or one of {', '.join(names)}, got {cfg.adaptive_inner!r}")
     if not (isinstance(cfg.repeats, int) and cfg.repeats >= 1):
         raise ValueError(f"repeats must be an integer >= 1, got {cfg.repeats!r}")
-    # plain first (the reference outputs), adaptive last (its inner drafter may be the best of the others)
+    # plain first (the reference outputs), adaptive last
     return ["plain"] + [m for m in methods if m not in ("plain", "adaptive")] + (["adaptive"] if "adaptive" in methods else [])
 
 
@@ -100,10 +101,18 @@ def run_engine_load(models, cfg: EngineLoadConfig = EngineLoadConfig(), log=prin
     n_most = max([cfg.requests] + [max(cfg.requests, 2 * int(c)) for c in cfg.concurrency])
     prompts, prompt_note = models.prompts(min(n_most, 16), cfg.prompt_len, cfg.seed)
     workload = make_workload(prompts, n_most, cfg.max_new_tokens, cfg.seed)
+    t_start = time.perf_counter()
+    inner, inner_rates = cfg.adaptive_inner, None
+    if "adaptive" in methods and inner == "best":
+        inner, inner_rates = fastest_drafter(models, [m for m in methods if m in names], workload[:cfg.requests])
+        if log:
+            log(f"adaptive around {inner} (tokens/s at one client, medians of three rounds: "
+                + ", ".join(f"{n} {r:.1f}" for n, r in inner_rates.items()) + ")")
     drafters = {m: models.make_drafter(m) for m in methods if m in names}
     drafters["plain"] = None
+    if "adaptive" in methods:
+        drafters["adaptive"] = AdaptiveDrafter(models.make_drafter(inner))
     warm = workload[:2]
-    t_start = time.perf_counter()
 
     def warm_up(m):  # first-shape costs, allocations; the drafter's state carries on (as on a server)
         _run_one(models, drafters[m], [Job(j.prompt, min(8, j.max_new_tokens)) for j in warm],
@@ -111,7 +120,6 @@ def run_engine_load(models, cfg: EngineLoadConfig = EngineLoadConfig(), log=prin
 
     for m in drafters:
         warm_up(m)
-    inner = None if cfg.adaptive_inner == "best" else cfg.adaptive_inner
     rows = []
     for kind, value in loads:
         n = max(cfg.requests, 2 * int(value)) if kind == "closed" else cfg.requests
@@ -119,12 +127,6 @@ def run_engine_load(models, cfg: EngineLoadConfig = EngineLoadConfig(), log=prin
         runs: dict[str, list[tuple[dict, list]]] = {m: [] for m in methods}
         for r in range(cfg.repeats):
             for m in round_order(methods, r):
-                if m == "adaptive" and "adaptive" not in drafters:
-                    if inner is None:  # the best fixed drafter at the first load's first round
-                        inner = max(((f, rs[0][0]["tokens_per_s"]) for f, rs in runs.items() if f in names and rs),
-                                    key=lambda fr: fr[1])[0]
-                    drafters["adaptive"] = AdaptiveDrafter(models.make_drafter(inner))
-                    warm_up("adaptive")
                 source = ClosedClients(n, int(value)) if kind == "closed" else \
                     PoissonArrivals(n, float(value), cfg.seed + 7919)
                 runs[m].append(_run_one(models, drafters[m], jobs, source, cfg,
@@ -137,7 +139,8 @@ def run_engine_load(models, cfg: EngineLoadConfig = EngineLoadConfig(), log=prin
             rows.append(row)
             if log:
                 log(format_row(row))
-    return {"config": {**asdict(cfg), "methods": methods, "adaptive_inner": inner},
+    return {"config": {**asdict(cfg), "methods": methods, "adaptive_inner": inner,
+                       "adaptive_inner_rates": inner_rates},
             "prompts": prompt_note, "threads": torch.get_num_threads(), "eos": "ignored (every request runs its "
             "budget)", "itl": "a step handing a request k tokens g s after its last ones counts as k intervals of "
             "g / k", "rows": rows, "summary": summarise_loads(rows, methods, names),

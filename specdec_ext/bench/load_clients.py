@@ -5,7 +5,9 @@
 * :class:`ClosedClients`: a closed loop, ``C`` clients each sending its next request when its last one finished;
 * :func:`drive`: steps the engine against wall time; a request *arrives* at its time and is added before the next
   step once that time has passed (so a request that arrives during a step waits for it, as on a server);
-* :func:`summarise`: throughput, time to first token, inter-token latency, from the times tokens left ``step()``.
+* :func:`summarise`: throughput, time to first token, inter-token latency, from the times tokens left ``step()``;
+* :func:`run_direct`: requests straight into an engine of their own, C at a time; :func:`fastest_drafter`: of some
+  drafters, the fastest at one client that way (the suites' choice of a "best" drafter).
 
 Inter-token latency: a step that hands a request ``k`` tokens ``g`` seconds after its previous ones counts as ``k``
 intervals of ``g / k`` (the pace its stream advances at). Counting it as one gap ``g`` and ``k - 1`` zeros would put
@@ -15,11 +17,14 @@ the median at zero for any drafter that accepts more than half of its steps' dra
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["REPLAY_EXCLUDED", "ClosedClients", "Job", "PoissonArrivals", "Trace", "drive", "make_workload",
-           "percentile", "summarise"]
+from specdec_ext.engine import Engine, RequestSettings
+
+__all__ = ["REPLAY_EXCLUDED", "ClosedClients", "Job", "PoissonArrivals", "Trace", "drive", "fastest_drafter",
+           "make_workload", "percentile", "run_direct", "summarise"]
 
 # Drafters a load benchmark leaves out unless named: the engine and serve suites replay the same requests at every
 # load and round (and a closed loop sends each prompt twice), which a drafter that drafts from earlier requests'
@@ -189,3 +194,36 @@ def summarise(traces: list[Trace]) -> dict:
             "ttft_p50_ms": ms(ttft, 50), "ttft_p99_ms": ms(ttft, 99),
             "itl_p50_ms": ms(itl, 50), "itl_p99_ms": ms(itl, 99),
             "latency_p50_ms": ms(latency, 50), "latency_p99_ms": ms(latency, 99)}
+
+
+def run_direct(models, drafter, jobs: list[Job], concurrency: int) -> dict:
+    """``jobs`` straight into an engine of ``concurrency`` rows (no HTTP), a closed loop of that many clients,
+    greedy, EOS ignored: :func:`summarise`'s row."""
+    longest = max(len(j.prompt) + j.max_new_tokens for j in jobs)
+    max_len = longest + (drafter.max_nodes if drafter is not None else 1)
+
+    def settings_of(i):
+        return RequestSettings(max_new_tokens=jobs[i].max_new_tokens, ignore_eos=True)
+
+    with Engine(models.target, drafter, max_batch=concurrency, max_len=max_len, eos_token_id=[]) as engine:
+        return summarise(drive(engine, jobs, ClosedClients(len(jobs), concurrency), settings_of))
+
+
+def fastest_drafter(models, names: list[str], jobs: list[Job], rounds: int = 3) -> tuple[str, dict[str, float]]:
+    """Of the drafters ``names`` (``models.make_drafter``): the fastest at one client on ``jobs`` straight into an
+    engine, by its median tokens/s over ``rounds`` rounds in a rotated order (each drafter warmed up on two short
+    requests first), and every drafter's median. One pass had the order of two drafters within a few percent of
+    each other turn on the VM's moment."""
+    if not names:
+        raise ValueError("fastest_drafter: no drafter to choose from")
+    drafters = {n: models.make_drafter(n) for n in names}
+    warm = [Job(j.prompt, min(8, j.max_new_tokens)) for j in jobs[:2]]
+    for d in drafters.values():
+        run_direct(models, d, warm, 1)
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            rates[n].append(run_direct(models, drafters[n], jobs, 1)["tokens_per_s"])
+    medians = {n: statistics.median(v) for n, v in rates.items()}
+    return max(names, key=lambda n: medians[n]), medians

@@ -12,7 +12,7 @@ the greedy outputs equal plain decoding's.
 
 The server's own overhead (HTTP, detokenizing, queueing, the clients' turnaround) at C = ``overhead_at``: the
 point's wall time outside the engine's steps, over the time inside them; and the same requests driven straight
-into an engine (:func:`~specdec_ext.bench.load_clients.drive`, no HTTP) for a throughput side by side.
+into an engine (:func:`~specdec_ext.bench.load_clients.run_direct`, no HTTP) for a throughput side by side.
 
 The issue's goals, as measured: at C = 1 the fixed drafter's ITL p50 at least 2x better than plain; adaptive's
 throughput within 5% of the better of plain and fixed at every C; overhead under 10% at C = 16.
@@ -34,9 +34,10 @@ import time
 from dataclasses import asdict, dataclass
 
 from specdec_ext.adaptive import AdaptiveDrafter
-from specdec_ext.bench.load_clients import REPLAY_EXCLUDED, ClosedClients, Job, Trace, drive, make_workload, summarise
+from specdec_ext.bench.load_clients import (REPLAY_EXCLUDED, Job, Trace, fastest_drafter, make_workload, run_direct,
+                                            summarise)
 from specdec_ext.bench.rounds import median_round, paired_ratio, round_order
-from specdec_ext.engine import Engine, RequestSettings
+from specdec_ext.engine import Engine
 from specdec_ext.serve.app import create_app, serve_in_thread
 from specdec_ext.serve.engine_loop import EngineLoop
 from specdec_ext.serve.metrics import ServerMetrics
@@ -65,9 +66,10 @@ class ServeLoadConfig:
 
 def _fixed_drafter(models, name: str, jobs) -> str:
     """The fixed drafter: ``name``, or for "best" the fastest at one client straight into an engine on the suite's
-    own first ``jobs``, among the drafters the replayed workload does not favour (:data:`REPLAY_EXCLUDED`): the
-    point where the suite's latency goal is judged. (The family card's ranking, on other prompts and lengths, once
-    picked n-gram here, which accepted 1.7 tokens a step on these requests, and missed the goal for the suite.)"""
+    own first ``jobs`` (:func:`~specdec_ext.bench.load_clients.fastest_drafter`), among the drafters the replayed
+    workload does not favour (:data:`REPLAY_EXCLUDED`): the point where the suite's latency goal is judged. (The
+    family card's ranking, on other prompts and lengths, once picked n-gram here, which accepted 1.7 tokens a step
+    on these requests, and missed the goal for the suite.)"""
     names = list(models.drafter_names)
     if name != "best":
         if name not in names:
@@ -76,14 +78,7 @@ def _fixed_drafter(models, name: str, jobs) -> str:
     names = [n for n in names if n not in REPLAY_EXCLUDED]
     if not names:
         raise ValueError("serve: the models have no drafter to run the fixed and adaptive methods with")
-    longest = max(len(j.prompt) + j.max_new_tokens for j in jobs)
-
-    def rate(n: str) -> float:
-        drafter = models.make_drafter(n)
-        _direct(models, drafter, jobs[:2], 1, longest + drafter.max_nodes)  # (first-shape costs)
-        return _direct(models, drafter, jobs, 1, longest + drafter.max_nodes)["tokens_per_s"]
-
-    return names[0] if len(names) == 1 else max(names, key=rate)
+    return names[0] if len(names) == 1 else fastest_drafter(models, names, jobs)[0]
 
 
 def _clients(url: str, concurrency: int, jobs, time_limit_s: float) -> list[dict]:
@@ -114,17 +109,6 @@ def _point(url: str, metrics: ServerMetrics, concurrency: int, jobs, cfg: ServeL
                engine_step_s=round(d["step_s"], 4), engine_steps=d["steps"],
                overhead=(row["duration_s"] - d["step_s"]) / d["step_s"] if d["step_s"] > 0 else None)
     return row, [r["tokens"] for r in recs]
-
-
-def _direct(models, drafter, jobs, concurrency: int, max_len: int) -> dict:
-    """The same requests straight into an engine (no HTTP), C at a time."""
-    def settings_of(i):
-        return RequestSettings(max_new_tokens=jobs[i].max_new_tokens, ignore_eos=True)
-
-    with Engine(models.target, drafter, max_batch=concurrency, max_len=max_len, eos_token_id=[]) as engine:
-        row = summarise(drive(engine, jobs, ClosedClients(len(jobs), concurrency), settings_of))
-        row["engine_step_s"] = None  # (drive's wall time is all engine)
-    return row
 
 
 def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) -> dict:
@@ -171,12 +155,12 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
                     log(format_row(row))
     direct = {}
     for method in METHODS:  # (the control is plain again)
-        _, _, drafter, max_len = servers[method]
+        _, _, drafter, _ = servers[method]
         if drafter is not None and hasattr(drafter, "depth_hist"):
             last = next(r for r in reversed(rows) if r["method"] == method)
             last["depth_hist"] = {str(d): n for d, n in sorted(drafter.depth_hist.items())}
         jobs = workload[:max(cfg.requests, 2 * overhead_c)]
-        direct[method] = _direct(models, drafter, jobs, overhead_c, max_len)
+        direct[method] = run_direct(models, drafter, jobs, overhead_c)
         if log:
             log(f"  {method:<9} straight into the engine at C = {overhead_c}: {direct[method]['tokens_per_s']:.1f} "
                 f"tok/s")
