@@ -949,3 +949,40 @@ def test_a_wide_drafter_drafts_trees_at_one_row_and_chains_at_eight():
     assert sum(chain and d >= 2 for d, chain in tail) >= 45, tail  # chains at eight, not plain steps
     assert sum(ad.chain_hist.values()) == sum(chain for _, chain in shapes)
     assert ad.conditional_acceptance(3, chain=True) < 0.5 < ad.conditional_acceptance(3)  # one table per shape
+
+
+def test_a_clear_choice_stands_for_a_few_steps_and_a_close_call_is_worked_out_every_step():
+    """The argmax is worked out afresh every ``_HOLD`` steps while its answer leads the runner-up's score by
+    ``_HOLD_LEAD`` (and at once when the batch size changes); an answer within that lead is worked out every step."""
+    from specdec_ext import adaptive as A
+
+    def counted(ad):
+        calls = []
+        ranked = ad._ranked
+
+        def spy(*args):
+            calls.append(args[0])
+            return ranked(*args)
+        ad._ranked = spy
+        return calls
+
+    clock = FakeClock()
+    ad = AdaptiveDrafter(FakeChain(clock, D=4), explore_every=0, clock=clock)
+    steep = lambda x: 1e-3 * x  # noqa: E731 - every token costs and drafts are mostly rejected: plain leads by far
+    state = fake_run(ad, clock, 12, B=8, target_time=steep, accept=geometric(0.3))
+    calls = counted(ad)
+    fake_run(ad, clock, 20, B=8, target_time=steep, accept=geometric(0.3), state=state, start=12)
+    assert ad.history[-20:] == [0] * 20 and len(calls) == 20 // A._HOLD, (ad.history, calls)
+    small = fake_state(4)
+    fake_run(ad, clock, 1, B=4, target_time=steep, accept=geometric(0.3), state=small, start=32)
+    assert calls[-1] == 4  # (a new batch size: worked out at once)
+
+    clock = FakeClock()
+    ad = AdaptiveDrafter(FakeChain(clock, D=4), explore_every=0, clock=clock)
+    # a close call: depth 1 yields 1.5 tokens for 1.5x plain's time, the same score as a plain step
+    tie = lambda x: 1e-3 * (1.0 if x <= 8 else 1.5)  # noqa: E731
+    state = fake_run(ad, clock, 12, B=8, target_time=tie, accept=lambda s, b, d: int(b % 2 == 0 and d > 0))
+    calls = counted(ad)
+    fake_run(ad, clock, 10, B=8, target_time=tie, accept=lambda s, b, d: int(b % 2 == 0 and d > 0), state=state,
+             start=12)
+    assert len(calls) == 10, calls

@@ -622,8 +622,8 @@ class AdaptiveDrafter:
         return d, chain
 
     def _argmax(self, B: int, limit: int, remaining: float | None) -> tuple[int, bool]:
-        """:meth:`best_step`, worked out afresh every ``_HOLD`` steps or when ``B``, ``limit`` or whether the batch
-        lags changes (see "Schedule" in the module doc)."""
+        """:meth:`best_step`; a clear answer (``_HOLD_LEAD`` ahead of the runner-up) stands for ``_HOLD`` steps
+        unless ``B``, ``limit`` or whether the batch lags changes first (see "Schedule" in the module doc)."""
         key = (B, limit, self._lag > 0)
         held = self._held
         if held is not None and held[0] == key and held[2] > 0:
