@@ -129,6 +129,7 @@ def test_engine_suite_through_the_cli(tmp_path, capsys):
                          "--concurrency", "1,3", "--rates", "300", "--requests", "4", "--engine-prompt-len", "16",
                          "--engine-max-new-tokens", "8", "--max-batch", "2",
                          "--engine-methods", "plain,ngram,draft-model,adaptive", "--repeats", "2",
+                         "--warmup-rounds", "1",
                          "--note", "shared machine"])
     assert rc == 0
     files = sorted(os.listdir(out))
@@ -158,6 +159,7 @@ def test_engine_suite_through_the_cli(tmp_path, capsys):
         assert r["tokens_per_s"] > 0 and r["duration_s"] > 0
         # two rounds; the row is the lower one's (the lower middle of an even count)
         assert len(r["tokens_per_s_rounds"]) == 2 and r["tokens_per_s"] == min(r["tokens_per_s_rounds"])
+        assert len(r["warmup_tokens_per_s"]) == 1 and r["warmup_tokens_per_s"][0] > 0  # (a warm-up round first)
         assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and 0 < r["itl_p50_ms"] <= r["itl_p99_ms"]
         assert r["ttft_p99_ms"] <= r["latency_p99_ms"] <= 1e3 * r["duration_s"]
         assert r["mean_accepted_length"] >= 1.0 and r["max_batch_seen"] <= (3 if r["value"] == 3 else 2)
@@ -169,11 +171,16 @@ def test_engine_suite_through_the_cli(tmp_path, capsys):
     s = eng["summary"]
     assert s["all_finished"] and s["all_outputs_match_plain"]
     assert len(s["per_load"]) == 3 and all(e["vs_plain"]["plain"] == 1.0 for e in s["per_load"])
+    at = {(r["load"], r["value"], r["method"]): r for r in eng["rows"]}
+    for e in s["per_load"]:  # the warm-up round's ratio, on the record beside the goal (not judged)
+        a, p, b = (at[(e["load"], e["value"], m)]["warmup_tokens_per_s"][0] for m in ("adaptive", "plain",
+                                                                                    e["best_fixed"]))
+        assert e["adaptive_vs_better_warmup"] == pytest.approx(a / max(p, b))
     assert isinstance(s["goal_met"], bool) and s["min_adaptive_vs_better"] > 0 and s["min_adaptive_vs_better_paired"] > 0
     assert (out / files[1]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
-    assert "| load | plain tok/s | ngram | draft-model | adaptive | best fixed | adaptive / better | paired rounds |" \
-        in printed
+    assert ("| load | plain tok/s | ngram | draft-model | adaptive | best fixed | adaptive / better | paired rounds | "
+            "warm-up rounds |") in printed
     assert "goal (adaptive >= 0.95 x the better" in printed
 
 
@@ -183,6 +190,7 @@ def test_engine_suite_through_the_cli(tmp_path, capsys):
     (["--engine-methods", "plain,warp"], "unknown method(s) ['warp']"),
     (["--adaptive-inner", "warp"], "adaptive_inner must be 'best' or one of"),
     (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--warmup-rounds", "-1"], "--warmup-rounds must be >= 0"),
 ])
 def test_engine_suite_bad_arguments(argv, message, tmp_path, capsys):
     rc = bench_cli.main(["--tiny", "--suite", "engine", "--out", str(tmp_path), *argv])

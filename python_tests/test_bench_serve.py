@@ -1,8 +1,8 @@
 """``specdec bench --suite serve --tiny --quick``: the server under load from streaming clients in a process of their
-own, for plain, the fixed drafter and adaptive, two rounds in a rotated order. Every request finishes without an
-error and gets its whole budget (EOS ignored), the greedy outputs of the drafters equal plain decoding's in every
-round, plain decoding accepts nothing and the drafters something, the JSON holds every row with its rounds and the
-goals' check on paired rounds, and the PNG is written.
+own, for plain, the fixed drafter and adaptive, a warm-up round then two rounds in a rotated order. Every request
+finishes without an error and gets its whole budget (EOS ignored), the greedy outputs of the drafters equal plain
+decoding's in every round, plain decoding accepts nothing and the drafters something, the JSON holds every row with
+its rounds and the goals' check on paired rounds, and the PNG is written.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def test_serve_suite_quick(tmp_path):
     assert main(["--tiny", "--quick", "--suite", "serve", "--out", str(tmp_path), "--name", "s", "--threads", "1",
-                 "--requests", "4", "--repeats", "2"]) == 0
+                 "--requests", "4", "--repeats", "2", "--warmup-rounds", "1"]) == 0
     files = sorted(os.listdir(tmp_path))
     json_file = next(f for f in files if f.endswith(".json"))
     png = next(f for f in files if f.endswith("_serve.png"))
@@ -52,6 +52,10 @@ def test_serve_suite_quick(tmp_path):
     assert [e["concurrency"] for e in s["per_concurrency"]] == [1, 2]
     for r in rows.values():  # the median of two rounds is the slower one; each round's throughput beside it
         assert len(r["tokens_per_s_rounds"]) == 2 and r["tokens_per_s"] == min(r["tokens_per_s_rounds"])
+        assert len(r["warmup_tokens_per_s"]) == 1 and r["warmup_tokens_per_s"][0] > 0  # (unmeasured, on record)
+    for e in s["per_concurrency"]:
+        a, p, f = (rows[(m, e["concurrency"])]["warmup_tokens_per_s"][0] for m in ("adaptive", "plain", "fixed"))
+        assert e["adaptive_vs_better_warmup"] == pytest.approx(a / max(p, f))
     for e in s["per_concurrency"]:
         a, p, f = (rows[(m, e["concurrency"])]["tokens_per_s_rounds"] for m in ("adaptive", "plain", "fixed"))
         assert e["adaptive_vs_better_paired"] == pytest.approx(

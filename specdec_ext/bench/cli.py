@@ -35,7 +35,7 @@ PRESETS = {
     "concurrency": ((1, 2, 4, 8, 16), (1, 2)), "rates": ((2.0, 8.0, 32.0), (50.0,)), "requests": (16, 4),
     "engine_prompt_len": (64, 32), "engine_max_new_tokens": (48, 16), "engine_repeats": (5, 1),
     "serve_concurrency": ((1, 2, 4, 8, 16, 32, 64), (1, 2)), "serve_time_limit": (60.0, 30.0),
-    "serve_repeats": (3, 1),
+    "serve_repeats": (3, 1), "load_warmup_rounds": (1, 0),
 }
 
 
@@ -115,11 +115,13 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-batch", type=int, default=16, help="open loop: the engine's rows (default 16)")
     e.add_argument("--engine-methods", help="comma-separated: plain, drafter names, adaptive (default: all)")
     e.add_argument("--adaptive-inner", default="best", help="the adaptive drafter's inner drafter (default best: "
-                                                            "the fastest fixed drafter at the first load)")
+                                                            "the fastest fixed drafter at one client, timed first)")
     e.add_argument("--sampled", action="store_true", help="sample at temperature 1 (default greedy)")
     e.add_argument("--repeats", type=int, help="rounds per load, in rotated method order; each method reports its "
                                                "median round; the goal is judged on paired rounds (default 5, quick "
                                                "1; the serve suite 3, quick 1)")
+    e.add_argument("--warmup-rounds", type=int, help="unmeasured rounds of every method at the start of each load, "
+                                                     "engine and serve suites (default 1, quick 0)")
     v = p.add_argument_group("serve suite (specdec serve on loopback, streaming clients; --concurrency, --requests, "
                              "--engine-prompt-len and --engine-max-new-tokens apply; default concurrency 1,2,...,64)")
     v.add_argument("--serve-drafter", default="best",
@@ -213,7 +215,7 @@ def _serve_config(args: argparse.Namespace, st: dict):
     repeats = args.repeats if args.repeats is not None else st["serve_repeats"]  # (>= 1: checked with the engine's)
     return ServeLoadConfig(concurrency=conc, requests=e.requests, prompt_len=e.prompt_len,
                            max_new_tokens=e.max_new_tokens, time_limit_s=limit, drafter=args.serve_drafter,
-                           repeats=repeats, seed=args.seed)
+                           repeats=repeats, warmup_rounds=e.warmup_rounds, seed=args.seed)
 
 
 def _engine_config(args: argparse.Namespace, st: dict):
@@ -234,11 +236,15 @@ def _engine_config(args: argparse.Namespace, st: dict):
         if val is not None and val < 1:
             raise BenchError(f"--{flag.replace('_', '-')} must be >= 1, got {val}")
         sizes[flag] = val if val is not None else st[key]
+    warmup = args.warmup_rounds if args.warmup_rounds is not None else st["load_warmup_rounds"]
+    if warmup < 0:
+        raise BenchError(f"--warmup-rounds must be >= 0, got {warmup}")
     methods = tuple(_csv(args.engine_methods, "--engine-methods")) if args.engine_methods else None
     return EngineLoadConfig(concurrency=tuple(conc), rates=tuple(rates), requests=sizes["requests"],
                             prompt_len=sizes["engine_prompt_len"], max_new_tokens=sizes["engine_max_new_tokens"],
                             max_batch=sizes["max_batch"], temperature=1.0 if args.sampled else 0.0, methods=methods,
-                            adaptive_inner=args.adaptive_inner, seed=args.seed, repeats=sizes["repeats"])
+                            adaptive_inner=args.adaptive_inner, seed=args.seed, repeats=sizes["repeats"],
+                            warmup_rounds=warmup)
 
 
 def default_out_dir() -> str:

@@ -4,11 +4,12 @@ For each method a server (:func:`~specdec_ext.serve.app.create_app` on an engine
 on a free loopback port in this process, all three at once; for each concurrency C, C streaming clients in a
 process of their own (:mod:`~specdec_ext.bench.serve_clients`: a closed loop, greedy, EOS ignored, bounded in
 requests and time) send the same held-out requests (:func:`~specdec_ext.bench.load_clients.make_workload`) to
-each server in turn, ``repeats`` rounds in a rotated order (:mod:`~specdec_ext.bench.rounds`): each method reports
-its median round, and adaptive is judged on rounds paired in time, as in the engine suite. Per point: requests/s, output
-tokens/s, TTFT and inter-token latency p50/p99 as the clients saw them (the engine suite's rule for ITL), mean
-accepted length and the engine's time inside its steps (the server's counters, differenced), errors, and whether
-the greedy outputs equal plain decoding's.
+each server in turn, ``warmup_rounds`` unmeasured rounds (as in the engine suite: a new load's first-shape costs and
+the adaptive drafter's learning) then ``repeats`` rounds in a rotated order (:mod:`~specdec_ext.bench.rounds`): each
+method reports its median round, and adaptive is judged on rounds paired in time, as in the engine suite. Per point:
+requests/s, output tokens/s, TTFT and inter-token latency p50/p99 as the clients saw them (the engine suite's rule
+for ITL), mean accepted length and the engine's time inside its steps (the server's counters, differenced), errors,
+and whether the greedy outputs equal plain decoding's.
 
 The server's own overhead (HTTP, detokenizing, queueing, the clients' turnaround) at C = ``overhead_at``: the
 point's wall time outside the engine's steps, over the time inside them; and the same requests driven straight
@@ -60,6 +61,7 @@ class ServeLoadConfig:
     drafter: str = "best"  # the fixed drafter (best: the fastest at one client on these requests; _fixed_drafter)
     overhead_at: int = 16  # the concurrency of the overhead measurement (the nearest one run)
     repeats: int = 3  # rounds per concurrency, the methods in a rotated order each round
+    warmup_rounds: int = 0  # unmeasured rounds of every method first at each concurrency (the CLI's default: 1)
     control: bool = True  # a second plain server in the same rounds (the module doc's resolution)
     seed: int = 0
 
@@ -140,16 +142,21 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
         for c in cfg.concurrency:
             jobs = workload[:max(cfg.requests, 2 * c)]
             runs: dict[str, list[tuple[dict, list]]] = {m: [] for m in methods}
-            for r in range(cfg.repeats):
+            warm: dict[str, list[float]] = {m: [] for m in methods}
+            for r in range(-cfg.warmup_rounds, cfg.repeats):  # (warm-up rounds first, unmeasured: the engine suite's)
                 for method in round_order(methods, r):
                     url, metrics, _, _ = servers[method]
-                    runs[method].append(_point(url, metrics, c, jobs, cfg))
+                    point = _point(url, metrics, c, jobs, cfg)
+                    if r < 0:
+                        warm[method].append(point[0]["tokens_per_s"])
+                    else:
+                        runs[method].append(point)
             ref = runs["plain"][0][1]
             for method in methods:
                 row = median_round(runs[method])
                 n = min(len(ref), *(len(outs) for _, outs in runs[method]))  # (the time limit may cut a run short)
                 row.update(method=method, outputs_match_plain=None if method == "plain" else
-                           all(outs[:n] == ref[:n] for _, outs in runs[method]))
+                           all(outs[:n] == ref[:n] for _, outs in runs[method]), warmup_tokens_per_s=warm[method])
                 rows.append(row)
                 if log:
                     log(format_row(row))
@@ -183,7 +190,9 @@ def summarise_serve(result: dict) -> dict:
         better = max(p["tokens_per_s"], f["tokens_per_s"])
         per.append({"concurrency": c, "fixed_vs_plain": f["tokens_per_s"] / p["tokens_per_s"] if p["tokens_per_s"]
                     else None, "adaptive_vs_better": a["tokens_per_s"] / better if better else None,
-                    "adaptive_vs_better_paired": paired_ratio(a, p, f)})
+                    "adaptive_vs_better_paired": paired_ratio(a, p, f),
+                    "adaptive_vs_better_warmup": paired_ratio(*({"tokens_per_s_rounds": r.get("warmup_tokens_per_s")}
+                                                                for r in (a, p, f)))})
         control = at.get((CONTROL, c))
         if control is not None:
             per[-1]["control_vs_plain_paired"] = paired_ratio(control, p)
@@ -240,6 +249,10 @@ def format_table(result: dict) -> str:
                  "throughput: " + ", ".join(f"{m} {v:.2f}" for m, v in s["server_vs_direct_throughput"].items()
                                             if v is not None) +
                  f"; errors {s['errors']}; greedy outputs equal plain: {s['all_outputs_match_plain']}")
+    warm = [e for e in s["per_concurrency"] if e.get("adaptive_vs_better_warmup") is not None]
+    if warm:
+        lines.append("adaptive / better in the warm-up rounds (unmeasured for the goal: a new load's learning), per C: "
+                     + ", ".join(f"{e['concurrency']}: {e['adaptive_vs_better_warmup']:.2f}" for e in warm))
     if s.get("control_vs_plain_range"):
         lines.append("the noise floor, a second plain server over plain (paired rounds), per C: " + ", ".join(
             f"{e['concurrency']}: {e['control_vs_plain_paired']:.2f}" for e in s["per_concurrency"]
