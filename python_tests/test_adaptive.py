@@ -426,9 +426,12 @@ def test_exploration_backs_off_while_the_choice_holds():
 
 
 def test_a_retried_depth_weighs_old_outcomes_by_their_age():
-    """Counts decay per row-step since the depth was last tried: a depth that failed long ago and succeeds when
-    explored again is mostly believed (the recovery is not outvoted by stale failures), and at one row one unlucky
-    step does not wipe out what many steps measured."""
+    """Counts decay per row-step since the depth was last tried, down to the weight of ``_KEEP`` outcomes: a depth
+    that failed long ago and succeeds when explored again is believed within a few steps (the recovery is not
+    outvoted by stale failures), and one step after a gap does not replace what many steps measured (at one row an
+    exploration is one sample: judged on it alone, one unlucky step kept the best depth off for a whole run)."""
+    from specdec_ext.adaptive import _KEEP
+
     clock = FakeClock()
     ad = AdaptiveDrafter(FakeChain(clock, D=2), mode="fixed", depth=1, clock=clock)
     fake_run(ad, clock, 5, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)  # depth 1 fails 5 times
@@ -438,7 +441,10 @@ def test_a_retried_depth_weighs_old_outcomes_by_their_age():
     assert ad.conditional_acceptance(1) < 0.1  # an untried depth holds its estimate
     ad.mode = "fixed"
     fake_run(ad, clock, 1, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: d)  # one step: all accepted
-    assert ad.conditional_acceptance(1) > 0.85  # 0.97 ** 120 row-steps: the old failures weigh ~0.4 outcomes
+    acc = ad.acceptance[False]
+    assert acc.n[1] == pytest.approx(_KEEP + 4) and acc.s[1] == pytest.approx(4)  # 0.97 ** 120 would keep ~0.4
+    fake_run(ad, clock, 3, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: d)  # three more
+    assert ad.conditional_acceptance(1) > 0.6  # believed within a few steps
     # a depth tried every step decays by ``decay`` per row of the step
     n, s_ = ad.acceptance[False].n[1], ad.acceptance[False].s[1]
     fake_run(ad, clock, 1, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)
@@ -452,6 +458,12 @@ def test_a_retried_depth_weighs_old_outcomes_by_their_age():
     one.mode = "fixed"
     fake_run(one, clock, 1, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)
     assert one.conditional_acceptance(1) > 0.9, one.conditional_acceptance(1)
+    # ... and after 200 plain steps (0.97 ** 200: nothing of the past left), one failure leaves it near 0.8
+    one.mode = "off"
+    fake_run(one, clock, 200, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)
+    one.mode = "fixed"
+    fake_run(one, clock, 1, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: 0)
+    assert one.conditional_acceptance(1) > 0.75, one.conditional_acceptance(1)
 
 
 def test_draft_cost_at_a_new_batch_size_borrows_the_shape_of_a_measured_one():
