@@ -249,3 +249,30 @@ def test_models_health_and_metrics_counters():
     assert m["specdec:time_to_first_token_seconds_count"] == 4 and m["specdec:e2e_request_latency_seconds_count"] == 4
     assert m["specdec:inter_token_latency_seconds_count"] == generated - firsts
     assert m["specdec:num_requests_running"] == 0 and m["specdec:num_requests_waiting"] == 0
+
+
+def test_one_steps_tokens_reach_every_request_in_one_hand_off():
+    """The engine thread hands a step's deltas for all its requests to the event loop in one
+    ``call_soon_threadsafe`` (each call wakes the loop and asks for the interpreter lock), each ticket's queue
+    getting its own delta, in the step's order."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from specdec_ext.serve.engine_loop import Delta, Ticket
+
+    events = [(0, [5, 6], None), (2, [7], "length"), (1, [], "abort")]
+    engine = SimpleNamespace(step=lambda: events, tokenizer=object(), take_text=lambda rid: f"t{rid}")
+    calls = []
+    fake_loop = SimpleNamespace(call_soon_threadsafe=lambda fn, *args: calls.append((fn, args)))
+    loop = EngineLoop(engine)
+    tickets = {rid: Ticket([1], None, asyncio.Queue(), fake_loop) for rid in range(3)}
+    loop._tickets = dict(tickets)
+    loop._step()
+    assert len(calls) == 1  # one hand-off for the whole step
+    fn, args = calls[0]
+    fn(*args)
+    got = {rid: t.queue.get_nowait() for rid, t in tickets.items()}
+    assert [(d.token_ids, d.text, d.finish_reason) for d in (got[0], got[2], got[1])] == \
+        [([5, 6], "t0", None), ([7], "t2", "length"), ([], "t1", "abort")]
+    assert all(t.queue.empty() for t in tickets.values()) and list(loop._tickets) == [0]  # (the ended ones left)
+    assert isinstance(got[0], Delta) and got[0].time == got[2].time  # (one step: one time)

@@ -3,9 +3,9 @@
 The :class:`~specdec_ext.engine.Engine` is not thread-safe, so one thread makes every engine call. Handlers only
 :meth:`EngineLoop.submit` (a new request) and :meth:`EngineLoop.cancel` (a client went away); both put a command
 in a list under a lock and wake the thread. The thread applies the commands between steps, steps while anything is
-unfinished, hands each request's events to its ticket (an ``asyncio.Queue`` fed with ``call_soon_threadsafe``), and
-sleeps on the condition when idle. A cancel is applied before the next step's work, so a disconnected client's
-request leaves within one step.
+unfinished, hands each request's events to its ticket (an ``asyncio.Queue`` fed with ``call_soon_threadsafe``: one
+call per step for every ticket of an event loop), and sleeps on the condition when idle. A cancel is applied before
+the next step's work, so a disconnected client's request leaves within one step.
 
 A ticket's queue receives, in order: :class:`Admitted` or :class:`Rejected` (the engine refused the request:
 ``add_request``'s ValueError), then one :class:`Delta` per step that gave the request tokens or ended it.
@@ -68,10 +68,26 @@ class Ticket:
     generated: int = 0
 
     def put(self, item) -> None:
+        _deliver_all([(self, item)])
+
+
+def _deliver_all(items: list[tuple[Ticket, object]]) -> None:
+    """Hands each ``(ticket, item)`` to its ticket's queue: one ``call_soon_threadsafe`` per event loop for all of
+    them, in order. Each such call wakes the event loop (a write to its self-pipe) and asks for the interpreter
+    lock the engine thread holds, so a step's tokens for 16-64 rows go over in one hand-off, not one per row."""
+    by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object]]]] = {}
+    for ticket, item in items:
+        by_loop.setdefault(id(ticket.loop), (ticket.loop, []))[1].append((ticket.queue, item))
+    for loop, batch in by_loop.values():
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # (the event loop closed: nobody reads this ticket any more)
+            loop.call_soon_threadsafe(_put_each, batch)
+        except RuntimeError:  # (the event loop closed: nobody reads these tickets any more)
             pass
+
+
+def _put_each(batch: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, item in batch:
+        queue.put_nowait(item)
 
 
 class EngineLoop:
@@ -213,6 +229,7 @@ class EngineLoop:
             return
         now = time.perf_counter()
         self.step_s += now - t0
+        deltas = []
         for rid, new, reason in events:
             ticket = self._tickets.get(rid)
             if ticket is None:
@@ -225,7 +242,8 @@ class EngineLoop:
                 del self._tickets[rid]
                 if self.metrics is not None:
                     self.metrics.finished(ticket, reason, now)
-            ticket.put(Delta(list(new), text, reason, now))
+            deltas.append((ticket, Delta(list(new), text, reason, now)))
+        _deliver_all(deltas)
 
     def _fail_all(self, message: str) -> None:
         with self._cond:
