@@ -43,10 +43,11 @@ def _glibc_mallopt():
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.gnu_get_libc_version  # (glibc only)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    except OSError:
         return None
+    if not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):  # (glibc only)
+        return None
+    mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return mallopt
 

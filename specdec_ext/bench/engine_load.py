@@ -177,8 +177,8 @@ def summarise_loads(rows: list[dict], methods: list[str], names: list[str]) -> d
                 entry["adaptive_vs_better"] = at["adaptive"]["tokens_per_s"] / better if better > 0 else None
                 entry["adaptive_vs_better_paired"] = paired_ratio(at["adaptive"], at["plain"], at[best])
                 # (the warm-up rounds, unmeasured for the goal: the adaptive drafter's learning of a new load)
-                warm = [{"tokens_per_s_rounds": at[m].get("warmup_tokens_per_s")} for m in ("adaptive", "plain", best)]
-                entry["adaptive_vs_better_warmup"] = paired_ratio(*warm)
+                entry["adaptive_vs_better_warmup"] = paired_ratio(at["adaptive"], at["plain"], at[best],
+                                                                  key="warmup_tokens_per_s")
         per_load.append(entry)
     medians = [e["adaptive_vs_better"] for e in per_load if e.get("adaptive_vs_better") is not None]
     ratios = [e["adaptive_vs_better_paired"] for e in per_load if e.get("adaptive_vs_better_paired") is not None]

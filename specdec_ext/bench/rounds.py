@@ -28,11 +28,12 @@ def median_round(runs: list[tuple[dict, list]]) -> dict:
     return row
 
 
-def paired_ratio(row: dict, *others: dict) -> float | None:
+def paired_ratio(row: dict, *others: dict, key: str = "tokens_per_s_rounds") -> float | None:
     """The median over rounds of ``row``'s throughput over the best of ``others``' in the same round (rows with
-    ``tokens_per_s_rounds``, one per round in the same order): adaptive against the better of plain and the best
-    fixed drafter, or a control against its twin; None without rounds that line up."""
-    rounds = [r.get("tokens_per_s_rounds") for r in (row, *others)]
+    ``key``: one throughput per round in the same order, the measured rounds by default, or the warm-up rounds'
+    ``warmup_tokens_per_s``): adaptive against the better of plain and the best fixed drafter, or a control against
+    its twin; None without rounds that line up."""
+    rounds = [r.get(key) for r in (row, *others)]
     if not others or any(not r for r in rounds) or len({len(r) for r in rounds}) != 1:
         return None
     ratios = [a / max(o) for a, *o in zip(*rounds) if max(o) > 0]

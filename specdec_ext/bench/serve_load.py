@@ -137,7 +137,7 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
             metrics = ServerMetrics(drafter.max_depth if drafter is not None else 0)
             url = stack.enter_context(serve_in_thread(create_app(EngineLoop(engine, metrics=metrics), MODEL)))
             _clients(url, 2, [Job(j.prompt, min(8, j.max_new_tokens)) for j in workload[:2]], 60.0)  # warm-up
-            servers[method] = (url, metrics, drafter, max_len)
+            servers[method] = (url, metrics, drafter)
         rows = []
         for c in cfg.concurrency:
             jobs = workload[:max(cfg.requests, 2 * c)]
@@ -145,7 +145,7 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
             warm: dict[str, list[float]] = {m: [] for m in methods}
             for r in range(-cfg.warmup_rounds, cfg.repeats):  # (warm-up rounds first, unmeasured: the engine suite's)
                 for method in round_order(methods, r):
-                    url, metrics, _, _ = servers[method]
+                    url, metrics, _ = servers[method]
                     point = _point(url, metrics, c, jobs, cfg)
                     if r < 0:
                         warm[method].append(point[0]["tokens_per_s"])
@@ -162,7 +162,7 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
                     log(format_row(row))
     direct = {}
     for method in METHODS:  # (the control is plain again)
-        _, _, drafter, _ = servers[method]
+        _, _, drafter = servers[method]
         if drafter is not None and hasattr(drafter, "depth_hist"):
             last = next(r for r in reversed(rows) if r["method"] == method)
             last["depth_hist"] = {str(d): n for d, n in sorted(drafter.depth_hist.items())}
@@ -191,8 +191,7 @@ def summarise_serve(result: dict) -> dict:
         per.append({"concurrency": c, "fixed_vs_plain": f["tokens_per_s"] / p["tokens_per_s"] if p["tokens_per_s"]
                     else None, "adaptive_vs_better": a["tokens_per_s"] / better if better else None,
                     "adaptive_vs_better_paired": paired_ratio(a, p, f),
-                    "adaptive_vs_better_warmup": paired_ratio(*({"tokens_per_s_rounds": r.get("warmup_tokens_per_s")}
-                                                                for r in (a, p, f)))})
+                    "adaptive_vs_better_warmup": paired_ratio(a, p, f, key="warmup_tokens_per_s")})
         control = at.get((CONTROL, c))
         if control is not None:
             per[-1]["control_vs_plain_paired"] = paired_ratio(control, p)

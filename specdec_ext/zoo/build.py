@@ -362,7 +362,8 @@ def build_zoo(out: str, spec: ZooSpec, resume: bool = False, progress: bool = Tr
         return {"prompts": len(prompts), "prompt_tokens": spec.eval_prompt_len,
                 "new_tokens": spec.eval_new_tokens,
                 "drafters": evaluate_drafters(fam, prompts, spec.eval_new_tokens, rounds=spec.eval_rounds),
-                "rounds": spec.eval_rounds, "prompt_ids": prompts}  # the tests decode exactly these (held-out files differ across Pythons)
+                "rounds": spec.eval_rounds,
+                "prompt_ids": prompts}  # the tests decode exactly these (held-out files differ across Pythons)
 
     evaluation = stages.run("evaluate", evaluate)
     members = {m: {"bytes": _dir_bytes(os.path.join(out, m)), "params": stages.records[s].get("params")}
