@@ -92,6 +92,40 @@ def test_op_route_matches_the_modules(family, shape):
     assert op_cache.lengths.tolist() == lens  # rewound to the prefix, as the modules' route leaves it
 
 
+@pytest.mark.parametrize("layers", [(-1,), (0, 2, -1), (1,)])
+def test_hidden_layers_keep_only_the_entries_asked_for(layers):
+    """``hidden_layers`` (the engine passes a drafter's ``hidden_state_layers``): the op route's tuple has every
+    entry's place, the asked ones bitwise those of the whole tuple and the others None."""
+    model = _target("llama", num_hidden_layers=3)
+    g = torch.Generator().manual_seed(4)
+    lens = [9, 6]
+    prompts = torch.randint(0, V, (2, 9), generator=g)
+    ops = _ops(model, make_cache(model.config, 2, S))
+    tokens = torch.randint(0, V, (2, 5), generator=g)
+    parents = random_tree(g, 2, 5)
+    outs = []
+    for hidden_layers in (None, layers):
+        cache = _prefilled(model, prompts, lens, ops)
+        with fast_linear.packed_linears():
+            outs.append(tree_forward(model, cache, tokens, parents, torch.tensor(lens), return_outputs=True,
+                                     output_hidden_states=True, hidden_layers=hidden_layers,
+                                     step_ops=ops.on(cache)))
+    whole, some = outs
+    count = model.config.num_hidden_layers + 1
+    assert len(some.hidden_states) == len(whole.hidden_states) == count
+    kept = {i % count for i in layers}
+    for i, (mine, theirs) in enumerate(zip(some.hidden_states, whole.hidden_states)):
+        assert (mine is None) == (i not in kept), i
+        if mine is not None:
+            assert torch.equal(mine, theirs), i
+    assert torch.equal(some.logits, whole.logits)
+    cache = _prefilled(model, prompts, lens, ops)
+    with fast_linear.packed_linears(), pytest.raises(ValueError, match=r"hidden_states: entries must be integers "
+                                                                       r"in \[-4, 4\)"):
+        tree_forward(model, cache, tokens, parents, torch.tensor(lens), output_hidden_states=True,
+                     hidden_layers=(4,), step_ops=ops.on(cache))
+
+
 def test_a_tree_node_gets_the_bits_of_decoding_its_path():
     model = _target("llama", seed=5)
     g = torch.Generator().manual_seed(2)

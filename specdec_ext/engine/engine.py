@@ -156,7 +156,8 @@ class Engine:
         self._hold = contextlib.ExitStack()
         self._hold.enter_context(serving(drafter, caller))
         self.layers = tuple(drafter.hidden_state_layers) if drafter is not None else ()
-        self._hidden_kwargs = {"output_hidden_states": True, "return_outputs": True} if self.layers else {}
+        self._hidden_kwargs = {"output_hidden_states": True, "return_outputs": True, "hidden_layers": self.layers} \
+            if self.layers else {}
         self._logits_to_keep = {"logits_to_keep": 1} if forward_accepts(target, "logits_to_keep") else {}
         self.make_cache = make_cache
         self.cache = make_cache(target.config, 0, self.max_len, dtype=self.dtype, device=self.device,

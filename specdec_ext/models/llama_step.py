@@ -40,7 +40,7 @@ from specdec_ext.models.kv_cache import TreeKVCache
 from specdec_ext.models.quantized import QuantizedEmbedding, embedding_lookup, linear_dtype, linear_operand
 from specdec_ext.state import ShallowStates
 
-__all__ = ["LlamaStepOps", "StepOutput", "op_route_allowed", "rope_is_default"]
+__all__ = ["HiddenStates", "LlamaStepOps", "StepOutput", "op_route_allowed", "rope_is_default"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -102,6 +102,42 @@ class StepOutput:
     hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
+class HiddenStates:
+    """Hugging Face's hidden-state tuple as a route fills it: entry i is the residual stream after i decoder layers
+    (0: the embeddings; the last entry after the final norm), kept at the entries asked for and None elsewhere.
+    Keeping every layer's output of a prefill alive costs fresh memory per layer, which a caller that reads one
+    entry (EAGLE-1 the last) should not pay.
+
+    :meth:`of` takes a route's ``hidden_states`` argument: False (none: no collector), True (every entry) or the
+    entries' indices (negative from the end, as a drafter's ``hidden_state_layers``)."""
+
+    __slots__ = ("entries", "keep")
+
+    def __init__(self, keep: frozenset[int], count: int):
+        self.keep = keep
+        self.entries: list[torch.Tensor | None] = [None] * count
+
+    @classmethod
+    def of(cls, hidden_states: bool | tuple[int, ...], count: int) -> "HiddenStates | None":
+        if hidden_states is False:
+            return None
+        if hidden_states is True:
+            return cls(frozenset(range(count)), count)
+        bad = [i for i in hidden_states if isinstance(i, bool) or not isinstance(i, int) or not -count <= i < count]
+        if bad:
+            raise ValueError(f"hidden_states: entries must be integers in [{-count}, {count}) (the embeddings and "
+                             f"{count - 1} decoder layers' outputs), got {tuple(hidden_states)}")
+        return cls(frozenset(i % count for i in hidden_states), count)
+
+    def put(self, i: int, h: torch.Tensor) -> None:
+        """Entry ``i`` is ``h`` (kept where asked for)."""
+        if i in self.keep:
+            self.entries[i] = h
+
+    def as_tuple(self) -> tuple[torch.Tensor | None, ...]:
+        return tuple(self.entries)
+
+
 class LlamaStepOps:
     """The model as op calls (see the module doc). Build with :meth:`build`; it serves the weights and the cache
     object it was built with (the cache's tensors are read at each call; :meth:`on` serves another cache) and the
@@ -153,38 +189,40 @@ class LlamaStepOps:
         return LlamaStepOps(cache, self._embed, self.vocab_size, self._layers, self._norm, self._lm)
 
     def run(self, tokens: torch.Tensor, position_ids: torch.Tensor, write_slots: torch.Tensor, mask: torch.Tensor,
-            *, hidden_states: bool = False, logits_to_keep: int = 0,
+            *, hidden_states: bool | tuple[int, ...] = False, logits_to_keep: int = 0,
             shallow: ShallowStates | None = None) -> StepOutput:
         """``tokens[B, T]`` at ``position_ids[B, T]``; their K/V are written at cache slots ``write_slots[B, T]`` of
         every layer and token t attends to the slots s < kv_len with ``mask[b, t, s]`` (bool ``[B, T, kv_len]``).
         The cache's lengths are left to the caller. ``logits_to_keep`` > 0: the logits of the last that many tokens
-        only; ``hidden_states``: also Hugging Face's hidden-state tuple (:class:`StepOutput`). ``shallow``: the
-        tokens' residual stream after the first ``shallow.layer`` layers, whose K/V are already at ``write_slots``
-        (an early-exit draft ran them): only the layers after those run, and the tuple's entries before
-        ``shallow.layer`` are None."""
+        only; ``hidden_states``: also Hugging Face's hidden-state tuple (:class:`StepOutput`), every entry (True) or
+        the entries given (the rest None; :class:`HiddenStates`). ``shallow``: the tokens' residual stream after the
+        first ``shallow.layer`` layers, whose K/V are already at ``write_slots`` (an early-exit draft ran them): only
+        the layers after those run, and the tuple's entries before ``shallow.layer`` are None."""
         start = 0 if shallow is None else shallow.layer
         h = self._embed(tokens) if shallow is None else shallow.hidden
-        states = [None] * start + [h] if hidden_states else None
+        states = HiddenStates.of(hidden_states, len(self._layers) + 1)
+        if states is not None:
+            states.put(start, h)
         h = self.layers(h, position_ids, write_slots, mask, start, len(self._layers), states)
         h = self._norm.forward(h)
         if states is not None:
-            states[-1] = h
+            states.put(len(self._layers), h)
         logits = self._lm(h[:, -logits_to_keep:] if logits_to_keep > 0 else h)
-        return StepOutput(logits, tuple(states) if states is not None else None)
+        return StepOutput(logits, states.as_tuple() if states is not None else None)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The token embeddings ``[B, T, H]`` of ``tokens[B, T]``."""
         return self._embed(tokens)
 
     def layers(self, h: torch.Tensor, position_ids: torch.Tensor, write_slots: torch.Tensor, mask: torch.Tensor,
-               start: int, stop: int, states: list | None = None) -> torch.Tensor:
+               start: int, stop: int, states: HiddenStates | None = None) -> torch.Tensor:
         """Decoder layers ``start .. stop - 1`` over the residual stream ``h[B, T, H]`` (arguments as :meth:`run`'s;
-        each layer's K/V written at ``write_slots``); each layer's output is appended to ``states`` when given."""
+        each layer's K/V written at ``write_slots``); layer i's output goes to ``states`` entry i + 1 when given."""
         views = self.cache.layers
         for i in range(start, stop):
             h = self._layers[i](h, h, position_ids, views[i].keys, views[i].values, write_slots, mask)
             if states is not None:
-                states.append(h)
+                states.put(i + 1, h)
         return h
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
@@ -192,7 +230,7 @@ class LlamaStepOps:
         return self._lm(self._norm.forward(h))
 
     def verify(self, tokens: torch.Tensor, prefix: torch.Tensor, tree_mask: torch.Tensor, chain: bool,
-               position_ids: torch.Tensor, *, hidden_states: bool = False, logits_to_keep: int = 0,
+               position_ids: torch.Tensor, *, hidden_states: bool | tuple[int, ...] = False, logits_to_keep: int = 0,
                validate: bool = True, shallow: ShallowStates | None = None) -> StepOutput:
         """A tree forward (:func:`~specdec_ext.models.tree_forward`'s op route): ``tokens [B, N]`` written at slots
         ``prefix[b] + j``, each attending to its row's prefix and its ancestors (``tree_mask``, dense or packed), as

@@ -30,7 +30,7 @@ from specdec_ext import ops
 from specdec_ext.models.fast_linear import fused_linear, module_linear
 from specdec_ext.models.hybrid_cache import HybridCache
 from specdec_ext.models.linear_layers import TreeLightningAttention, lightning_tree_forward
-from specdec_ext.models.llama_step import StepOutput, op_route_allowed, rope_is_default
+from specdec_ext.models.llama_step import HiddenStates, StepOutput, op_route_allowed, rope_is_default
 from specdec_ext.state import ShallowStates
 
 __all__ = ["MiniMaxStepOps"]
@@ -115,7 +115,7 @@ class MiniMaxStepOps:
             and cache.linear_layers == self.cache.linear_layers else None
 
     def verify(self, tokens: torch.Tensor, prefix: torch.Tensor, tree_mask: torch.Tensor, chain: bool,
-               position_ids: torch.Tensor, *, hidden_states: bool = False, logits_to_keep: int = 0,
+               position_ids: torch.Tensor, *, hidden_states: bool | tuple[int, ...] = False, logits_to_keep: int = 0,
                validate: bool = True, shallow: ShallowStates | None = None) -> StepOutput:
         """The tree forward of ``tokens [B, N]`` rooted after ``prefix [B]`` (the cache's committed lengths) with
         ancestor mask ``tree_mask`` at ``position_ids [B, N]``: the nodes' K/V written at ``prefix + j``, the
@@ -124,11 +124,13 @@ class MiniMaxStepOps:
         (a hybrid's linear layers take the whole tree in their tree step)."""
         cache = self.cache
         h = self._embed.forward(tokens)
-        states = [h] if hidden_states else None
+        states = HiddenStates.of(hidden_states, len(self._layers) + 1)
+        if states is not None:
+            states.put(0, h)
         cos, sin = self._rotary.forward(h, position_ids)
         routing = _single_expert_routing(tokens.numel(), tokens.device) if self._one_expert else None
         with cache.tree_step(tokens, prefix, tree_mask, chain, validate=validate):
-            for layer in self._layers:
+            for i, layer in enumerate(self._layers):
                 x = layer.input_layernorm.forward(h)
                 attn = layer.self_attn
                 if isinstance(attn, MiniMaxLightningAttention):
@@ -139,10 +141,10 @@ class MiniMaxStepOps:
                 x = layer.post_attention_layernorm.forward(h)
                 h = _weighted_sum(x, layer.mlp_alpha_factor, _mlp(layer.mlp, x, routing), layer.mlp_beta_factor)
                 if states is not None:
-                    states.append(h)
+                    states.put(i + 1, h)
         cache.rewind(prefix, validate=False)  # (the attention layers' cache writes moved the lengths)
         h = self._norm.forward(h)
         if states is not None:
-            states[-1] = h
+            states.put(len(self._layers), h)
         logits = module_linear(self.model.lm_head, h[:, -logits_to_keep:] if logits_to_keep > 0 else h)
-        return StepOutput(logits, tuple(states) if states is not None else None)
+        return StepOutput(logits, states.as_tuple() if states is not None else None)

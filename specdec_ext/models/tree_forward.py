@@ -104,7 +104,8 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
                  prefix_lens: torch.Tensor | int | None = None, *, use_kernel: bool | None = None,
                  packed: bool = True, validate: bool = True, return_outputs: bool = False,
                  tables: TreeTables | None = None, step_ops: StepOps | None = None,
-                 shallow: ShallowStates | None = None, **model_kwargs) -> torch.Tensor:
+                 shallow: ShallowStates | None = None, hidden_layers: tuple[int, ...] | None = None,
+                 **model_kwargs) -> torch.Tensor:
     """Verification forward of a draft tree per row; returns logits ``[B, N, V]``.
 
     ``tokens[B, N]`` / ``parents[B, N]`` (int64; node 0 the root, parents earlier than children; ``None``: a chain,
@@ -124,7 +125,9 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     model's modules, for trees of at most :func:`extend_kernel_max_tokens` nodes whose only model kwargs are
     ``output_hidden_states`` and ``logits_to_keep``. ``shallow``: the nodes' states after the model's first
     layers, whose K/V are already in the cache (:class:`~specdec_ext.state.ShallowStates`): the op route starts
-    there; the module route runs every layer, writing the same K/V again.
+    there; the module route runs every layer, writing the same K/V again. ``hidden_layers``: with
+    ``output_hidden_states``, the entries of the hidden-state tuple the caller reads (a drafter's
+    ``hidden_state_layers``): the op route keeps only those (the rest None), the module route returns every one.
     """
     chain = parents is None
     if tokens.dim() != 2 or (not chain and parents.shape != tokens.shape):
@@ -173,8 +176,9 @@ def tree_forward(model, cache: TreeKVCache, tokens: torch.Tensor, parents: torch
     if op_calls is not None:
         if validate:
             _check_token_ids(tokens, op_calls.vocab_size)
+        wanted = bool(model_kwargs.get("output_hidden_states"))
         out = op_calls.verify(tokens, prefix, tables.mask, chain, position_ids,
-                              hidden_states=bool(model_kwargs.get("output_hidden_states")),
+                              hidden_states=tuple(hidden_layers) if wanted and hidden_layers is not None else wanted,
                               logits_to_keep=int(model_kwargs.get("logits_to_keep") or 0), validate=validate,
                               shallow=shallow)
         return out if return_outputs else out.logits  # (the routes leave the lengths where the rewind above set them)
