@@ -11,7 +11,7 @@ cost model, to maximise expected tokens per second.
 
 Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``{0, 1, ..., D}`` maximising::
 
-    E[tokens per row-step | d] / (t_target(B, d) + t_draft(B, d) + t_join [d > 0])
+    E[tokens per row-step | d] / (t_target(B * N(d)) + t_draft(B, d) + t_join [d > 0])
 
 (the number of live rows multiplies every candidate alike, so it does not change the choice), where
 
@@ -28,14 +28,9 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
   ~5% faster). A weak prior (``prior_accept`` with weight
   ``prior_weight`` row-steps) makes depths never tried look good enough to be tried once, but never better than the
   measured shallower depths (the product bounds it).
-* ``t_target(B, d)``: the target's forward + verification + the loop's bookkeeping, for a speculative step as a
-  function of tokens in flight ``x = B * N(d)`` and for a plain step of ``B`` (two curves: a plain step runs the
-  one-token path, which costs less than a tree of as many tokens in flight, and priced on the trees' curve plain
-  steps looked a third dearer than they were at eight rows, so that speculation was chosen where plain decoding was
-  faster): a decayed mean per measured ``x``, made non-decreasing (isotonic), linearly interpolated between measured
-  points and extrapolated with the slope over the measured range (flat with one point). A point's first measurement
-  stands in until its second replaces it: a batch's first steps after its prefill run slower for a few steps, and
-  one such sample, taken where that step is seldom run again, priced it for good.
+* ``t_target(x)``: the target's forward + verification + the loop's bookkeeping as a function of tokens in flight
+  ``x = B * N(d)``: a decayed mean per measured ``x``, made non-decreasing (isotonic), linearly interpolated between
+  measured points and extrapolated with the slope over the measured range (flat with one point).
 * ``t_draft(B, d)``: the inner drafter's propose + observe time, the same kind of fit over depths per batch size;
   where B measured too few depths to say how the cost grows with d, the curve of the nearest batch size that did,
   scaled by the ratio of the two at the depths both measured.
@@ -50,22 +45,19 @@ time, the end of propose to the start of observe is the target's step, observe i
 the decode loop is needed. The first step of a generation adds nothing to the cost curves (first-shape effects);
 its draft time counts as catch-up when the drafter caught up on a deferred prefill there.
 
-Schedule (``mode="adapt"``): depth 1, 0, 1 for the first three steps (so that both target costs are measured), then
+Schedule (``mode="adapt"``): depth 1, 0, 1 for the first three steps (so that two target costs are measured), then
 the argmax, among the depths up to the first one whose tokens in flight exceed every measured point (a cost beyond
 the measurements is an extrapolation: the choice climbs one depth at a time into it). A clear answer (its score
 ``_HOLD_LEAD`` over the runner-up's) stands for ``_HOLD`` steps unless the batch size, the loop's depth bound or
 whether the batch lags changes first: its inputs move by about a sample a step, and working it out cost ~100 us a
 step on a CPU (1-3% of a step; docs/ARCHITECTURE.md, "Adaptive speculation"). Close calls are worked out every
 step: at one row a step is one sample, and one unlucky one must not keep a depth off for several steps. Exploration: the
-argmax's neighbour (in turn one deeper, the other shape where there are two, a plain step, one shallower) is tried
-instead, so that acceptance of the next depth and costs off the current point stay fresh (acceptance drops and cost
-changes at the chosen depth are seen every step; a plain step is the alternative a speculating batch must not lose
-sight of);
-``explore_every`` steps apart, then twice, four times as far apart while the choice holds (up to ``explore_backoff``
-times; the count runs across generations, as a server's drafter would see them), back to ``explore_every`` when the
-argmax changes or the batch size moves 2x away (a row or two joining and leaving, as in continuous batching every few
-steps, would otherwise keep the base rate for good). A change of the argmax does not restart the count: between
-close depths it changes every few steps, and a count restarted at each change never reached an exploration.
+argmax's neighbour (in turn one deeper, the other shape where there are two, one shallower) is tried instead, so that acceptance of the next depth and
+costs off the current point stay fresh (acceptance drops and cost changes at the chosen depth are seen every step);
+``explore_every`` steps after the choice last moved, then twice, four times as far apart while it holds (up to
+``explore_backoff`` times; the count runs across generations, as a server's drafter would see them), back to
+``explore_every`` when the argmax changes or the batch size moves 2x away (a row or two joining and leaving, as in
+continuous batching every few steps, would otherwise keep the base rate for good).
 
 Choice under uncertainty: the argmax scores measured depths with ``optimism`` standard errors added to their
 conditional acceptance (``sqrt(c (1 - c) / n)``, n the row-steps that measured them, not decayed: the bonus fades as
@@ -169,8 +161,7 @@ class CostCurve:
     """A decayed, non-decreasing, piecewise-linear curve y(x) learned from measurements.
 
     Each measured x keeps an exponential moving average of its y (the first measurements are averaged plainly,
-    then weight ``alpha`` on the newest); its first measurement stands in until the second replaces it (first-shape
-    effects, and the slow steps right after a batch's prefill: see the module doc). Prediction uses the isotonic (non-decreasing) fit of those means
+    then weight ``alpha`` on the newest). Prediction uses the isotonic (non-decreasing) fit of those means
     (pool-adjacent-violators, weighted by sample counts), linear between measured points, extrapolated with the
     slope over the whole measured range (>= 0; flat with one point; robust where neighbouring points are close and
     noisy), never below 0.
@@ -179,7 +170,6 @@ class CostCurve:
     def __init__(self, alpha: float = 0.2):
         self.alpha = alpha
         self.points: dict[float, list[float]] = {}  # x -> [mean y, count]
-        self._first: set[float] = set()  # points whose one measurement is their first (replaced by the next)
         self._fit: tuple[list[float], list[float]] | None = None
         self._lo, self._hi = float("inf"), float("-inf")  # the measured range
 
@@ -190,11 +180,7 @@ class CostCurve:
         p = self.points.get(x)
         if p is None:
             self.points[x] = [float(y), 1.0]
-            self._first.add(x)
             self._lo, self._hi = min(self._lo, x), max(self._hi, x)
-        elif x in self._first:
-            self._first.discard(x)
-            p[0] = float(y)
         else:
             p[1] += 1.0
             p[0] += max(1.0 / p[1], self.alpha) * (y - p[0])
@@ -202,11 +188,6 @@ class CostCurve:
 
     def measured(self, x: float) -> bool:
         return x in self.points
-
-    @property
-    def highest(self) -> float:
-        """The largest x measured (-inf before any)."""
-        return self._hi
 
     def covers(self, x: float) -> bool:
         """Whether x was measured or lies between measured points (a prediction there is an interpolation)."""
@@ -344,9 +325,7 @@ class AdaptiveDrafter:
         """Forget everything learned (acceptance, costs, node counts, histograms)."""
         D = self.max_depth
         self.acceptance = {chain: DepthAcceptance(D) for chain in (False, True)}  # per shape (chain?)
-        self.target_cost = CostCurve(self.cost_alpha)  # every step: x = tokens in flight -> seconds
-        self.plain_cost = CostCurve(self.cost_alpha)  # plain steps (x = batch rows)
-        self.tree_cost = CostCurve(self.cost_alpha)  # speculative steps (x = tokens in flight)
+        self.target_cost = CostCurve(self.cost_alpha)  # x = tokens in flight -> seconds
         self.draft_cost: dict[tuple[int, bool], CostCurve] = {}  # (batch rows, chain?) -> (depth -> seconds)
         self.nodes: dict[tuple[int, bool], float] = {}  # (depth, chain?) -> mean tree nodes
         self.catchup: dict[int, float] = {}  # batch rows -> draft seconds per lagging token and row (caught up on)
@@ -456,7 +435,6 @@ class AdaptiveDrafter:
             self.draft_cost[key].add(d, dt)
         if self._gen_step > 0:
             self.target_cost.add(B * N, t2 - t1)
-            (self.tree_cost if d > 0 else self.plain_cost).add(B * N, t2 - t1)
         self._gen_step += 1
         # acceptance: each row's verification outcome (``host_accept_len``), finished rows included: a row that
         # reached its budget or a stop inside the step was cut after its verification, and leaving it out drops the
@@ -564,18 +542,10 @@ class AdaptiveDrafter:
 
     def _step_time(self, B: int, d: int, chain: bool, draft) -> float | None:
         """:meth:`predicted_step_time` with the shape's draft curve at B (:meth:`_draft_curve`) given."""
-        x = B * self.nodes_at(d, chain)
-        t = self._target_curve(d, x).predict(x)
+        t = self.target_cost.predict(B * self.nodes_at(d, chain))
         if t is None:
             return None
         return t + draft(d) + (self.join_cost if d > 0 else 0.0)
-
-    def _target_curve(self, d: int, x: float) -> CostCurve:
-        """The target's cost curve for a step at depth d with x tokens in flight: the plain steps' or the
-        speculative steps', where it measured x or has two points; else every step's (one point elsewhere says
-        nothing of how the cost grows; every step's curve has the slope between plain steps and trees)."""
-        curve = self.plain_cost if d == 0 else self.tree_cost
-        return curve if len(curve) > 1 or curve.measured(x) else self.target_cost
 
     def score(self, B: int, d: int, optimism: float = 0.0, chain: bool = False) -> float | None:
         """Expected tokens per second per row at depth d and shape (None before any timing)."""
@@ -595,6 +565,7 @@ class AdaptiveDrafter:
         """:meth:`best_step`'s answer and its lead: its score over the runner-up's (inf without one; 1 where the
         answer is a climb's step past the measured costs, or no cost is known yet)."""
         best, best_s, best_beyond, second_s = (0, False), None, False, 0.0
+        max_x = max(self.target_cost.points, default=0.0)
         c = self._catchup_at(B) if self._lag > 0 else None
         catchup = c * self._lag if c else 0.0
         climbing = set(self.shapes)
@@ -616,8 +587,7 @@ class AdaptiveDrafter:
                     s = e / (t + catchup / steps)
                 else:
                     s = e / max(t, 1e-12)  # (= score(B, d, optimism, chain))
-                x = B * self.nodes_at(d, chain)
-                beyond = d > 0 and x > self._target_curve(d, x).highest
+                beyond = B * self.nodes_at(d, chain) > max_x
                 if best_s is None or s > best_s * (1 + 1e-9):
                     best, best_s, best_beyond, second_s = (d, chain), s, beyond, (best_s or 0.0)
                 else:
@@ -646,7 +616,7 @@ class AdaptiveDrafter:
             # the choice moved, or the batch size did by 2x (not the drift of a row or two that joins and leaves
             # make every few steps): explore at the base rate
             if self._last_best != (d, chain) or not 0.5 < B / max(self._base_rows, 1) < 2.0:
-                self._explore_gap, self._base_rows = self.explore_every, B
+                self._explore_gap, self._since_explore, self._base_rows = self.explore_every, 0, B
             self._last_best = (d, chain)
         self._since_explore += 1
         if self.explore_every and self._since_explore >= self._explore_gap:
@@ -674,10 +644,8 @@ class AdaptiveDrafter:
 
     def _neighbour(self, B: int, d: int, chain: bool, limit: int) -> tuple[int, bool]:
         """The step an exploration tries instead of (d, chain): in turn one deeper, the other shape at the same
-        depth (where there are two), a plain step, one shallower. Out of a plain step: depth 1 in the shape that
-        scores better."""
-        turns = (("deeper", "shape", "plain", "shallower", "shape") if len(self.shapes) > 1
-                 else ("deeper", "plain", "shallower"))
+        depth (where there are two), one shallower. Out of a plain step: depth 1 in the shape that scores better."""
+        turns = ("deeper", "shape", "shallower", "shape") if len(self.shapes) > 1 else ("deeper", "shallower")
         turn = turns[self._explore_turn % len(turns)]
         self._explore_turn += 1
         if d == 0:
@@ -686,8 +654,6 @@ class AdaptiveDrafter:
             return d, not chain
         if turn == "deeper" and d < limit:
             return d + 1, chain
-        if turn == "plain":
-            return 0, False
         return d - 1, chain and d > 1
 
     def _catchup_too_dear(self, B: int, gap: int) -> bool:
