@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def test_serve_suite_quick(tmp_path):
     assert main(["--tiny", "--quick", "--suite", "serve", "--out", str(tmp_path), "--name", "s", "--threads", "1",
-                 "--requests", "4", "--repeats", "2", "--warmup-rounds", "1"]) == 0
+                 "--requests", "4", "--repeats", "2", "--warmup-rounds", "1", "--serve-per-client", "3"]) == 0
     files = sorted(os.listdir(tmp_path))
     json_file = next(f for f in files if f.endswith(".json"))
     png = next(f for f in files if f.endswith("_serve.png"))
@@ -35,7 +35,7 @@ def test_serve_suite_quick(tmp_path):
     rows = {(r["method"], r["concurrency"]): r for r in serve["rows"]}
     assert set(rows) == {(m, c) for m in ("plain", "fixed", "adaptive", "control") for c in (1, 2)}
     for (method, c), r in rows.items():
-        assert r["errors"] == 0 and r["finished"] == r["sent"] == 4, r
+        assert r["errors"] == 0 and r["finished"] == r["sent"] == max(4, 3 * c), r  # (--serve-per-client 3)
         assert r["tokens"] == r["budget_tokens"] > 0  # every request ran its whole budget
         assert r["tokens_per_s"] > 0 and r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] is not None
         assert r["engine_step_s"] > 0 and r["overhead"] is not None
@@ -73,6 +73,8 @@ def test_serve_suite_quick(tmp_path):
 def test_serve_suite_bad_arguments(capsys, tmp_path):
     assert main(["--tiny", "--quick", "--suite", "serve", "--serve-time-limit", "0"]) == 2
     assert "--serve-time-limit must be > 0" in capsys.readouterr().err
+    assert main(["--tiny", "--quick", "--suite", "serve", "--serve-per-client", "0"]) == 2
+    assert "--serve-per-client must be >= 1 request, got 0" in capsys.readouterr().err
     assert main(["--tiny", "--quick", "--suite", "serve", "--serve-drafter", "eagle9", "--no-plots",
                  "--out", str(tmp_path)]) == 2
     assert "drafter 'eagle9' is not one of" in capsys.readouterr().err

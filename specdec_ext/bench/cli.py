@@ -35,7 +35,7 @@ PRESETS = {
     "concurrency": ((1, 2, 4, 8, 16), (1, 2)), "rates": ((2.0, 8.0, 32.0), (50.0,)), "requests": (16, 4),
     "engine_prompt_len": (64, 32), "engine_max_new_tokens": (48, 16), "engine_repeats": (5, 1),
     "serve_concurrency": ((1, 2, 4, 8, 16, 32, 64), (1, 2)), "serve_time_limit": (60.0, 30.0),
-    "serve_repeats": (3, 1), "load_warmup_rounds": (1, 0),
+    "serve_repeats": (3, 1), "serve_per_client": (4, 2), "load_warmup_rounds": (1, 0),
 }
 
 
@@ -124,6 +124,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                                                      "engine and serve suites (default 1, quick 0)")
     v = p.add_argument_group("serve suite (specdec serve on loopback, streaming clients; --concurrency, --requests, "
                              "--engine-prompt-len and --engine-max-new-tokens apply; default concurrency 1,2,...,64)")
+    v.add_argument("--serve-per-client", type=int,
+                   help="requests per client at least, per point (default 4, quick 2): with two, a point at 64 clients "
+                        "was all ramp and drain")
     v.add_argument("--serve-drafter", default="best",
                    help="the fixed drafter, also inside adaptive (default best: the fastest on the family's card)")
     v.add_argument("--serve-time-limit", type=float,
@@ -213,9 +216,12 @@ def _serve_config(args: argparse.Namespace, st: dict):
     if not limit > 0:
         raise BenchError(f"--serve-time-limit must be > 0 seconds, got {limit}")
     repeats = args.repeats if args.repeats is not None else st["serve_repeats"]  # (>= 1: checked with the engine's)
+    per_client = args.serve_per_client if args.serve_per_client is not None else st["serve_per_client"]
+    if per_client < 1:
+        raise BenchError(f"--serve-per-client must be >= 1 request, got {per_client}")
     return ServeLoadConfig(concurrency=conc, requests=e.requests, prompt_len=e.prompt_len,
                            max_new_tokens=e.max_new_tokens, time_limit_s=limit, drafter=args.serve_drafter,
-                           repeats=repeats, warmup_rounds=e.warmup_rounds, seed=args.seed)
+                           repeats=repeats, warmup_rounds=e.warmup_rounds, per_client=per_client, seed=args.seed)
 
 
 def _engine_config(args: argparse.Namespace, st: dict):

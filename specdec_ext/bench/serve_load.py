@@ -54,7 +54,8 @@ MODEL = "bench"
 @dataclass(frozen=True)
 class ServeLoadConfig:
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-    requests: int = 16  # per point (at least 2 per client)
+    requests: int = 16  # per point (at least per_client per client)
+    per_client: int = 4  # requests per client at least: a closed loop's first requests ramp up and its last drain
     prompt_len: int = 64  # longest prompt; each job takes [half, all] of its prompt
     max_new_tokens: int = 48  # largest budget; each job draws [1/4, all]
     time_limit_s: float = 60.0  # per point: no new request starts after it
@@ -81,6 +82,13 @@ def _fixed_drafter(models, name: str, jobs) -> str:
     if not names:
         raise ValueError("serve: the models have no drafter to run the fixed and adaptive methods with")
     return names[0] if len(names) == 1 else fastest_drafter(models, names, jobs)[0]
+
+
+def _requests_at(cfg: ServeLoadConfig, concurrency: int) -> int:
+    """Requests of the point at ``concurrency`` clients: ``requests``, or ``per_client`` for each client where that
+    is more (with two each, a point at 64 clients was mostly its ramp and its drain, and two identical servers'
+    rounds there differed by up to 20%)."""
+    return max(cfg.requests, cfg.per_client * concurrency)
 
 
 def _clients(url: str, concurrency: int, jobs, time_limit_s: float) -> list[dict]:
@@ -117,7 +125,9 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
     """Every method at every concurrency (module doc); returns the suite's JSON part."""
     if not cfg.concurrency or any(c < 1 for c in cfg.concurrency):
         raise ValueError(f"serve: concurrency must be clients >= 1, got {cfg.concurrency}")
-    n_most = max(max(cfg.requests, 2 * c) for c in cfg.concurrency)
+    if cfg.per_client < 1:
+        raise ValueError(f"serve: per_client must be >= 1 request, got {cfg.per_client}")
+    n_most = max(_requests_at(cfg, c) for c in cfg.concurrency)
     prompts, prompt_note = models.prompts(min(n_most, 16), cfg.prompt_len, cfg.seed)
     workload = make_workload(prompts, n_most, cfg.max_new_tokens, cfg.seed)
     fixed = _fixed_drafter(models, cfg.drafter, workload[:cfg.requests])
@@ -140,7 +150,7 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
             servers[method] = (url, metrics, drafter)
         rows = []
         for c in cfg.concurrency:
-            jobs = workload[:max(cfg.requests, 2 * c)]
+            jobs = workload[:_requests_at(cfg, c)]
             runs: dict[str, list[tuple[dict, list]]] = {m: [] for m in methods}
             warm: dict[str, list[float]] = {m: [] for m in methods}
             for r in range(-cfg.warmup_rounds, cfg.repeats):  # (warm-up rounds first, unmeasured: the engine suite's)
@@ -166,7 +176,7 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
         if drafter is not None and hasattr(drafter, "depth_hist"):
             last = next(r for r in reversed(rows) if r["method"] == method)
             last["depth_hist"] = {str(d): n for d, n in sorted(drafter.depth_hist.items())}
-        jobs = workload[:max(cfg.requests, 2 * overhead_c)]
+        jobs = workload[:_requests_at(cfg, overhead_c)]
         direct[method] = run_direct(models, drafter, jobs, overhead_c)
         if log:
             log(f"  {method:<9} straight into the engine at C = {overhead_c}: {direct[method]['tokens_per_s']:.1f} "
