@@ -125,8 +125,8 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
     """Every method at every concurrency (module doc); returns the suite's JSON part."""
     if not cfg.concurrency or any(c < 1 for c in cfg.concurrency):
         raise ValueError(f"serve: concurrency must be clients >= 1, got {cfg.concurrency}")
-    if cfg.per_client < 1:
-        raise ValueError(f"serve: per_client must be >= 1 request, got {cfg.per_client}")
+    if isinstance(cfg.per_client, bool) or not isinstance(cfg.per_client, int) or cfg.per_client < 1:
+        raise ValueError(f"serve: per_client must be an integer >= 1 request, got {cfg.per_client!r}")
     n_most = max(_requests_at(cfg, c) for c in cfg.concurrency)
     prompts, prompt_note = models.prompts(min(n_most, 16), cfg.prompt_len, cfg.seed)
     workload = make_workload(prompts, n_most, cfg.max_new_tokens, cfg.seed)
