@@ -30,7 +30,12 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
   measured shallower depths (the product bounds it).
 * ``t_target(x)``: the target's forward + verification + the loop's bookkeeping as a function of tokens in flight
   ``x = B * N(d)``: a decayed mean per measured ``x``, made non-decreasing (isotonic), linearly interpolated between
-  measured points and extrapolated with the slope over the measured range (flat with one point).
+  measured points and extrapolated with the slope over the measured range (flat with one point). A plain step is
+  priced from a curve of its own (``plain_cost``, over B) where that has measured B or lies around it: plain steps
+  that came after ``_WARM`` plain steps in a row. A step costs what the steps before it left behind: on a CPU the
+  caches hold the weights the last steps read, and a plain step between speculative ones (the draft's weights and
+  trees through the caches) cost 7.8 ms at eight rows on the family where a run of plain steps cost 4.5 ms; priced
+  at the first, plain decoding lost to speculation it beat by a fifth.
 * ``t_draft(B, d)``: the inner drafter's propose + observe time, the same kind of fit over depths per batch size;
   where B measured too few depths to say how the cost grows with d, the curve of the nearest batch size that did,
   scaled by the ratio of the two at the depths both measured.
@@ -52,12 +57,17 @@ the measurements is an extrapolation: the choice climbs one depth at a time into
 whether the batch lags changes first: its inputs move by about a sample a step, and working it out cost ~100 us a
 step on a CPU (1-3% of a step; docs/ARCHITECTURE.md, "Adaptive speculation"). Close calls are worked out every
 step: at one row a step is one sample, and one unlucky one must not keep a depth off for several steps. Exploration: the
-argmax's neighbour (in turn one deeper, the other shape where there are two, one shallower) is tried instead, so that acceptance of the next depth and
-costs off the current point stay fresh (acceptance drops and cost changes at the chosen depth are seen every step);
-``explore_every`` steps after the choice last moved, then twice, four times as far apart while it holds (up to
+argmax's neighbour (in turn one deeper, the other shape where there are two, plain steps, one shallower) is tried
+instead, so that acceptance of the next depth and costs off the current point stay fresh (acceptance drops and cost
+changes at the chosen depth are seen every step). Plain steps are the alternative a speculating batch must keep
+measured, and as a run: ``_WARM`` + 2 of them, the last two priced (see ``t_target``), where no plain step was
+priced in the last ``_PLAIN_SPACING * explore_every`` steps (else that turn tries one shallower). Explorations come
+``explore_every`` steps apart, then twice, four times as far apart while the choice holds (up to
 ``explore_backoff`` times; the count runs across generations, as a server's drafter would see them), back to
 ``explore_every`` when the argmax changes or the batch size moves 2x away (a row or two joining and leaving, as in
-continuous batching every few steps, would otherwise keep the base rate for good).
+continuous batching every few steps, would otherwise keep the base rate for good). Neither restarts the count of steps
+since the last exploration: between close depths the argmax changes every few steps, and a count restarted at each
+change never reached an exploration (none in 150 steps at eight rows).
 
 Choice under uncertainty: the argmax scores measured depths with ``optimism`` standard errors added to their
 conditional acceptance (``sqrt(c (1 - c) / n)``, n the row-steps that measured them, not decayed: the bonus fades as
@@ -111,6 +121,8 @@ __all__ = ["AdaptiveDrafter", "CostCurve", "DepthAcceptance"]
 
 MODES = ("adapt", "off", "fixed")
 _SETTLED = 4  # plain steps in a row after which joining rows' draft prefill is deferred (see _defer)
+_WARM = 4  # plain steps in a row before a plain step's cost is the plain steps' own (see plain_cost)
+_PLAIN_SPACING = 16  # explore_every's between explorations' runs of plain steps (a run every 256 steps: ~2% of them)
 _KEEP = 8.0  # outcomes of a depth's past its acceptance keeps however long the gap before it is tried again
 _HOLD = 4  # steps a clear argmax answers for while the batch size, the depth bound and the lag's presence hold
 _HOLD_LEAD = 1.05  # clear: its score at least this much over the runner-up's (one sample a step moves scores ~1%)
@@ -161,7 +173,10 @@ class CostCurve:
     """A decayed, non-decreasing, piecewise-linear curve y(x) learned from measurements.
 
     Each measured x keeps an exponential moving average of its y (the first measurements are averaged plainly,
-    then weight ``alpha`` on the newest). Prediction uses the isotonic (non-decreasing) fit of those means
+    then weight ``alpha`` on the newest); a point's first measurement stands in until its second replaces it: the
+    first run of a shape, and a batch's first steps after its prefill, run slow (plain steps at eight rows on the
+    family: 7.9, 6.9, 6.3, 5.3, 4.9, then 4.2 ms), and one such sample, at a point seldom measured again, priced
+    it for good. Prediction uses the isotonic (non-decreasing) fit of those means
     (pool-adjacent-violators, weighted by sample counts), linear between measured points, extrapolated with the
     slope over the whole measured range (>= 0; flat with one point; robust where neighbouring points are close and
     noisy), never below 0.
@@ -170,6 +185,7 @@ class CostCurve:
     def __init__(self, alpha: float = 0.2):
         self.alpha = alpha
         self.points: dict[float, list[float]] = {}  # x -> [mean y, count]
+        self._first: set[float] = set()  # points whose one measurement is their first (the next replaces it)
         self._fit: tuple[list[float], list[float]] | None = None
         self._lo, self._hi = float("inf"), float("-inf")  # the measured range
 
@@ -180,7 +196,11 @@ class CostCurve:
         p = self.points.get(x)
         if p is None:
             self.points[x] = [float(y), 1.0]
+            self._first.add(x)
             self._lo, self._hi = min(self._lo, x), max(self._hi, x)
+        elif x in self._first:
+            self._first.discard(x)
+            p[0] = float(y)
         else:
             p[1] += 1.0
             p[0] += max(1.0 / p[1], self.alpha) * (y - p[0])
@@ -326,6 +346,10 @@ class AdaptiveDrafter:
         D = self.max_depth
         self.acceptance = {chain: DepthAcceptance(D) for chain in (False, True)}  # per shape (chain?)
         self.target_cost = CostCurve(self.cost_alpha)  # x = tokens in flight -> seconds
+        self.plain_cost = CostCurve(self.cost_alpha)  # x = batch rows -> seconds, of plain steps in a run of them
+        self._plain_run = 0  # plain steps in a row so far
+        self._plain_left = 0  # plain steps an exploration still asks for
+        self._plain_at = None  # steps_total when a plain step's cost was last booked in plain_cost
         self.draft_cost: dict[tuple[int, bool], CostCurve] = {}  # (batch rows, chain?) -> (depth -> seconds)
         self.nodes: dict[tuple[int, bool], float] = {}  # (depth, chain?) -> mean tree nodes
         self.catchup: dict[int, float] = {}  # batch rows -> draft seconds per lagging token and row (caught up on)
@@ -435,6 +459,10 @@ class AdaptiveDrafter:
             self.draft_cost[key].add(d, dt)
         if self._gen_step > 0:
             self.target_cost.add(B * N, t2 - t1)
+            if d == 0 and self._plain_run >= _WARM:
+                self.plain_cost.add(B, t2 - t1)
+                self._plain_at = self.steps_total
+        self._plain_run = self._plain_run + 1 if d == 0 else 0
         self._gen_step += 1
         # acceptance: each row's verification outcome (``host_accept_len``), finished rows included: a row that
         # reached its budget or a stop inside the step was cut after its verification, and leaving it out drops the
@@ -542,7 +570,10 @@ class AdaptiveDrafter:
 
     def _step_time(self, B: int, d: int, chain: bool, draft) -> float | None:
         """:meth:`predicted_step_time` with the shape's draft curve at B (:meth:`_draft_curve`) given."""
-        t = self.target_cost.predict(B * self.nodes_at(d, chain))
+        if d == 0 and self.plain_cost.covers(B):
+            t = self.plain_cost.predict(B)
+        else:
+            t = self.target_cost.predict(B * self.nodes_at(d, chain))
         if t is None:
             return None
         return t + draft(d) + (self.join_cost if d > 0 else 0.0)
@@ -611,12 +642,15 @@ class AdaptiveDrafter:
         step = getattr(self, "_gen_step", 0)
         if len(self.target_cost) < 2 and step < 3:  # probes: 1 (untimed), 0, 1
             return (1, 0, 1)[step], False
+        if self._plain_left > 0:  # an exploration's run of plain steps
+            self._plain_left -= 1
+            return 0, False
         d, chain = self._argmax(B, limit, remaining)
         if limit == self.max_depth:  # (steps capped by the token budget say nothing about the choice)
             # the choice moved, or the batch size did by 2x (not the drift of a row or two that joins and leaves
             # make every few steps): explore at the base rate
             if self._last_best != (d, chain) or not 0.5 < B / max(self._base_rows, 1) < 2.0:
-                self._explore_gap, self._since_explore, self._base_rows = self.explore_every, 0, B
+                self._explore_gap, self._base_rows = self.explore_every, B
             self._last_best = (d, chain)
         self._since_explore += 1
         if self.explore_every and self._since_explore >= self._explore_gap:
@@ -644,8 +678,11 @@ class AdaptiveDrafter:
 
     def _neighbour(self, B: int, d: int, chain: bool, limit: int) -> tuple[int, bool]:
         """The step an exploration tries instead of (d, chain): in turn one deeper, the other shape at the same
-        depth (where there are two), one shallower. Out of a plain step: depth 1 in the shape that scores better."""
-        turns = ("deeper", "shape", "shallower", "shape") if len(self.shapes) > 1 else ("deeper", "shallower")
+        depth (where there are two), plain steps, one shallower. Out of a plain step: depth 1 in the shape that scores
+        better. Plain steps, and one shallower from depth 1, are a run of ``_WARM`` + 2 plain steps (this one, then
+        :attr:`_plain_left`) where plain steps were not priced lately (else the plain turn is one shallower)."""
+        turns = (("deeper", "shape", "plain", "shallower", "shape") if len(self.shapes) > 1
+                 else ("deeper", "plain", "shallower"))
         turn = turns[self._explore_turn % len(turns)]
         self._explore_turn += 1
         if d == 0:
@@ -654,6 +691,10 @@ class AdaptiveDrafter:
             return d, not chain
         if turn == "deeper" and d < limit:
             return d + 1, chain
+        stale = self._plain_at is None or self.steps_total - self._plain_at > _PLAIN_SPACING * self.explore_every
+        if (turn == "plain" or d == 1) and stale:
+            self._plain_left = _WARM + 1
+            return 0, False
         return d - 1, chain and d > 1
 
     def _catchup_too_dear(self, B: int, gap: int) -> bool:
