@@ -32,10 +32,10 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
   ``x = B * N(d)``: a decayed mean per measured ``x``, made non-decreasing (isotonic), linearly interpolated between
   measured points and extrapolated with the slope over the measured range (flat with one point). A plain step is
   priced from a curve of its own (``plain_cost``, over B) where that has measured B or lies around it: plain steps
-  that came after ``_WARM`` plain steps in a row. A step costs what the steps before it left behind: on a CPU the
-  caches hold the weights the last steps read, and a plain step between speculative ones (the draft's weights and
-  trees through the caches) cost 7.8 ms at eight rows on the family where a run of plain steps cost 4.5 ms; priced
-  at the first, plain decoding lost to speculation it beat by a fifth.
+  that came after ``_WARM`` plain steps in a row. A step costs what the steps before it left behind: on the CPU
+  measured, a plain step between speculative ones cost 7.8 ms at eight rows on the family where a run of plain steps
+  cost 4.5 ms (docs/ARCHITECTURE.md, "Plain steps priced from runs of them"); priced at the first, plain decoding
+  lost to speculation it beat by a fifth.
 * ``t_draft(B, d)``: the inner drafter's propose + observe time, the same kind of fit over depths per batch size;
   where B measured too few depths to say how the cost grows with d, the curve of the nearest batch size that did,
   scaled by the ratio of the two at the depths both measured.
