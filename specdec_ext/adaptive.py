@@ -32,7 +32,7 @@ Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``
   ``x = B * N(d)``: a decayed mean per measured ``x``, made non-decreasing (isotonic), linearly interpolated between
   measured points and extrapolated with the slope over the measured range (flat with one point). A plain step is
   priced from a curve of its own (``plain_cost``, over B) where that has measured B or lies around it: plain steps
-  that came after ``_WARM`` plain steps in a row. A step costs what the steps before it left behind: on the CPU
+  that came after ``_SETTLED`` plain steps in a row. A step costs what the steps before it left behind: on the CPU
   measured, a plain step between speculative ones cost 7.8 ms at eight rows on the family where a run of plain steps
   cost 4.5 ms (docs/ARCHITECTURE.md, "Plain steps priced from runs of them"); priced at the first, plain decoding
   lost to speculation it beat by a fifth.
@@ -60,7 +60,7 @@ step: at one row a step is one sample, and one unlucky one must not keep a depth
 argmax's neighbour (in turn one deeper, the other shape where there are two, plain steps, one shallower) is tried
 instead, so that acceptance of the next depth and costs off the current point stay fresh (acceptance drops and cost
 changes at the chosen depth are seen every step). Plain steps are the alternative a speculating batch must keep
-measured, and as a run: ``_WARM`` + 2 of them, the last two priced (see ``t_target``), where no plain step was
+measured, and as a run: ``_SETTLED`` + 2 of them, the last two priced (see ``t_target``), where no plain step was
 priced in the last ``_PLAIN_SPACING * explore_every`` steps (else that turn tries one shallower). Explorations come
 ``explore_every`` steps apart, then twice, four times as far apart while the choice holds (up to
 ``explore_backoff`` times; the count runs across generations, as a server's drafter would see them), back to
@@ -120,8 +120,9 @@ from specdec_ext.state import DecodeState, DraftTree, StepResult
 __all__ = ["AdaptiveDrafter", "CostCurve", "DepthAcceptance"]
 
 MODES = ("adapt", "off", "fixed")
-_SETTLED = 4  # plain steps in a row after which joining rows' draft prefill is deferred (see _defer)
-_WARM = 4  # plain steps in a row before a plain step's cost is the plain steps' own (see plain_cost)
+# plain steps in a row after which the batch has settled on them: joining rows' draft prefill is deferred (see
+# _defer), and a plain step's cost is the plain steps' own (see plain_cost)
+_SETTLED = 4
 _PLAIN_SPACING = 16  # explore_every's between explorations' runs of plain steps (a run every 256 steps: ~2% of them)
 _KEEP = 8.0  # outcomes of a depth's past its acceptance keeps however long the gap before it is tried again
 _HOLD = 4  # steps a clear argmax answers for while the batch size, the depth bound and the lag's presence hold
@@ -459,7 +460,7 @@ class AdaptiveDrafter:
             self.draft_cost[key].add(d, dt)
         if self._gen_step > 0:
             self.target_cost.add(B * N, t2 - t1)
-            if d == 0 and self._plain_run >= _WARM:
+            if d == 0 and self._plain_run >= _SETTLED:
                 self.plain_cost.add(B, t2 - t1)
                 self._plain_at = self.steps_total
         self._plain_run = self._plain_run + 1 if d == 0 else 0
@@ -679,7 +680,7 @@ class AdaptiveDrafter:
     def _neighbour(self, B: int, d: int, chain: bool, limit: int) -> tuple[int, bool]:
         """The step an exploration tries instead of (d, chain): in turn one deeper, the other shape at the same
         depth (where there are two), plain steps, one shallower. Out of a plain step: depth 1 in the shape that scores
-        better. Plain steps, and one shallower from depth 1, are a run of ``_WARM`` + 2 plain steps (this one, then
+        better. Plain steps, and one shallower from depth 1, are a run of ``_SETTLED`` + 2 plain steps (this one, then
         :attr:`_plain_left`) where plain steps were not priced lately (else the plain turn is one shallower)."""
         turns = (("deeper", "shape", "plain", "shallower", "shape") if len(self.shapes) > 1
                  else ("deeper", "plain", "shallower"))
@@ -693,7 +694,7 @@ class AdaptiveDrafter:
             return d + 1, chain
         stale = self._plain_at is None or self.steps_total - self._plain_at > _PLAIN_SPACING * self.explore_every
         if (turn == "plain" or d == 1) and stale:
-            self._plain_left = _WARM + 1
+            self._plain_left = _SETTLED + 1
             return 0, False
         return d - 1, chain and d > 1
 
