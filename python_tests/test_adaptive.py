@@ -138,7 +138,7 @@ def test_draft_model_identical_to_target_accepts_everything_across_plain_steps()
     pinned_choose = ad.choose
     calls = []
 
-    def alternate(B, max_depth, remaining=None):
+    def alternate(B, max_depth, budgets=None):
         calls.append(1)
         return (0, False) if len(calls) % 2 == 0 else pinned_choose(B, max_depth)
 
@@ -206,7 +206,7 @@ def test_deferred_prefill_is_caught_up_on_at_the_first_speculative_step(kind):
     if kind == "draft":  # an exact draft model: after 5 plain steps, every draft of the deferred catch-up is right
         exact = AdaptiveDrafter(DraftModelDrafter(copy.deepcopy(tgt), num_draft_tokens=3), mode="fixed", depth=3)
         exact.defers_prefill = True  # (fixed mode does not defer by itself)
-        exact.choose = lambda B, max_depth, remaining=None, n=iter(range(10 ** 6)): (
+        exact.choose = lambda B, max_depth, budgets=None, n=iter(range(10 ** 6)): (
             0 if next(n) < 5 else min(3, max_depth), False)
         prompt = random_prompt()
         want1, _ = generate(tgt, None, prompt, max_new_tokens=20, eos_token_id=[])
@@ -444,7 +444,7 @@ def test_a_wobbling_argmax_does_not_postpone_explorations():
     clock = FakeClock()
     ad = AdaptiveDrafter(FakeChain(clock, D=4), explore_every=8, clock=clock)
     calls = iter(range(10 ** 6))
-    ad._argmax = lambda B, limit, remaining: (2 + next(calls) % 2, False)  # 2, 3, 2, 3, ...
+    ad._argmax = lambda B, limit, budgets: (2 + next(calls) % 2, False)  # 2, 3, 2, 3, ...
     fake_run(ad, clock, 99, B=8, target_time=lambda x: 0.01, accept=geometric(0.7))
     assert ad.explorations >= 10, (ad.explorations, ad.history)  # every 8th step but a plain run's (steps 3 .. 98)
     assert ad.history[3:].count(0) == 6, ad.history  # one run of plain steps among the neighbours tried
@@ -620,11 +620,29 @@ def test_leaving_a_run_of_plain_steps_is_charged_the_catch_up():
     assert ad.best_step(8, 4) == (4, False)  # not in a plain run: nothing to catch up on
     ad._lag = 200
     assert ad.best_step(8, 4) == (0, False)
-    assert ad.best_step(8, 4, remaining=60) == (0, False)  # 12 deep steps left: the catch-up is not earned back
+    assert ad.best_step(8, 4, budgets=[60] * 8) == (0, False)  # 12 deep steps left: the catch-up is not earned back
     # 2000 tokens left, ~400 deep steps: 4 ms of catch-up per step, and deep drafting still pays
-    assert ad.best_step(8, 4, remaining=2000) == (4, False)
+    assert ad.best_step(8, 4, budgets=[2000] * 8) == (4, False)
     ad._lag = 1  # one plain step behind: 50 ms / 16 per step, deep drafting still pays
     assert ad.best_step(8, 4) == (4, False)
+
+
+def test_tokens_past_a_rows_budget_are_not_counted():
+    """A step's tokens past a row's budget are cut: what a row emits at depth d is its expected tokens at depth
+    min(d, budget - 1), averaged over the rows (against a sum over the rows). Deep drafting pays for this batch
+    with long budgets; with seven of its eight rows one token from their end it would earn a fraction of its cost,
+    and plain decoding is chosen."""
+    clock = FakeClock()
+    ad = AdaptiveDrafter(FakeChain(clock, D=6, draft_time=lambda d: 1e-3 * d), explore_every=0, clock=clock)
+    fake_run(ad, clock, 30, B=8, target_time=lambda x: 0.01 + 2e-4 * x, accept=steady(0.8))
+    budgets = [1, 2, 3, 5, 9, 40, 7, 1]
+    for d in range(7):
+        want = sum(ad.expected_tokens(min(d, r - 1)) for r in budgets) / len(budgets)
+        assert ad.emitted_tokens(d, budgets) == pytest.approx(want), d
+        assert ad.emitted_tokens(d, None) == ad.expected_tokens(d)
+    assert ad.emitted_tokens(6, budgets) < 0.75 * ad.expected_tokens(6)
+    assert ad.best_step(8, 6, [100] * 8)[0] >= 3, ad.history
+    assert ad.best_step(8, 6, [1] * 7 + [100]) == (0, False)
 
 
 def test_a_draining_batch_spreads_the_catch_up_over_its_budgets():
