@@ -9,107 +9,61 @@ cost model, to maximise expected tokens per second.
     tokens, stats = generate(target, drafter, prompts, max_new_tokens=128)
     drafter.depth_hist                                                     # {depth: steps}
 
-Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``{0, 1, ..., D}`` maximising::
+The model. Each step, for the batch's ``B`` rows, the wrapper chooses the depth ``d`` in ``{0, 1, ..., D}`` (0: a
+plain decoding step) maximising::
 
     E[tokens per row-step | d] / (t_target(B * N(d)) + t_draft(B, d) + t_join [d > 0])
 
-(the number of live rows multiplies every candidate alike, so it does not change the choice), where
-
-* ``E[tokens | d] = 1 + sum_{i <= d} P(accept >= i)`` and ``P(accept >= i) = c_1 * ... * c_i``, ``c_i`` the
-  conditional acceptance of depth i given depth i - 1 was accepted: exponentially decayed counts from the rows of
-  recent steps that drafted at least i deep (each row's verification outcome, rows that finished in the step
-  included). The clock of the decay is row-steps (factor ``decay`` per row of every step), so the counts hold about
-  the last ``1 / (1 - decay)`` outcomes at any batch size: a per-step decay kept about 7 outcomes at one row, and one
-  unlucky exploration there settled the choice a depth or three short for the rest of a run. The decay is applied
-  when a depth is tried again (``decay ** row-steps since its last update``): an untried depth holds its estimate,
-  and one explored after a long gap is judged mostly by what it does now, but its past keeps the weight of
-  ``_KEEP`` outcomes: at one row an exploration is one sample, and judged on it alone one unlucky step held the
-  best depth off for hundreds of steps (2026-12-06: depth 5 in most of a run's steps at one client where depth 6 is
-  ~5% faster). A weak prior (``prior_accept`` with weight
-  ``prior_weight`` row-steps) makes depths never tried look good enough to be tried once, but never better than the
-  measured shallower depths (the product bounds it).
+* ``E[tokens | d] = 1 + sum_{i <= d} c_1 * ... * c_i``, ``c_i`` the conditional acceptance of depth i given depth
+  i - 1 (:class:`DepthAcceptance`): decayed counts of the rows' verification outcomes, the decay clocked in
+  row-steps so that the counts hold about ``1 / (1 - decay)`` outcomes at any batch size, applied when a depth is
+  tried again but keeping ``_KEEP`` outcomes of its past (at one row an exploration is one sample); a weak prior
+  makes an untried depth worth one try, never better than the measured depths above it.
 * ``E[tokens per row-step | d]``: the mean over the rows of ``E[tokens | min(d, r - 1)]``, r the row's budget left
-  (``DecodeState.budgets``; :meth:`emitted_tokens`): a step's tokens past a row's budget are verified and cut, so a
-  row's last step earns less than its depth promises. With budgets of 12-48 tokens and a chain that keeps 0.8 of
-  its drafts per depth, the cut takes ~7% of speculation's tokens a row-step, and plain decoding none: as much as
-  the margin by which one beats the other at eight rows on the family.
-* ``t_target(x)``: the target's forward + verification + the loop's bookkeeping as a function of tokens in flight
-  ``x = B * N(d)``: a decayed mean per measured ``x``, made non-decreasing (isotonic), linearly interpolated between
-  measured points and extrapolated with the slope over the measured range (flat with one point). A plain step is
-  priced from a curve of its own (``plain_cost``, over B) where that has measured B or lies around it: plain steps
-  that came after ``_SETTLED`` plain steps in a row. A step costs what the steps before it left behind: on the CPU
-  measured, a plain step between speculative ones cost 7.8 ms at eight rows on the family where a run of plain steps
-  cost 4.5 ms (docs/ARCHITECTURE.md, "Plain steps priced from runs of them"); priced at the first, plain decoding
-  lost to speculation it beat by a fifth.
-* ``t_draft(B, d)``: the inner drafter's propose + observe time, the same kind of fit over depths per batch size;
-  where B measured too few depths to say how the cost grows with d, the curve of the nearest batch size that did,
-  scaled by the ratio of the two at the depths both measured.
-* ``t_join``: the inner drafter's prefill of the rows that join while the batch speculates (a plain batch defers
-  it), per speculative step: a decayed mean over speculative steps, zero for steps without a join. In a closed loop
-  a row joins every step or two, so at 10-16 rows this is what tips one step of drafting below plain decoding.
-* ``N(d)``: tree nodes at depth d, measured from the trees the inner drafter returns (chains: ``d + 1``; tree
-  drafters: whatever they build); before a depth was seen, ``d + 1`` bounded by the measured neighbours.
+  (:meth:`emitted_tokens`): a step's tokens past a row's budget are verified and cut.
+* ``t_target(x)``: the target's step as a function of tokens in flight ``x = B * N(d)`` (:class:`CostCurve`). A
+  plain step is priced from a curve of its own over B (``plain_cost``), booked only from plain steps after
+  ``_SETTLED`` in a row: a step costs what the steps before it left behind, and a plain step between speculative
+  ones runs slower than one in a run of them.
+* ``t_draft(B, d)``: the inner drafter's propose + observe time, a curve over depths per batch size; where B has
+  measured too few depths, the curve of the nearest batch size that did, scaled to B's measurements.
+* ``t_join``: the inner drafter's prefill of rows that join while the batch speculates (a plain batch defers it),
+  per speculative step.
+* ``N(d)``: tree nodes at depth d as the inner drafter builds them (chains: ``d + 1``).
 
-Times are taken from the wrapper (``clock``, default ``time.perf_counter``; inject one for tests): propose is draft
-time, the end of propose to the start of observe is the target's step, observe is draft time again. No change to
-the decode loop is needed. The first step of a generation adds nothing to the cost curves (first-shape effects);
-its draft time counts as catch-up when the drafter caught up on a deferred prefill there.
+Times come from the wrapper's ``clock`` (default ``time.perf_counter``; tests inject one): propose and observe are
+draft time, the span between them the target's step. The first step of a generation adds nothing to the curves
+(first-shape effects). No change to the decode loop is needed.
 
-Schedule (``mode="adapt"``): depth 1, 0, 1 for the first three steps (so that two target costs are measured), then
-the argmax, among the depths up to the first one whose tokens in flight exceed every measured point (a cost beyond
-the measurements is an extrapolation: the choice climbs one depth at a time into it). A clear answer (its score
-``_HOLD_LEAD`` over the runner-up's) stands for ``_HOLD`` steps unless the batch size, the loop's depth bound or
-whether the batch lags changes first: its inputs move by about a sample a step, and working it out cost ~100 us a
-step on a CPU (1-3% of a step; docs/ARCHITECTURE.md, "Adaptive speculation"). Close calls are worked out every
-step: at one row a step is one sample, and one unlucky one must not keep a depth off for several steps. Exploration: the
-argmax's neighbour (in turn one deeper, the other shape where there are two, plain steps, one shallower) is tried
-instead, so that acceptance of the next depth and costs off the current point stay fresh (acceptance drops and cost
-changes at the chosen depth are seen every step). Plain steps are the alternative a speculating batch must keep
-measured, and as a run: ``_SETTLED`` + 2 of them, the last two priced (see ``t_target``), where no plain step was
-priced in the last ``_PLAIN_SPACING * explore_every`` steps (else that turn tries one shallower). Explorations come
-``explore_every`` steps apart, then twice, four times as far apart while the choice holds (up to
-``explore_backoff`` times; the count runs across generations, as a server's drafter would see them), back to
-``explore_every`` when the argmax changes or the batch size moves 2x away (a row or two joining and leaving, as in
-continuous batching every few steps, would otherwise keep the base rate for good). Neither restarts the count of steps
-since the last exploration: between close depths the argmax changes every few steps, and a count restarted at each
-change never reached an exploration (none in 150 steps at eight rows).
+The schedule (``mode="adapt"``). Depth 1, 0, 1 first (two target costs measured), then the argmax, climbing at most
+one depth past the largest tokens in flight measured (beyond them a cost is an extrapolation). A clear answer
+(``_HOLD_LEAD`` ahead of the runner-up) stands for ``_HOLD`` steps while the batch size, the depth bound and the lag's
+presence hold (working it out is ~1-3% of a CPU step); close calls are worked out every step. The argmax adds
+``optimism`` standard errors to measured acceptance (not decayed, so the bonus fades), so that at one row one unlucky
+step does not settle the choice a depth short. Explorations try the argmax's neighbour in turn (one deeper, the
+other shape, plain steps, one shallower; out of plain steps, depth 1) every ``explore_every`` steps, backing off to
+``explore_backoff`` times that while the argmax holds, back to the base rate when it changes or the batch size moves
+2x; a changing argmax does not restart the count (between close depths it changes every few steps). The plain turn
+is a run of ``_SETTLED`` + 2 plain steps where none was priced in the last ``_PLAIN_SPACING * explore_every`` steps.
 
-Choice under uncertainty: the argmax scores measured depths with ``optimism`` standard errors added to their
-conditional acceptance (``sqrt(c (1 - c) / n)``, n the row-steps that measured them, not decayed: the bonus fades as
-they accumulate, so it changes no settled choice): at one row every step is one sample, and one unlucky step would
-otherwise settle the choice a depth short until an exploration happened to succeed.
-
-Depth 0 is a plain decoding step: the inner drafter is still asked (``propose(state, 0)`` returns a 1-node tree) and
-observes the result, so its caches stay in sync. A drafter with its own model skips its forwards on plain steps and
-catches up on them at the next speculative step. The wrapper also asks it to defer its prefill (``begin`` /
-``add_rows`` with ``defer_prefill=True``, where the inner drafter's ``defers_prefill`` says it can; not in
-``"fixed"`` mode) while the batch has settled on plain steps (a new batch, or four plain steps in a row): the prompt
-is then caught up on at the first speculative step, so a generation that stays plain (large batches) never pays for
-the draft's pass over the prompts. Rows that join a speculating batch are prefilled at once: the next step would
-catch them up in one draft forward padded to their lag over every row (at 8 rows a join made that step's draft ~5x
-its steady cost, and booked as catch-up it escaped the cost model, which then chose speculation where plain decoding
-was faster). The *lag* counts the context tokens per row the drafter has not read (the longest prompt - 1 after a
-deferred prefill, then one per plain step; never more than the longest context in the batch). A speculative step's
-draft time with a lag is kept apart from its depth's steady cost (as catch-up seconds per lagging token and row,
-``catchup``; used capped at twice a depth-1 step's drafting at that batch size, since reading one more token a row
-costs no more than that step: an estimate inflated by one bad measurement cannot keep plain steps for good). With a
-lag of k tokens, the argmax charges every speculative depth d ``catchup * B * k / n`` seconds per step: the catch-up
-spread over the n steps d would take to spend the rows' budgets (their mean budget left, ``DecodeState.budgets``,
-over ``E[tokens | d]``; ``explore_every`` where the budgets are not known). In a draining batch that is a few steps:
-a spread over ``explore_every`` had the batch leave plain steps at ~20 rows for a predicted few percent and never
-earn the catch-up back. An exploration out of a lag is skipped where the catch-up it would pay exceeds
-``catchup_budget`` of the plain steps until the next exploration: explorations are meant to cost a small share of the
-time, and one out of a lag re-reads every skipped token of every row at once (at 16 rows on the family, a new batch's
-deferred prompts cost EAGLE's draft ~6 plain steps, and at a server's steady high load an exploration every 64 steps
-would pay that each time); leaving such a lag is the argmax's decision, with the catch-up charged.
+Plain steps and the lag. On a plain step the inner drafter is still asked (``propose(state, 0)``, a 1-node tree) and
+observes the result; a drafter with its own model skips its forwards and catches up at the next speculative step.
+While the batch has settled on plain steps (a new batch, or ``_SETTLED`` plain steps in a row) the wrapper defers the
+inner drafter's prefill of joining rows (``defer_prefill=True`` where its ``defers_prefill`` says it can; not in
+``"fixed"`` mode), so a generation that stays plain never pays for the draft's pass over the prompts; rows joining a
+speculating batch are prefilled at once (caught up later, one join would pad every row's catch-up to its length).
+The *lag* is the context tokens per row the drafter has not read. Catch-up time is booked apart from the depth's
+steady cost, per lagging token and row (``catchup``, capped at twice a depth-1 step's drafting: one inflated
+measurement must not keep plain steps for good). Leaving a lag is charged its catch-up spread over the steps the
+rows' budgets would last at that depth; an exploration out of a lag is skipped where its catch-up exceeds
+``catchup_budget`` of the plain steps until the next exploration.
 
 Tree or chain. An inner drafter whose trees are wider than a chain (``max_nodes > max_depth + 1``: EAGLE-2, Medusa,
-suffix trees) offers a second shape at every depth: the chain, asked for as a node budget of one per depth
-(``propose(state, d, d + 1)``; EAGLE-2 then drafts EAGLE-1's chain with one frontier node per level). Each shape has
-its own acceptance counts, node counts and draft-cost curves (the target's cost curve and the catch-up are shared:
-they depend on tokens only), and the argmax runs over both; a chain depth never tried takes the tree's estimate at
-that depth as its prior. A wide tree buys acceptance with draft forwards and verified nodes, which pays at one or two
-rows and not at eight, where the chain of the same drafter is ahead; ``chain_hist`` counts the chain steps.
+suffix trees) offers a chain at every depth too, asked for as a node budget of one per depth; each shape has its own
+acceptance, node counts and draft costs (the target's costs are shared), and the argmax runs over both (a wide tree
+pays at one or two rows, its chain at more). ``chain_hist`` counts the chain steps.
+
+Measurements behind these choices: docs/ARCHITECTURE.md, "Adaptive speculation".
 """
 
 from __future__ import annotations
