@@ -93,6 +93,21 @@ def test_hidden_states_reach_begin_and_observe():
     assert stats.new_tokens == 20 and stats.target_forwards == len(probe.steps)
 
 
+@pytest.mark.parametrize("B, rows", [(10, [0, 9, 2, 8, 4, 5]),  # a retirement: freed slots filled from the end
+                                     (20, list(range(10, 20))),  # ten moves, disjoint: gathered
+                                     (6, [1, 0, 2, 3])])  # a swap: gathered
+@pytest.mark.parametrize("dim", [0, 2])
+def test_keep_batch_rows_along_any_dim(B, rows, dim):
+    """The batch dimension anywhere (the target cache's is 2 of [L, 2, B, H, S, D]): index_select's result, whether
+    the moves are copied one by one or gathered."""
+    from specdec_ext.models.kv_cache import keep_batch_rows
+
+    shape = [3, 2, 4, 5]
+    shape.insert(dim, B)
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(B + dim))
+    want = t.index_select(dim, torch.tensor(rows))
+    assert torch.equal(keep_batch_rows(t, rows, dim=dim), want)
+
 @pytest.mark.parametrize("rows", [[0, 5, 2, 3, 4], [2, 0, 1], [3], [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0]])
 def test_keep_batch_rows_equals_index_select(rows):
     """In-place retirement (only rows that change slot move, overlaps included) gives index_select's result."""

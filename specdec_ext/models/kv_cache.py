@@ -58,13 +58,20 @@ def copy_rows(buf: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None
     buf.view(B * H * S, D).index_copy_(0, index, src.to(buf.dtype).reshape(-1, D))
 
 
+_FEW_MOVES = 8  # row moves done one copy each (more: one gather and one write, fewer calls)
+
+
 def keep_batch_rows(t: torch.Tensor, rows: list[int], dim: int = 0) -> torch.Tensor:
     """``t``'s batch rows ``rows`` (distinct host ints; ``dim`` is the batch dimension) as rows ``0 .. len(rows) -
-    1``, in place: only rows that change slot move (gathered, then written, so overlaps are safe), and the result is
-    a view of the first slots. Retiring finished rows fills their slots with live rows from the end, so this moves a
-    few rows where ``index_select`` would copy (and reallocate) the whole cache."""
+    1``, in place: only rows that change slot move, and the result is a view of the first slots. Retiring finished
+    rows fills their slots with live rows from the end, so this moves a few rows where ``index_select`` would copy
+    (and reallocate) the whole cache. A few moves between disjoint slots (a retirement's) copy each row straight to
+    its slot; others are gathered, then written, so overlaps are safe (a second copy of the moved rows)."""
     moves = [(i, r) for i, r in enumerate(rows) if i != r]
-    if moves:
+    if len(moves) <= _FEW_MOVES and {i for i, _ in moves}.isdisjoint(r for _, r in moves):
+        for i, r in moves:
+            t.select(dim, i).copy_(t.select(dim, r))
+    elif moves:
         dst = torch.tensor([i for i, _ in moves], device=t.device)
         src = torch.tensor([r for _, r in moves], device=t.device)
         t.index_copy_(dim, dst, t.index_select(dim, src))
