@@ -108,6 +108,7 @@ def test_keep_batch_rows_along_any_dim(B, rows, dim):
     want = t.index_select(dim, torch.tensor(rows))
     assert torch.equal(keep_batch_rows(t, rows, dim=dim), want)
 
+
 @pytest.mark.parametrize("rows", [[0, 5, 2, 3, 4], [2, 0, 1], [3], [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0]])
 def test_keep_batch_rows_equals_index_select(rows):
     """In-place retirement (only rows that change slot move, overlaps included) gives index_select's result."""

@@ -577,7 +577,11 @@ class AdaptiveDrafter:
         """Estimated tokens a row emits at depth d, on average over rows with ``budgets`` tokens left: each row's
         :meth:`expected_tokens` at depth ``min(d, budget - 1)``, since the verification's tokens past a row's budget
         are cut (``budgets`` None: not known, no cut)."""
-        return _within_budgets(self._expected(optimism, chain), _caps(budgets, self.max_depth))[d]
+        return self._emitted(optimism, chain, _caps(budgets, self.max_depth))[d]
+
+    def _emitted(self, optimism: float, chain: bool, caps: list[int] | None) -> list[float]:
+        """``[d]``: :meth:`emitted_tokens` at every depth, for rows whose caps :func:`_caps` counted."""
+        return _within_budgets(self._expected(optimism, chain), caps)
 
     def _ranked(self, B: int, limit: int, budgets: list[int] | None) -> tuple[tuple[int, bool], float]:
         """:meth:`best_step`'s answer and its lead: its score over the runner-up's (inf without one; 1 where the
@@ -589,8 +593,7 @@ class AdaptiveDrafter:
         climbing = set(self.shapes)
         caps = _caps(budgets, self.max_depth)
         remaining = sum(budgets) / len(budgets) if budgets else None
-        expected = {chain: _within_budgets(self._expected(self.optimism, chain), caps)  # (once per step)
-                    for chain in self.shapes}
+        expected = {chain: self._emitted(self.optimism, chain, caps) for chain in self.shapes}  # (once per step)
         draft = {chain: self._draft_curve(B, chain) for chain in self.shapes}
         for d in range(0, limit + 1):
             for chain in (self.shapes if d > 0 else (False,)):
