@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from test_engine import word_tokenizer  # noqa: E402
 
 from specdec_ext.cli import main  # noqa: E402
 from specdec_ext.serve.cli import add_serve_command, apply_speculative_config  # noqa: E402
+from specdec_ext.serve.frozen_heap import freeze_startup_objects  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -173,7 +175,9 @@ def test_server_process_answers_and_drains_on_sigterm(model_dir):
             proc.kill()
             proc.wait()
     # uvicorn re-raises the signal once it has shut down, so the exit status says SIGTERM as for any process
-    assert proc.returncode == -signal.SIGTERM, proc.stdout.read().decode()
+    log = proc.stdout.read().decode()
+    assert proc.returncode == -signal.SIGTERM, log
+    assert re.search(r"; [1-9][0-9]* start-up objects frozen out of the garbage collector", log), log
     assert took < 1 + 10, took  # --shutdown-timeout 1, then the engine loop's close
     assert short["done"] and len(short["ids"]) == 60  # finished while the server drained
     assert not long_["done"] and len(long_["ids"]) < 12000  # aborted at the shutdown timeout
@@ -191,3 +195,28 @@ def test_the_suffix_flags_build_a_suffix_drafter():
         (10, 11, 2.5, 0.3, 5000)
     with pytest.raises(ValueError, match="min_prob"):
         drafter_from_args(serve_args("--model", "T", "--suffix", "--suffix-min-prob", "2"), None)
+
+
+def test_freezing_the_start_up_objects_keeps_them_out_of_collections_and_still_collects_new_garbage():
+    """What ``specdec serve`` does before serving: the objects alive then leave the generations a collection walks;
+    cycles made afterwards are still collected."""
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    loaded = Node()
+    loaded.self = loaded  # (a container the collector tracks)
+    try:
+        assert freeze_startup_objects() >= 1 and gc.get_freeze_count() >= 1
+        assert not any(o is loaded for o in gc.get_objects())  # frozen: no collection walks it
+        garbage = Node()
+        garbage.self = garbage
+        gone = weakref.ref(garbage)
+        del garbage
+        gc.collect()
+        assert gone() is None  # a cycle made after the freeze is collected as before
+    finally:
+        gc.unfreeze()  # (the rest of the test session collects as usual)
+    assert any(o is loaded for o in gc.get_objects())

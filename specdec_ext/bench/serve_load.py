@@ -27,6 +27,7 @@ identical servers, as much as the adaptive goal's tolerance: the control says ho
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import subprocess
@@ -41,6 +42,7 @@ from specdec_ext.bench.rounds import median_round, paired_ratio, round_order
 from specdec_ext.engine import Engine
 from specdec_ext.serve.app import create_app, serve_in_thread
 from specdec_ext.serve.engine_loop import EngineLoop
+from specdec_ext.serve.frozen_heap import freeze_startup_objects
 from specdec_ext.serve.metrics import ServerMetrics
 
 __all__ = ["ServeLoadConfig", "format_table", "plot_serve", "run_serve_load"]
@@ -148,6 +150,8 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
             url = stack.enter_context(serve_in_thread(create_app(EngineLoop(engine, metrics=metrics), MODEL)))
             _clients(url, 2, [Job(j.prompt, min(8, j.max_new_tokens)) for j in workload[:2]], 60.0)  # warm-up
             servers[method] = (url, metrics, drafter)
+        freeze_startup_objects()  # (as `specdec serve` does: no full collection walks the loaded heap mid-round)
+        stack.callback(gc.unfreeze)  # (the calling process collects as before once the suite is done)
         rows = []
         for c in cfg.concurrency:
             jobs = workload[:_requests_at(cfg, c)]

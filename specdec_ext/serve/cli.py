@@ -205,6 +205,7 @@ def serve_cmd(args: argparse.Namespace) -> int:
 
     from specdec_ext.serve.app import DrainingServer, create_app
     from specdec_ext.serve.engine_loop import EngineLoop
+    from specdec_ext.serve.frozen_heap import freeze_startup_objects
     from specdec_ext.serve.metrics import ServerMetrics
 
     engine, model_name, chat_template = build_server(args)
@@ -214,8 +215,9 @@ def serve_cmd(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)
     server = DrainingServer(config, loop)
+    frozen = freeze_startup_objects()  # (else a full collection walks the loaded heap under load: frozen_heap.py)
     print(f"specdec serve: {model_name!r} on http://{args.host}:{args.port}/v1 (drafter: "
-          f"{type(engine.drafter).__name__ if engine.drafter is not None else 'none'}, {args.max_batch} rows)",
-          file=sys.stderr, flush=True)
+          f"{type(engine.drafter).__name__ if engine.drafter is not None else 'none'}, {args.max_batch} rows; "
+          f"{frozen} start-up objects frozen out of the garbage collector)", file=sys.stderr, flush=True)
     server.run()
     return 0
