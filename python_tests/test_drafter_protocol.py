@@ -145,6 +145,22 @@ def test_append_batch_rows_equals_cat_and_reuses_the_room_a_retirement_left():
         append_batch_rows(t, torch.zeros(1, 3, 4))
 
 
+def test_grow_batch_rows_zeroes_the_joining_rows_in_the_room_a_retirement_left():
+    """Rows that join with nothing to copy (a deferred draft prefill): zeros after the kept rows, in the buffer's
+    room even where a retired row's values lie there, and a reallocation past it."""
+    from specdec_ext.models.kv_cache import grow_batch_rows, keep_batch_rows
+
+    g = torch.Generator().manual_seed(1)
+    t = torch.randn(4, 3, 5, generator=g)
+    ref = t[[2, 1]].clone()
+    t = keep_batch_rows(t, [2, 1])  # rows 2 and 3 of the buffer still hold old values
+    buffer = t.untyped_storage().data_ptr()
+    t = grow_batch_rows(t, 2)
+    assert t.untyped_storage().data_ptr() == buffer and torch.equal(t, torch.cat([ref, torch.zeros(2, 3, 5)]))
+    grown = grow_batch_rows(t, 3)
+    assert grown.untyped_storage().data_ptr() != buffer and torch.equal(grown, torch.cat([t, torch.zeros(3, 3, 5)]))
+
+
 class Budgeted:
     """Forwards to a drafter, asking each step for another node budget (1, 2, ..., its ``max_nodes``, again) and
     checking that the tree keeps the budget and the depth."""

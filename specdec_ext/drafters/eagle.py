@@ -53,7 +53,7 @@ from specdec_ext.models.config import text_config
 from specdec_ext.models.draft_vocab import VocabRows, read_draft_vocab
 from specdec_ext.models.eagle import Eagle1Model, Eagle3Model, EagleKVCache, default_eagle3_layers
 from specdec_ext.models.eagle_step import EagleStepOps
-from specdec_ext.models.kv_cache import append_batch_rows, keep_batch_rows, write_rows
+from specdec_ext.models.kv_cache import append_batch_rows, grow_batch_rows, keep_batch_rows, write_rows
 from specdec_ext.models.quantized import check_draft_quant, linear_dtype, quantize_weights
 from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 
@@ -226,23 +226,32 @@ class EagleDrafter(CalibratedScores):
     def add_rows(self, target: nn.Module, rows: DecodeState, prefill_hidden_states=None, *,
                  defer_prefill: bool = False) -> None:
         """The joining rows' draft cache and target features, and the draft's prefill over their prompts (the
-        modules' path, into their own cache), then appended to the running rows'."""
-        running = (self.cache, self.feats, self.valid, self._ops)
+        modules' path, into their own cache), then appended to the running rows'. Rows with no prefill to run now
+        (deferred, or prompts too short) are zeroed where they join the running buffers instead."""
         p = next(q for q in self.model.parameters() if q.is_floating_point())
         B, dev = rows.batch_size, rows.device
+        f = None if prefill_hidden_states is None else torch.cat([h.to(p.dtype) for h in prefill_hidden_states], -1)
+        # The draft's own prefill runs now (the rows' prefill) over every prompt position but the last, which the
+        # first propose's catch-up reads to predict the root's feature. Left to that propose, a whole prompt's
+        # forward would be billed to a decoding step.
+        prefill_now = f is not None and max(rows.prompt_lens) >= 3 and not defer_prefill
+        if self.cache is not None and not prefill_now and self.feats.shape[1] == rows.max_len + 1:
+            self.cache.k, self.cache.v = grow_batch_rows(self.cache.k, B), grow_batch_rows(self.cache.v, B)
+            self.feats = grow_batch_rows(self.feats, B)
+            if f is not None:
+                self.feats[-B:, : f.shape[1]] = f  # [B, P_max - 1, Hf]
+            self.valid = self.valid + [0] * B
+            return
+        running = (self.cache, self.feats, self.valid, self._ops)
         S = rows.max_len + self._tree_slots + 2  # the last slot takes padding writes, never read
         c = self.model.config
         self.cache = EagleKVCache(B, c.num_key_value_heads, S, c.head_dim, p.dtype, dev)
         self.feats = torch.zeros(B, rows.max_len + 1, self.model.feature_size, dtype=p.dtype, device=dev)
         self._positions = torch.arange(S, device=dev)
         self.valid, self._ops = [0] * B, None
-        if prefill_hidden_states is not None:
-            f = torch.cat([h.to(p.dtype) for h in prefill_hidden_states], -1)  # [B, P_max - 1, Hf]
+        if f is not None:
             self.feats[:, : f.shape[1]] = f
-            # The draft's own prefill, now (the rows' prefill): every prompt position but the last, which the
-            # first propose's catch-up reads to predict the root's feature. Left to that propose, a whole prompt's
-            # forward would be billed to a decoding step.
-            if max(rows.prompt_lens) >= 3 and not defer_prefill:
+            if prefill_now:
                 self._catch_up(rows, hold=1)
         if running[0] is not None:  # (the running cache object stays: the step ops read its tensors)
             cache, feats, valid, self._ops = running

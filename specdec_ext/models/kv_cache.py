@@ -79,22 +79,36 @@ def keep_batch_rows(t: torch.Tensor, rows: list[int], dim: int = 0) -> torch.Ten
 
 
 def append_batch_rows(t: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """``t``'s rows then ``new``'s (dim 0; the other dims equal), without copying ``t`` where it can: when ``t`` is
-    the first rows of a contiguous buffer with room for the new ones (what :func:`keep_batch_rows` leaves), the new
-    rows are written after them and the result is a longer view of that buffer; otherwise a buffer of twice the rows
-    (at least enough) is allocated, so rows joining one or two at a time cost amortised O(1) reallocations."""
+    """``t``'s rows then ``new``'s (dim 0; the other dims equal), without copying ``t`` where it can (see
+    :func:`grow_batch_rows`)."""
     if new.shape[1:] != t.shape[1:] or new.dtype != t.dtype or new.device != t.device:
         raise ValueError(f"append_batch_rows: new rows must be [n, {', '.join(map(str, t.shape[1:]))}] {t.dtype} on "
                          f"{t.device}, got {tuple(new.shape)} {new.dtype} on {new.device}")
-    B, n = t.shape[0], new.shape[0]
+    out = _with_room(t, new.shape[0])
+    out.narrow(0, t.shape[0], new.shape[0]).copy_(new)
+    return out
+
+
+def grow_batch_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t``'s rows then ``n`` rows of zeros, grown as :func:`append_batch_rows` grows (rows that join with nothing to
+    copy yet: zeroed where they lie, not made apart and copied in)."""
+    out = _with_room(t, n)
+    out.narrow(0, t.shape[0], n).zero_()
+    return out
+
+
+def _with_room(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``[B + n, ...]`` whose first B rows are ``t``'s (the last n unset): when ``t`` is the first rows of a contiguous
+    buffer with room for n more (what :func:`keep_batch_rows` leaves), a longer view of that buffer; otherwise a
+    buffer of twice the rows (at least enough) with ``t`` copied in, so rows joining one or two at a time cost
+    amortised O(1) reallocations."""
+    B = t.shape[0]
     shape = (B + n, *t.shape[1:])
     room = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
     if t.is_contiguous() and room >= math.prod(shape):
-        out = t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), shape)
-    else:
-        out = t.new_empty((max(B + n, 2 * B), *t.shape[1:])).narrow(0, 0, B + n)
-        out.narrow(0, 0, B).copy_(t)
-    out.narrow(0, B, n).copy_(new)
+        return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), shape)
+    out = t.new_empty((max(B + n, 2 * B), *t.shape[1:])).narrow(0, 0, B + n)
+    out.narrow(0, 0, B).copy_(t)
     return out
 
 
