@@ -159,6 +159,7 @@ def test_draft_model_drafter_depth_zero_keeps_its_cache_in_sync():
 
     class Alternate:
         max_nodes, max_depth, hidden_state_layers, forwards, defers_prefill = inner.max_nodes, 3, (), 0, False
+        serves_row_subsets = True
 
         def __init__(self):
             self.i, self.acc = 0, []
@@ -239,6 +240,7 @@ class FakeChain:
     hidden_state_layers = ()
     forwards = 0
     defers_prefill = False
+    serves_row_subsets = True
 
     def __init__(self, clock: FakeClock, D: int = 6, draft_time=lambda d: 0.0):
         self.clock, self.num_pred_tokens, self.max_nodes, self.draft_time = clock, D, D + 1, draft_time
@@ -670,6 +672,7 @@ class FakeDeferred(FakeCatchUp):
     """FakeCatchUp that defers its prompt prefill when asked (the prompt then joins the first catch-up)."""
 
     defers_prefill = True
+    serves_row_subsets = True
 
     def begin(self, target, state, prefill_hidden_states=None, *, defer_prefill=False):
         self.lag = max(state.prompt_lens) - 1 if defer_prefill else 0
@@ -734,11 +737,12 @@ def test_rows_joining_a_speculating_batch_are_prefilled_at_once():
     assert ad.history[-1] > 0 and ad._lag == 0
     ad.add_rows(None, joining)
     assert asked == [True, False] and ad._lag == 0
-    ad.mode = "off"
+    ad.choose = lambda B, max_depth, budgets=None: (0, False)  # plain steps from now on
     state = fake_run(ad, clock, 3, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: d, start=12)
     ad.add_rows(None, joining)  # three plain steps: not settled yet
     assert asked == [True, False, False] and ad._lag == 3
-    fake_run(ad, clock, 1, B=1, target_time=lambda x: 0.01, accept=lambda s, b, d: d, state=state, start=15)
+    state.append(copy.deepcopy(joining))  # (the loop's state takes the row too)
+    fake_run(ad, clock, 1, B=2, target_time=lambda x: 0.01, accept=lambda s, b, d: d, state=state, start=15)
     ad.add_rows(None, joining)  # the fourth: settled
     assert asked == [True, False, False, True] and ad._lag >= 8
 
@@ -750,6 +754,7 @@ def test_draft_prefills_of_rows_joining_a_speculating_batch_count_against_specul
     speculative step (``join_cost``) and settles on plain decoding; with free joins it keeps drafting."""
     class JoinCosting(FakeChain):
         defers_prefill = True
+        serves_row_subsets = True
 
         def __init__(self, clock, join: float, **kw):
             super().__init__(clock, **kw)
@@ -771,6 +776,7 @@ def test_draft_prefills_of_rows_joining_a_speculating_batch_count_against_specul
         ad.begin(None, state)
         for s in range(80):
             ad.add_rows(None, fake_state(1))
+            ad.retire(torch.arange(12))  # (it leaves at once: the batch stays at 12 rows)
             fake_run(ad, clock, 1, B=12, target_time=lambda x: 0.01 + 2e-3 * x, accept=steady(0.85),
                      state=state, start=s)
         tails[join] = ad.history[-30:]
@@ -1068,3 +1074,153 @@ def test_a_clear_choice_stands_for_a_few_steps_and_a_close_call_is_worked_out_ev
     fake_run(ad, clock, 10, B=8, target_time=tie, accept=lambda s, b, d: int(b % 2 == 0 and d > 0), state=state,
              start=12)
     assert len(calls) == 10, calls
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Detached rows: rows that join where plain steps lead clearly, and end soon, never reach the inner drafter.
+
+
+class Recording(FakeChain):
+    """A chain drafter that records the rows each call hands it."""
+
+    def __init__(self, clock: FakeClock, D: int = 4):
+        super().__init__(clock, D)
+        self.calls = []
+
+    def begin(self, target, state, prefill_hidden_states=None, *, defer_prefill=False):
+        self.calls.append(("begin", state.batch_size))
+
+    def add_rows(self, target, rows, prefill_hidden_states=None, *, defer_prefill=False):
+        self.calls.append(("add_rows", rows.batch_size, list(rows.budgets or [])))
+
+    def propose(self, state, max_depth, max_nodes):
+        self.calls.append(("propose", state.batch_size))
+        return super().propose(state, max_depth, max_nodes)
+
+    def observe(self, state, tree, result):
+        self.calls.append(("observe", state.batch_size, result.accepted.shape[0], len(result.appended)))
+
+
+def budgeted_state(budgets: list[int]) -> DecodeState:
+    return DecodeState.of_prompts([[0]] * len(budgets), max_len=4, vocab_size=V, budgets=budgets)
+
+
+def test_rows_joining_where_plain_steps_lead_clearly_and_ending_soon_are_left_detached():
+    """Every token costs (plain leads at any size): of two rows joining a settled batch, the one with 40 tokens left
+    stays out of the inner drafter and the one with 1,000 joins it. A speculative step then drafts the nine attached
+    rows only (the detached one takes its root alone, marked for verification as 0 deep), their outcomes alone are
+    counted, and a retirement reaches the inner drafter as its own rows' keep."""
+    clock = FakeClock()
+    inner = Recording(clock)
+    ad = AdaptiveDrafter(inner, explore_every=0, clock=clock)
+    state = budgeted_state([40] * 8)
+    ad.begin(None, state)  # (no cost known yet: every row attached)
+    fake_run(ad, clock, 20, B=8, target_time=lambda x: 1e-3 * x, accept=geometric(0.5), state=state)
+    assert ad.history[-10:] == [0] * 10 and ad._plain_leads(10)
+    joining = budgeted_state([40, 1000])
+    ad.add_rows(None, joining)
+    state.append(joining)
+    assert inner.calls[-1] == ("add_rows", 1, [1000]) and ad._attached == [True] * 8 + [False, True]
+    ad.choose = lambda B, max_depth, budgets=None: (3, False)  # a speculative step
+    before = ad.acceptance[False].tot[1]
+    tree = ad.propose(state, 10, ad.max_nodes)
+    assert inner.calls[-1] == ("propose", 9) and tree.tokens.shape == (10, 4)
+    assert tree.row_depth[8] == 0 and tree.row_nodes[8] == 1 and tree.row_depth[9] == 3 and tree.row_nodes[9] == 4
+    assert tree.tokens[8].tolist() == [0] * 4 and tree.parents[8].tolist() == [-1, 0, 1, 2]
+    lens = [2] * 8 + [0, 2]
+    ad.observe(state, tree, StepResult(torch.zeros(10, 4, dtype=torch.int64), torch.tensor(lens),
+                                       torch.zeros(10, dtype=torch.int64), [L + 1 for L in lens],
+                                       host_accept_len=lens))
+    assert inner.calls[-1] == ("observe", 9, 9, 9) and ad.acceptance[False].tot[1] == before + 9
+    ad.retire(torch.tensor([0, 1, 2, 3, 4, 5, 6, 9, 8]))  # row 7 finished; the last row takes its slot
+    assert inner.retired[-1] == [0, 1, 2, 3, 4, 5, 6, 8] and ad._attached == [True] * 8 + [False]
+
+
+def test_off_mode_never_hands_rows_to_the_inner_drafter():
+    """Pinned to plain steps, the wrapper is plain decoding: its inner drafter sees no row, no step (and where the
+    inner drafter cannot serve row subsets, it carries it as before)."""
+    clock = FakeClock()
+    inner = Recording(clock)
+    off = AdaptiveDrafter(inner, mode="off", clock=clock)
+    state = budgeted_state([40] * 3)
+    off.begin(None, state)
+    joining = budgeted_state([5000])
+    off.add_rows(None, joining)
+    state.append(joining)
+    fake_run(off, clock, 5, B=4, target_time=lambda x: 0.01, accept=lambda s, b, d: d, state=state)
+    off.retire(torch.tensor([0, 3, 2]))
+    assert inner.calls == [] and inner.retired == [] and off.history == [0] * 5 and off.forwards == 0
+    whole = Recording(clock)
+    whole.serves_row_subsets = False
+    AdaptiveDrafter(whole, mode="off", clock=clock).begin(None, budgeted_state([40]))
+    assert whole.calls == [("begin", 1)]
+
+
+def detaching_after(first: int):
+    """An AdaptiveDrafter._plain_leads stand-in: plain leads once ``first`` rows are in the batch (the real test
+    is above; here it makes rows that join later stay detached whatever the timings)."""
+    return lambda B: B > first
+
+
+@pytest.mark.parametrize("kind", ["draft", "eagle2_tree"])
+def test_detached_rows_beside_speculating_rows_decode_as_plain_decoding(kind):
+    """Requests that join detached share speculative steps with attached ones: every request's tokens equal HF's
+    greedy decoding of its prompt alone, and speculative steps ran with detached rows in the batch."""
+    import test_engine as engine_t
+    import test_generate_batch as batch_t
+    from hf_reference import hf_greedy
+
+    from specdec_ext import Engine, RequestSettings
+
+    m, inner, prompts = batch_t.case(kind)
+    ad = AdaptiveDrafter(inner, explore_every=2)
+    ad._plain_leads = detaching_after(2)
+    mixed = []
+    propose = ad.propose
+
+    def recording(state, max_depth, max_nodes):
+        tree = propose(state, max_depth, max_nodes)
+        mixed.append(ad._subset is not None and tree.num_nodes > 1)
+        return tree
+
+    ad.propose = recording
+    budgets = [12 - 3 * (b % 3) for b in range(len(prompts))]
+    arrivals = {}
+    for b, p in enumerate(prompts):  # two at the start, then one a step
+        arrivals.setdefault(0 if b < 2 else b - 1, []).append((b, p, RequestSettings(max_new_tokens=budgets[b])))
+    with Engine(m, ad, max_batch=4, max_len=128, eos_token_id=[]) as engine:
+        tokens, reasons, _ = engine_t.run(engine, arrivals)
+    for b, p in enumerate(prompts):
+        assert tokens[b] == hf_greedy(m, p, budgets[b]), (kind, b)
+    assert any(mixed) and False in ad._attached + [False], (mixed, ad.history)
+
+
+def test_a_detached_sampled_row_draws_what_a_plain_step_draws():
+    """A seeded sampled request left detached among speculating rows emits the tokens it emits where every step is
+    plain ("off"): its padded tree is cut at its root, where verification draws with the step's first uniform as a
+    plain step does."""
+    import test_generate_batch as batch_t
+
+    from specdec_ext import Engine, RequestSettings
+
+    def sampled(mode):
+        m, inner, prompts = batch_t.case("draft")
+        ad = AdaptiveDrafter(inner, mode=mode, explore_every=2)
+        ad._plain_leads = detaching_after(1)
+        with Engine(m, ad, max_batch=3, max_len=128, eos_token_id=[]) as engine:
+            greedy = engine.add_request(prompts[0], max_new_tokens=30)
+            out = {greedy: []}
+            for r, new, _ in engine.step():  # (the greedy row first, attached: it drafts)
+                out[r].extend(new)
+            rid = engine.add_request(prompts[2], max_new_tokens=20, temperature=0.9, seed=7)
+            out[rid] = []
+            while engine.has_unfinished():
+                for r, new, _ in engine.step():
+                    out[r].extend(new)
+                if len(ad._attached) == 2:
+                    assert ad._attached == [mode == "adapt", False]
+        return out[rid], ad
+
+    off_tokens, _ = sampled("off")
+    mixed_tokens, ad = sampled("adapt")
+    assert mixed_tokens == off_tokens and any(d > 0 for d in ad.history), ad.history

@@ -160,6 +160,7 @@ def test_e2e_records_a_failing_method_and_goes_on():
 
     class Broken:
         max_nodes, max_depth, hidden_state_layers, forwards, defers_prefill = 3, 2, (), 0, False
+        serves_row_subsets = True
 
         def begin(self, *a, **k):
             raise RuntimeError("broken drafter")

@@ -94,6 +94,7 @@ def test_rows_catch_up_on_their_own_lag_in_an_exactly_sized_engine(kind):
     max_len = max(len(p) + b for p, b in zip(prompts, budgets)) + inner.max_nodes  # no slack
     ad = AdaptiveDrafter(inner)
     assert ad.defers_prefill
+    ad._plain_leads = lambda B: False  # (every row joins the inner drafter: its catch-ups are the point here)
     catch_ups = _record_catch_ups(inner, kind in ("chain_ops", "chain_hf", "parallel"), m.config.vocab_size)
     tokens, ids = {}, {}
     with Engine(m, ad, max_batch=4, max_len=max_len, eos_token_id=[]) as engine:
@@ -102,7 +103,8 @@ def test_rows_catch_up_on_their_own_lag_in_an_exactly_sized_engine(kind):
                 ids[engine.add_request(prompts[key], RequestSettings(max_new_tokens=budgets[key]))] = key
 
         def step(mode: str, times: int = 1):  # speculative ("fixed": the drafter's whole depth) or plain ("off")
-            ad.mode = mode
+            ad.choose = (lambda B, max_depth, budgets=None: (min(ad.max_depth, max_depth), False)) \
+                if mode == "fixed" else (lambda B, max_depth, budgets=None: (0, False))
             for _ in range(times):
                 for rid, new, _ in engine.step():
                     tokens.setdefault(ids[rid], []).extend(new)

@@ -28,6 +28,7 @@ class Probe:
     hidden_state_layers = (0, 1, -1)
     forwards = 0
     defers_prefill = False
+    serves_row_subsets = True
 
     def __init__(self):
         self.gen = torch.Generator().manual_seed(0)
@@ -169,6 +170,7 @@ class Budgeted:
         self.inner = inner
         self.max_nodes, self.max_depth = inner.max_nodes, inner.max_depth
         self.hidden_state_layers, self.defers_prefill = inner.hidden_state_layers, inner.defers_prefill
+        self.serves_row_subsets = inner.serves_row_subsets
         self.calls, self.sizes = 0, set()
 
     @property

@@ -68,6 +68,7 @@ class _Partial:
     hidden_state_layers = ()
     forwards = 0
     defers_prefill = False
+    serves_row_subsets = True
 
     def begin(self, target, state, prefill_hidden_states=None):
         pass
@@ -87,10 +88,11 @@ def test_non_drafters_are_refused_naming_the_argument(model):
     AttributeError from inside the loop."""
     ids = torch.tensor([1, 2, 3])
     with pytest.raises(ValueError, match=r"generate: drafter must be a drafter \(max_nodes, max_depth, "
-                                         r"hidden_state_layers, forwards, defers_prefill, begin, add_rows, propose, "
-                                         r"observe, retire: .*got LlamaForCausalLM without max_nodes, max_depth, "
-                                         r"hidden_state_layers, forwards, defers_prefill, begin, add_rows, propose, "
-                                         r"observe, retire.*DraftModelDrafter\(model\)"):
+                                         r"hidden_state_layers, forwards, defers_prefill, serves_row_subsets, begin, "
+                                         r"add_rows, propose, observe, retire: .*got LlamaForCausalLM without "
+                                         r"max_nodes, max_depth, hidden_state_layers, forwards, defers_prefill, "
+                                         r"serves_row_subsets, begin, add_rows, propose, observe, retire.*"
+                                         r"DraftModelDrafter\(model\)"):
         generate(model, model, ids)
     with pytest.raises(ValueError, match="got str without max_nodes"):
         generate(model, "ngram", ids)

@@ -224,6 +224,7 @@ class NoRetireDrafter:
     hidden_state_layers = ()
     forwards = 0
     defers_prefill = False
+    serves_row_subsets = True
 
     def begin(self, target, state, prefill_hidden_states=None):
         raise AssertionError("never reached: the drafter is refused before the generation starts")

@@ -74,7 +74,7 @@ import time
 import torch
 
 from specdec_ext.drafters.base import check_drafter
-from specdec_ext.state import DecodeState, DraftTree, StepResult
+from specdec_ext.state import DecodeState, DraftTree, StepResult, plain_tree
 
 __all__ = ["AdaptiveDrafter", "CostCurve", "DepthAcceptance"]
 
@@ -86,6 +86,10 @@ _PLAIN_SPACING = 16  # explore_every's between explorations' runs of plain steps
 _KEEP = 8.0  # outcomes of a depth's past its acceptance keeps however long the gap before it is tried again
 _HOLD = 4  # steps a clear argmax answers for while the batch size, the depth bound and the lag's presence hold
 _HOLD_LEAD = 1.05  # clear: its score at least this much over the runner-up's (one sample a step moves scores ~1%)
+# rows left detached (see "Detached rows" in the module doc): those that join where plain steps score over every
+# depth, and whose budget ends within this many tokens (what a detached row loses if the load drops at once)
+_DETACH_HORIZON = 64
+_LEADS_FOR = 16  # steps an answer of _plain_leads stands for its batch size
 
 
 class DepthAcceptance:
@@ -229,6 +233,29 @@ def _within_budgets(expected: list[float], caps: list[int] | None) -> list[float
     return out
 
 
+def _in_batch(tree: DraftTree, rows: list[int], roots: torch.Tensor) -> DraftTree:
+    """``tree`` (the trees of the batch's rows ``rows``, in order) as the whole batch's: every other row its root
+    with a chain of padding under it (``row_depth`` 0, which verification ignores: a plain step for that row, its
+    random stream as in one; drafted from deterministically, its own token, where the tree's rows sample)."""
+    B, N = roots.shape[0], tree.num_nodes
+    if N == 1:
+        return plain_tree(roots)
+    dev = roots.device
+    index = torch.tensor(rows, dtype=torch.int64, device=dev)
+    tokens = roots[:, None].expand(B, N).clone().index_copy_(0, index, tree.tokens)
+    parents = torch.arange(-1, N - 1, device=dev).expand(B, N).clone().index_copy_(0, index, tree.parents)
+    probs = None
+    if tree.draft_probs is not None:
+        V = tree.draft_probs.shape[-1]
+        probs = torch.zeros(B, N, V, dtype=tree.draft_probs.dtype, device=dev)
+        probs.scatter_(2, roots[:, None, None].expand(B, N, 1), 1.0).index_copy_(0, index, tree.draft_probs)
+    depth, nodes = [0] * B, [1] * B
+    for j, i in enumerate(rows):
+        depth[i] = tree.row_depth[j] if tree.row_depth is not None else N - 1
+        nodes[i] = tree.row_nodes[j] if tree.row_nodes is not None else N
+    return DraftTree(tokens, parents, probs, row_depth=depth, row_nodes=nodes)
+
+
 def _check_number(name: str, value, low: float, high: float, low_open: bool = False, high_open: bool = False):
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if ok:
@@ -294,6 +321,9 @@ class AdaptiveDrafter:
         # pinned depths speculate from the first step: the prefill costs the same then, and "fixed" stays the inner
         # drafter as it is. (As the protocol's member: its begin / add_rows defer the inner drafter's prefill.)
         self.defers_prefill = bool(inner.defers_prefill) and mode != "fixed"
+        self.serves_row_subsets = bool(inner.serves_row_subsets)
+        # whether rows may join without the inner drafter (a pinned depth drafts every row as the inner drafter would)
+        self._detaches = self.serves_row_subsets and mode != "fixed"
         self.max_depth = inner_depth if depth is None else depth  # deepest depth considered
         if mode == "off":
             self.max_depth = 0
@@ -321,7 +351,7 @@ class AdaptiveDrafter:
 
     @property
     def forwards(self) -> int:
-        return int(self.inner.forwards)
+        return self._forwards_before + (int(self.inner.forwards) if self._n_attached else 0)
 
     def reset(self) -> None:
         """Forget everything learned (acceptance, costs, node counts, histograms)."""
@@ -351,25 +381,88 @@ class AdaptiveDrafter:
         self._held: tuple | None = None  # ((B, limit, lagging?), argmax, steps it still answers for)
         self._base_rows = 0  # the batch rows when the exploration rate last restarted
         self.explorations = 0
+        self._attached: list[bool] = []  # per batch row: whether the inner drafter holds it
+        self._n_attached = 0
+        self._forwards_before = 0  # the inner drafter's forwards this generation, before its last begin
+        self._subset: tuple[list[int], DraftTree] | None = None  # a step's attached rows and their tree, when some
+        self._leads: dict[int, tuple[int, bool]] = {}  # batch rows -> (steps_total, _plain_leads' answer then)
 
     def begin(self, target: torch.nn.Module, state: DecodeState, prefill_hidden_states=None, *,
               defer_prefill: bool = False) -> None:
+        """A new batch: its rows join as in :meth:`add_rows` (the inner drafter begins with those it holds)."""
         self._lag = 0
         self.history = []  # (before _defer: a new batch is not speculating yet)
-        self.inner.begin(target, state, prefill_hidden_states, **self._defer(state))
+        self._attached, self._n_attached, self._forwards_before = [], 0, 0
+        self._join(target, state, prefill_hidden_states)
         self._gen_step = 0
         self._pending = None
         self._held = None
 
     def add_rows(self, target: torch.nn.Module, rows: DecodeState, prefill_hidden_states=None, *,
                  defer_prefill: bool = False) -> None:
-        """Forwarded to the inner drafter (its prefill deferred as in :meth:`begin`). A prefill that runs now (the
-        batch speculates) is timed: joins are a cost of speculating (:attr:`join_cost`)."""
+        """The joining rows go to the inner drafter (its prefill deferred as the module doc says), except those
+        left detached (:meth:`_attaching`). A prefill that runs now (the batch speculates) is timed: joins are a
+        cost of speculating (:attr:`join_cost`)."""
+        self._join(target, rows, prefill_hidden_states)
+
+    def _join(self, target: torch.nn.Module, rows: DecodeState, hidden) -> None:
+        attach = self._attaching(rows)
+        self._attached += attach
+        keep = [i for i, a in enumerate(attach) if a]
+        if not keep:
+            return
+        if len(keep) < len(attach):
+            index = torch.tensor(keep, dtype=torch.int64, device=rows.device)
+            rows = rows.rows_of(keep)
+            hidden = None if hidden is None else tuple(h.index_select(0, index) for h in hidden)
         kw = self._defer(rows)
-        t0 = self.clock()
-        self.inner.add_rows(target, rows, prefill_hidden_states, **kw)
-        if not kw:
-            self._join_s += self.clock() - t0
+        if not self._n_attached:  # (the inner drafter holds no row: its rows start a batch of its own)
+            self.inner.begin(target, rows, hidden, **kw)
+        else:
+            t0 = self.clock()
+            self.inner.add_rows(target, rows, hidden, **kw)
+            if not kw:
+                self._join_s += self.clock() - t0
+        self._n_attached += len(keep)
+
+    def _attaching(self, rows: DecodeState) -> list[bool]:
+        """Which of the joining ``rows`` the inner drafter takes. All of them, but where rows may be left detached
+        (an inner drafter that serves row subsets, not a pinned depth): none in ``"off"`` mode; in ``"adapt"`` those
+        whose budget ends within ``_DETACH_HORIZON`` tokens where plain steps score above every depth at the batch's
+        size with them (:meth:`_plain_leads`)."""
+        n = rows.batch_size
+        if not self._detaches:
+            return [True] * n
+        if self.mode == "off":
+            return [False] * n
+        budgets = rows.budgets or [None] * n
+        if all(b is None or b > _DETACH_HORIZON for b in budgets) or not self._plain_leads(len(self._attached) + n):
+            return [True] * n
+        return [b is None or b > _DETACH_HORIZON for b in budgets]
+
+    def _plain_leads(self, B: int) -> bool:
+        """Whether plain steps at B rows score above every depth and shape (acceptance with ``optimism``; False
+        while a cost is unknown). Worked out once per B every ``_LEADS_FOR`` steps (at high load rows join every
+        step, and each answer walks every depth's cost)."""
+        known = self._leads.get(B)
+        if known is not None and self.steps_total - known[0] < _LEADS_FOR:
+            return known[1]
+        leads = self._work_out_plain_leads(B)
+        self._leads[B] = (self.steps_total, leads)
+        return leads
+
+    def _work_out_plain_leads(self, B: int) -> bool:
+        t = self.predicted_step_time(B, 0)
+        if t is None:
+            return False
+        for chain in self.shapes:
+            draft = self._draft_curve(B, chain)
+            expected = self._expected(self.optimism, chain)
+            for d in range(1, self.max_depth + 1):
+                td = self._step_time(B, d, chain, draft)
+                if td is None or expected[d] / max(td, 1e-12) >= 1.0 / max(t, 1e-12):
+                    return False
+        return True
 
     def _defer(self, rows: DecodeState) -> dict:
         """The inner drafter's ``defer_prefill`` keyword for ``rows``, and the lag it leaves: context tokens per row
@@ -386,20 +479,52 @@ class AdaptiveDrafter:
         return {"defer_prefill": True}
 
     def retire(self, keep: torch.Tensor) -> None:
-        """Rows leave the batch (``keep``: int64 indices of the rows that stay); forwarded to the inner drafter. The
-        next steps see the new batch size through the state, and the cost model through the tokens in flight."""
-        self.inner.retire(keep)
+        """Rows leave the batch (``keep``: int64 indices of the rows that stay); the inner drafter's rows among them
+        leave it. The next steps see the new batch size through the state, and the cost model through the tokens in
+        flight."""
+        rows = keep.tolist()
+        attached = self._attached
+        if self._n_attached == len(attached):  # (every row attached: the engine's keep as it is)
+            inner_keep, inner_rows = keep, rows
+        else:
+            slot = {i: j for j, i in enumerate(i for i, a in enumerate(attached) if a)}
+            inner_rows = [slot[i] for i in rows if attached[i]]
+            inner_keep = torch.tensor(inner_rows, dtype=torch.int64)
+        self._attached = [attached[i] for i in rows]
+        if self._n_attached and inner_rows != list(range(self._n_attached)):
+            if not inner_rows:  # (its next rows begin a batch of its own, counting its forwards afresh)
+                self._forwards_before += int(self.inner.forwards)
+            self.inner.retire(inner_keep)
+        self._n_attached = len(inner_rows)
 
     def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
         B = state.batch_size
         if self._lag:  # (no row lags by more than its context: rows that ran up a long lag may have left)
             self._lag = min(self._lag, max(len(t) for t in state.host_tokens) - 1)
-        d, chain = self.choose(B, max_depth, state.budgets)
-        # (the draft time is the inner drafter's alone: the argmax is paid whatever it answers, and a clear answer
-        # that stands costs nothing, so timing it in made a close call's depth look dearer than a clear one's)
-        t0 = self.clock()
-        tree = self.inner.propose(state, d, min(max_nodes, d + 1) if chain else max_nodes)
-        t1 = self.clock()
+        self._subset = None
+        detached = self._n_attached < len(self._attached)
+        if detached and not self._n_attached:  # (no row to draft for: a plain step, nothing to choose or explore)
+            d, chain = 0, False
+            t0 = t1 = self.clock()
+            tree = plain_tree(state.last_tokens)
+        else:
+            budgets = state.budgets
+            if detached:  # a detached row emits one token at any depth
+                budgets = [r if a else 1 for r, a in zip(budgets or [None] * B, self._attached)]
+            d, chain = self.choose(B, max_depth, budgets)
+            # (the draft time is the inner drafter's alone: the argmax is paid whatever it answers, and a clear
+            # answer that stands costs nothing, so timing it in made a close call's depth look dearer than a clear
+            # one's)
+            t0 = self.clock()
+            nodes = min(max_nodes, d + 1) if chain else max_nodes
+            if not detached:
+                tree = self.inner.propose(state, d, nodes)
+            else:
+                rows = [i for i, a in enumerate(self._attached) if a]
+                sub = self.inner.propose(state.rows_of(rows), d, nodes)
+                self._subset = (rows, sub)
+                tree = _in_batch(sub, rows, state.last_tokens)
+            t1 = self.clock()
         self._pending = (B, d, chain, tree.num_nodes, t0, t1)
         self.history.append(d)
         self.depth_hist[d] = self.depth_hist.get(d, 0) + 1
@@ -411,7 +536,13 @@ class AdaptiveDrafter:
 
     def observe(self, state: DecodeState, tree: DraftTree, result: StepResult) -> None:
         t2 = self.clock()
-        self.inner.observe(state, tree, result)
+        lens = result.host_accept_len
+        if self._subset is not None:
+            rows, sub = self._subset
+            self.inner.observe(state.rows_of(rows), sub, result.rows_of(rows))
+            lens = [lens[i] for i in rows]  # (a detached row's walk was cut at its root: not an outcome)
+        elif self._n_attached == len(self._attached):
+            self.inner.observe(state, tree, result)
         t3 = self.clock()
         if self._pending is None:
             return
@@ -454,7 +585,7 @@ class AdaptiveDrafter:
         if d > 0:
             elig = [0] * (d + 1)
             succ = [0] * (d + 1)
-            for L in result.host_accept_len:
+            for L in lens:
                 L = min(L, d)
                 for i in range(1, min(L + 1, d) + 1):  # depths 1 .. L + 1 were reached (depth i needs i - 1 accepted)
                     elig[i] += 1

@@ -16,7 +16,7 @@ The drafter protocol that reads them is :mod:`specdec_ext.drafters.base`.
 from __future__ import annotations
 
 import functools
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, replace
 
 import torch
 
@@ -210,6 +210,13 @@ class DecodeState:
         if self.budgets is not None:
             self.budgets = [self.budgets[i] for i in rows]
 
+    def rows_of(self, rows: list[int]) -> "DecodeState":
+        """The rows ``rows`` (distinct host ints, in that order) as a state of their own, this one untouched (the
+        device rows copied, the host lists shared), without the target's cache (which holds every row)."""
+        sub = replace(self, target_cache=None)
+        sub.keep_rows(torch.tensor(rows, dtype=torch.int64), rows)
+        return sub
+
     def append(self, other: "DecodeState") -> None:
         """The rows of ``other`` (same ``max_len`` and vocabulary) join as the last rows."""
         if other.max_len != self.max_len or other.vocab_size != self.vocab_size:
@@ -249,3 +256,12 @@ class StepResult:
     # ``accept_len`` on the host (read back with the step's tokens): what the verification accepted, before any cut
     # at a stop or the budget, so an outcome without a device read (``appended`` - 1 is cut where a row finished)
     host_accept_len: list[int]
+
+    def rows_of(self, rows: list[int]) -> "StepResult":
+        """The outcome of the rows ``rows`` alone (host ints, in that order), as :meth:`DecodeState.rows_of` gives
+        their state."""
+        index = torch.tensor(rows, dtype=torch.int64, device=self.accepted.device)
+        hidden = None if self.hidden_states is None else tuple(h.index_select(0, index) for h in self.hidden_states)
+        return StepResult(self.accepted.index_select(0, index), self.accept_len.index_select(0, index),
+                          self.next_token.index_select(0, index), [self.appended[i] for i in rows], hidden,
+                          host_accept_len=[self.host_accept_len[i] for i in rows])

@@ -53,9 +53,12 @@ leaves, after which the next rows start a new batch through ``begin``. A drafter
 
 Members the loop and :class:`~specdec_ext.adaptive.AdaptiveDrafter` read (all required, :data:`REQUIRED_MEMBERS`):
 ``max_nodes`` (largest tree, root included), ``max_depth`` (deepest tree it builds), ``hidden_state_layers``,
-``forwards`` (its network's forwards so far; 0 without one) and ``defers_prefill`` (whether ``begin`` /
+``forwards`` (its network's forwards so far; 0 without one), ``defers_prefill`` (whether ``begin`` /
 ``add_rows`` take ``defer_prefill=True``: skip the prefill forward, and let the first speculative ``propose`` catch
-up on the prompts).
+up on the prompts) and ``serves_row_subsets`` (whether its per-row state is its own, so that a wrapper may hand it
+some of the batch's rows only — states of those rows alone, :meth:`DecodeState.rows_of` and
+:meth:`StepResult.rows_of`, in every call; False for a drafter that drafts over the target's cache, which holds
+every row).
 
 One generation at a time. A drafter's caches and counters belong to the generation it serves, so
 an engine holds it (:func:`serving`) from its creation to its ``close``, and a second generation that
@@ -92,7 +95,8 @@ class Drafter(Protocol):
     ``max_depth``: the deepest tree it builds. ``hidden_state_layers``: indices into the target's hidden states
     that :meth:`begin` / :meth:`add_rows` / :meth:`observe` need (empty: none, and the target is run without
     ``output_hidden_states``). ``forwards``: its network's forwards so far. ``defers_prefill``: whether
-    :meth:`begin` and :meth:`add_rows` honour ``defer_prefill=True``.
+    :meth:`begin` and :meth:`add_rows` honour ``defer_prefill=True``. ``serves_row_subsets``: whether it can serve
+    some of the batch's rows only (see the module doc).
     """
 
     max_nodes: int
@@ -100,6 +104,7 @@ class Drafter(Protocol):
     hidden_state_layers: tuple[int, ...]
     forwards: int
     defers_prefill: bool
+    serves_row_subsets: bool
 
     def begin(self, target: torch.nn.Module, state: DecodeState,
               prefill_hidden_states: tuple[torch.Tensor, ...] | None = None, *, defer_prefill: bool = False) -> None:
@@ -129,8 +134,8 @@ class Drafter(Protocol):
         in the engine's order), which become rows ``0 .. B' - 1`` of every later call."""
 
 
-REQUIRED_MEMBERS = ("max_nodes", "max_depth", "hidden_state_layers", "forwards", "defers_prefill", "begin",
-                    "add_rows", "propose", "observe", "retire")
+REQUIRED_MEMBERS = ("max_nodes", "max_depth", "hidden_state_layers", "forwards", "defers_prefill",
+                    "serves_row_subsets", "begin", "add_rows", "propose", "observe", "retire")
 _METHODS = ("begin", "add_rows", "propose", "observe", "retire")
 
 

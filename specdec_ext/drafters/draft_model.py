@@ -89,6 +89,7 @@ class DraftModelDrafter(CalibratedScores):
 
     hidden_state_layers: tuple[int, ...] = ()
     defers_prefill = True
+    serves_row_subsets = True
 
     def __init__(self, model: torch.nn.Module, num_draft_tokens: int = 4, tree_width: int = 1,
                  tree_attention: bool = True, confidence_threshold: float = 0.0, total_tokens: int | None = None,

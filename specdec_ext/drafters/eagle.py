@@ -79,6 +79,7 @@ class EagleDrafter(CalibratedScores):
     """
 
     defers_prefill = True
+    serves_row_subsets = True
 
     @property
     def max_depth(self) -> int:

@@ -75,6 +75,7 @@ class EarlyExitDrafter(CalibratedScores):
     """
 
     defers_prefill = True  # (the first propose's catch-up reads the prompt's features)
+    serves_row_subsets = False  # (it drafts over the target's cache, which holds every row)
 
     def __init__(self, adapter: EarlyExitAdapter, num_draft_tokens: int = 4, tree_width: int = 1,
                  total_tokens: int | None = None, calibrate: bool = True, calibration_rate: float = 0.2,

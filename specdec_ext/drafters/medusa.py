@@ -58,6 +58,7 @@ class MedusaDrafter(CalibratedScores):
     """
 
     defers_prefill = False  # no network forward over the prompt
+    serves_row_subsets = True
     forwards = 0  # (the heads run on the target's hidden states: no forwards of their own are counted)
 
     @property

@@ -43,6 +43,7 @@ class NgramDrafter:
     hidden_state_layers: tuple[int, ...] = ()
     forwards = 0  # no network
     defers_prefill = False  # no prefill forward to defer
+    serves_row_subsets = True
 
     def __init__(self, num_pred_tokens: int = 8, max_ngram_size: int = 3, min_ngram_size: int = 1):
         if num_pred_tokens < 1 or max_ngram_size < 1 or not 1 <= min_ngram_size <= max_ngram_size:

@@ -64,6 +64,7 @@ class SelfSpecDrafter(CalibratedScores):
 
     hidden_state_layers: tuple[int, ...] = ()
     defers_prefill = False  # (no draft prefill, so nothing to defer and no lag to catch up on)
+    serves_row_subsets = False  # (it drafts over the target's cache, which holds every row)
 
     def __init__(self, skip_layers, num_draft_tokens: int = 4, tree_width: int = 1, total_tokens: int | None = None,
                  calibrate: bool = True, calibration_rate: float = 0.2, op_calls: bool = True):

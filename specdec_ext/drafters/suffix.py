@@ -84,6 +84,7 @@ class SuffixDrafter:
     hidden_state_layers: tuple[int, ...] = ()
     forwards = 0  # no network
     defers_prefill = False  # no prefill forward to defer
+    serves_row_subsets = True
 
     def __init__(self, max_depth: int = 16, max_nodes: int = 17, *, max_pattern: int = 16, min_match: int = 1,
                  spec_factor: float = 3.0, min_prob: float = 0.1, corpus_tokens: int = 1 << 18,
