@@ -1095,6 +1095,7 @@ class Recording(FakeChain):
 
     def propose(self, state, max_depth, max_nodes):
         self.calls.append(("propose", state.batch_size))
+        self.rows_seen = list(state.budgets or [])
         return super().propose(state, max_depth, max_nodes)
 
     def observe(self, state, tree, result):
@@ -1120,7 +1121,7 @@ def test_rows_joining_where_plain_steps_lead_clearly_and_ending_soon_are_left_de
     joining = budgeted_state([40, 1000])
     ad.add_rows(None, joining)
     state.append(joining)
-    assert inner.calls[-1] == ("add_rows", 1, [1000]) and ad._attached == [True] * 8 + [False, True]
+    assert inner.calls[-1] == ("add_rows", 1, [1000]) and ad.attached == [True] * 8 + [False, True]
     ad.choose = lambda B, max_depth, budgets=None: (3, False)  # a speculative step
     before = ad.acceptance[False].tot[1]
     tree = ad.propose(state, 10, ad.max_nodes)
@@ -1133,7 +1134,19 @@ def test_rows_joining_where_plain_steps_lead_clearly_and_ending_soon_are_left_de
                                        host_accept_len=lens))
     assert inner.calls[-1] == ("observe", 9, 9, 9) and ad.acceptance[False].tot[1] == before + 9
     ad.retire(torch.tensor([0, 1, 2, 3, 4, 5, 6, 9, 8]))  # row 7 finished; the last row takes its slot
-    assert inner.retired[-1] == [0, 1, 2, 3, 4, 5, 6, 8] and ad._attached == [True] * 8 + [False]
+    assert inner.retired[-1] == [0, 1, 2, 3, 4, 5, 6, 8] and ad.attached == [True] * 8 + [False]
+    # the inner drafter's rows leave as the engine's do (a freed slot taken from its end), whatever the batch's
+    # order, and every call hands it its rows in its own order
+    state.keep_rows(torch.tensor([0, 1, 2, 3, 4, 5, 6, 9, 8]))
+    state.budgets = [40 + b for b in range(9)]  # (row ids, read back from what the inner drafter is handed)
+    ad.retire(torch.tensor([0, 8, 2, 3, 4, 5, 6, 7]))  # row 1 finished; the detached row takes its slot
+    state.keep_rows(torch.tensor([0, 8, 2, 3, 4, 5, 6, 7]))
+    assert inner.retired[-1] == [0, 7, 2, 3, 4, 5, 6]  # (its row 7 to its slot 1: one move)
+    ad.retire(torch.tensor([0, 2, 3, 4, 5, 6, 7]))  # the detached row leaves: every row attached, out of order
+    state.keep_rows(torch.tensor([0, 2, 3, 4, 5, 6, 7]))
+    assert inner.retired[-1] == [0, 7, 2, 3, 4, 5, 6] and ad.attached == [True] * 7
+    tree = ad.propose(state, 10, ad.max_nodes)
+    assert inner.rows_seen == [40, 47, 42, 43, 44, 45, 46] and tree.row_nodes == [4] * 7
 
 
 def test_off_mode_never_hands_rows_to_the_inner_drafter():
@@ -1192,7 +1205,7 @@ def test_detached_rows_beside_speculating_rows_decode_as_plain_decoding(kind):
         tokens, reasons, _ = engine_t.run(engine, arrivals)
     for b, p in enumerate(prompts):
         assert tokens[b] == hf_greedy(m, p, budgets[b]), (kind, b)
-    assert any(mixed) and False in ad._attached + [False], (mixed, ad.history)
+    assert any(mixed) and False in ad.attached + [False], (mixed, ad.history)
 
 
 def test_a_detached_sampled_row_draws_what_a_plain_step_draws():
@@ -1217,8 +1230,8 @@ def test_a_detached_sampled_row_draws_what_a_plain_step_draws():
             while engine.has_unfinished():
                 for r, new, _ in engine.step():
                     out[r].extend(new)
-                if len(ad._attached) == 2:
-                    assert ad._attached == [mode == "adapt", False]
+                if len(ad.attached) == 2:
+                    assert ad.attached == [mode == "adapt", False]
         return out[rid], ad
 
     off_tokens, _ = sampled("off")

@@ -381,8 +381,9 @@ class AdaptiveDrafter:
         self._held: tuple | None = None  # ((B, limit, lagging?), argmax, steps it still answers for)
         self._base_rows = 0  # the batch rows when the exploration rate last restarted
         self.explorations = 0
-        self._attached: list[bool] = []  # per batch row: whether the inner drafter holds it
-        self._n_attached = 0
+        self._slots: list[int] = []  # per batch row: its row in the inner drafter, -1 where detached
+        self._n_attached = 0  # the inner drafter's rows
+        self._direct = True  # every row attached, row i the inner drafter's row i: calls pass through as they are
         self._forwards_before = 0  # the inner drafter's forwards this generation, before its last begin
         self._subset: tuple[list[int], DraftTree] | None = None  # a step's attached rows and their tree, when some
         self._leads: dict[int, tuple[int, bool]] = {}  # batch rows -> (steps_total, _plain_leads' answer then)
@@ -392,7 +393,7 @@ class AdaptiveDrafter:
         """A new batch: its rows join as in :meth:`add_rows` (the inner drafter begins with those it holds)."""
         self._lag = 0
         self.history = []  # (before _defer: a new batch is not speculating yet)
-        self._attached, self._n_attached, self._forwards_before = [], 0, 0
+        self._slots, self._n_attached, self._forwards_before, self._direct = [], 0, 0, True
         self._join(target, state, prefill_hidden_states)
         self._gen_step = 0
         self._pending = None
@@ -407,8 +408,10 @@ class AdaptiveDrafter:
 
     def _join(self, target: torch.nn.Module, rows: DecodeState, hidden) -> None:
         attach = self._attaching(rows)
-        self._attached += attach
         keep = [i for i, a in enumerate(attach) if a]
+        slot = iter(range(self._n_attached, self._n_attached + len(keep)))  # (they join as its last rows)
+        self._slots += [next(slot) if a else -1 for a in attach]
+        self._direct = self._direct and all(attach)
         if not keep:
             return
         if len(keep) < len(attach):
@@ -436,33 +439,20 @@ class AdaptiveDrafter:
         if self.mode == "off":
             return [False] * n
         budgets = rows.budgets or [None] * n
-        if all(b is None or b > _DETACH_HORIZON for b in budgets) or not self._plain_leads(len(self._attached) + n):
+        if all(b is None or b > _DETACH_HORIZON for b in budgets) or not self._plain_leads(len(self._slots) + n):
             return [True] * n
         return [b is None or b > _DETACH_HORIZON for b in budgets]
 
     def _plain_leads(self, B: int) -> bool:
-        """Whether plain steps at B rows score above every depth and shape (acceptance with ``optimism``; False
-        while a cost is unknown). Worked out once per B every ``_LEADS_FOR`` steps (at high load rows join every
-        step, and each answer walks every depth's cost)."""
+        """Whether the argmax at B rows is a plain step (:meth:`best_step`, its costs as now: the lag's catch-up
+        included; False while a cost is unknown). Worked out once per B every ``_LEADS_FOR`` steps (at high load
+        rows join every step, and each answer walks every depth's cost)."""
         known = self._leads.get(B)
         if known is not None and self.steps_total - known[0] < _LEADS_FOR:
             return known[1]
-        leads = self._work_out_plain_leads(B)
+        leads = self.best_step(B, self.max_depth) == (0, False)
         self._leads[B] = (self.steps_total, leads)
         return leads
-
-    def _work_out_plain_leads(self, B: int) -> bool:
-        t = self.predicted_step_time(B, 0)
-        if t is None:
-            return False
-        for chain in self.shapes:
-            draft = self._draft_curve(B, chain)
-            expected = self._expected(self.optimism, chain)
-            for d in range(1, self.max_depth + 1):
-                td = self._step_time(B, d, chain, draft)
-                if td is None or expected[d] / max(td, 1e-12) >= 1.0 / max(t, 1e-12):
-                    return False
-        return True
 
     def _defer(self, rows: DecodeState) -> dict:
         """The inner drafter's ``defer_prefill`` keyword for ``rows``, and the lag it leaves: context tokens per row
@@ -483,44 +473,63 @@ class AdaptiveDrafter:
         leave it. The next steps see the new batch size through the state, and the cost model through the tokens in
         flight."""
         rows = keep.tolist()
-        attached = self._attached
-        if self._n_attached == len(attached):  # (every row attached: the engine's keep as it is)
-            inner_keep, inner_rows = keep, rows
-        else:
-            slot = {i: j for j, i in enumerate(i for i, a in enumerate(attached) if a)}
-            inner_rows = [slot[i] for i in rows if attached[i]]
+        slots = [self._slots[i] for i in rows]
+        n = self._n_attached
+        if self._direct:  # (every row attached, in the batch's order: the engine's keep as it is)
+            inner_rows, inner_keep, slots = rows, keep, list(range(len(rows)))
+        else:  # the inner drafter's own rows leave as the engine's do: each slot freed below the survivors' count
+            # is taken by a survivor from its end, so that its caches move as few rows as possible
+            alive = sorted(x for x in slots if x >= 0)
+            m = len(alive)
+            taken = set(alive)
+            holes = iter(j for j in range(m) if j not in taken)
+            moved = {x: next(holes) for x in alive if x >= m}
+            inner_rows = list(range(m))
+            for x, j in moved.items():
+                inner_rows[j] = x
+            slots = [moved.get(x, x) for x in slots]
             inner_keep = torch.tensor(inner_rows, dtype=torch.int64)
-        self._attached = [attached[i] for i in rows]
-        if self._n_attached and inner_rows != list(range(self._n_attached)):
+        self._slots = slots
+        self._direct = slots == list(range(len(slots)))
+        if n and inner_rows != list(range(n)):
             if not inner_rows:  # (its next rows begin a batch of its own, counting its forwards afresh)
                 self._forwards_before += int(self.inner.forwards)
             self.inner.retire(inner_keep)
         self._n_attached = len(inner_rows)
+        if not inner_rows:
+            self._lag = 0  # (no row the inner drafter would catch up on)
+
+    @property
+    def attached(self) -> list[bool]:
+        """Per batch row: whether the inner drafter holds it (see "Detached rows" in the module doc)."""
+        return [x >= 0 for x in self._slots]
 
     def propose(self, state: DecodeState, max_depth: int, max_nodes: int) -> DraftTree:
         B = state.batch_size
         if self._lag:  # (no row lags by more than its context: rows that ran up a long lag may have left)
             self._lag = min(self._lag, max(len(t) for t in state.host_tokens) - 1)
         self._subset = None
-        detached = self._n_attached < len(self._attached)
-        if detached and not self._n_attached:  # (no row to draft for: a plain step, nothing to choose or explore)
+        if not self._direct and not self._n_attached:  # (no row to draft for: a plain step, nothing to choose)
             d, chain = 0, False
             t0 = t1 = self.clock()
             tree = plain_tree(state.last_tokens)
         else:
             budgets = state.budgets
-            if detached:  # a detached row emits one token at any depth
-                budgets = [r if a else 1 for r, a in zip(budgets or [None] * B, self._attached)]
+            if not self._direct:  # a detached row emits one token at any depth
+                budgets = [r if x >= 0 else 1 for r, x in zip(budgets or [None] * B, self._slots)]
             d, chain = self.choose(B, max_depth, budgets)
             # (the draft time is the inner drafter's alone: the argmax is paid whatever it answers, and a clear
             # answer that stands costs nothing, so timing it in made a close call's depth look dearer than a clear
             # one's)
             t0 = self.clock()
             nodes = min(max_nodes, d + 1) if chain else max_nodes
-            if not detached:
+            if self._direct:
                 tree = self.inner.propose(state, d, nodes)
             else:
-                rows = [i for i, a in enumerate(self._attached) if a]
+                rows = [0] * self._n_attached  # the batch row of each inner row, in the inner drafter's order
+                for i, x in enumerate(self._slots):
+                    if x >= 0:
+                        rows[x] = i
                 sub = self.inner.propose(state.rows_of(rows), d, nodes)
                 self._subset = (rows, sub)
                 tree = _in_batch(sub, rows, state.last_tokens)
@@ -541,7 +550,7 @@ class AdaptiveDrafter:
             rows, sub = self._subset
             self.inner.observe(state.rows_of(rows), sub, result.rows_of(rows))
             lens = [lens[i] for i in rows]  # (a detached row's walk was cut at its root: not an outcome)
-        elif self._n_attached == len(self._attached):
+        elif self._direct:
             self.inner.observe(state, tree, result)
         t3 = self.clock()
         if self._pending is None:
@@ -557,7 +566,7 @@ class AdaptiveDrafter:
         if d > 0 and len(self.history) > 1 and self.history[-2] > 0:
             self.join_cost += self.cost_alpha * (joined - self.join_cost)
         # timings (the generation's first step adds nothing to the curves: first-shape effects)
-        lag, self._lag = self._lag, (self._lag + 1 if d == 0 else 0)
+        lag, self._lag = self._lag, (self._lag + 1 if d == 0 and self._n_attached else 0)
         dt = (t1 - t0) + (t3 - t2)
         if d > 0 and lag > 0:  # the drafter caught up on `lag` tokens: not this depth's steady cost
             if any(c.covers(d) for (_, ch), c in self.draft_cost.items() if ch == chain):  # (the excess over it,
