@@ -58,6 +58,17 @@ measurement must not keep plain steps for good). Leaving a lag is charged its ca
 rows' budgets would last at that depth; an exploration out of a lag is skipped where its catch-up exceeds
 ``catchup_budget`` of the plain steps until the next exploration.
 
+Detached rows. Where the inner drafter can serve some of the batch's rows (``serves_row_subsets``), a row that joins
+where the argmax at the batch's size with it is a plain step, and whose budget ends within ``_DETACH_HORIZON`` tokens,
+is left detached: the inner drafter never holds it (no draft prefill, no feature writes, no cache rows to move when rows
+leave). A speculative step drafts for the attached rows only (a state of those rows, in the inner drafter's order); the
+detached ones take their root with padding under it, marked 0 deep, so that verification gives them a plain step's
+token, greedy or seeded; the cost model counts them one token a step, and while fewer than half the rows are attached no
+exploration runs (it would pay the whole batch's tree for a few rows' outcomes). The price: a row detached at high load
+stays plain if the load drops before it ends (at most ``_DETACH_HORIZON`` tokens). Rows with longer or unknown budgets
+join as before (deferred, caught up on), so a long request admitted at high load is still drafted once the batch drains.
+``"off"`` attaches no row (plain decoding, the inner drafter idle); ``"fixed"`` every row.
+
 Tree or chain. An inner drafter whose trees are wider than a chain (``max_nodes > max_depth + 1``: EAGLE-2, Medusa,
 suffix trees) offers a chain at every depth too, asked for as a node budget of one per depth; each shape has its own
 acceptance, node counts and draft costs (the target's costs are shared), and the argmax runs over both (a wide tree
@@ -786,7 +797,9 @@ class AdaptiveDrafter:
                 self._explore_gap, self._base_rows = self.explore_every, B
             self._last_best = (d, chain)
         self._since_explore += 1
-        if self.explore_every and self._since_explore >= self._explore_gap:
+        # (an exploration pays the whole batch's tree for the outcomes of the attached rows: not while they are few)
+        sparse = not self._direct and 2 * self._n_attached < B
+        if self.explore_every and self._since_explore >= self._explore_gap and not sparse:
             gap = self._explore_gap
             self._since_explore = 0
             self._explore_gap = min(2 * self._explore_gap, self.explore_every * self.explore_backoff)
