@@ -247,7 +247,7 @@ def _within_budgets(expected: list[float], caps: list[int] | None) -> list[float
 def _in_batch(tree: DraftTree, rows: list[int], roots: torch.Tensor) -> DraftTree:
     """``tree`` (the trees of the batch's rows ``rows``, in order) as the whole batch's: every other row its root
     with a chain of padding under it (``row_depth`` 0, which verification ignores: a plain step for that row, its
-    random stream as in one; drafted from deterministically, its own token, where the tree's rows sample)."""
+    random stream as in one; where the tree carries draft probabilities, the padding's are one-hot on its token)."""
     B, N = roots.shape[0], tree.num_nodes
     if N == 1:
         return plain_tree(roots)
