@@ -962,14 +962,12 @@ def test_adaptive_in_an_engine_with_rows_joining_and_leaving(kind):
     import test_generate_batch as batch_t
     from hf_reference import hf_greedy
 
-    from specdec_ext import Engine, RequestSettings
+    from specdec_ext import Engine
 
     m, inner, prompts = batch_t.case(kind)
     ad = AdaptiveDrafter(inner, explore_every=2)
     budgets = [12 - 3 * (b % 3) for b in range(len(prompts))]
-    arrivals = {}
-    for b, p in enumerate(prompts):  # three at the start, then one a step
-        arrivals.setdefault(0 if b < 3 else b - 2, []).append((b, p, RequestSettings(max_new_tokens=budgets[b])))
+    arrivals = engine_t.staggered(prompts, budgets, 3)  # (3 at the start, then one a step)
     with Engine(m, ad, max_batch=3, max_len=128, eos_token_id=[]) as engine:
         tokens, reasons, _ = engine_t.run(engine, arrivals)
         stats = engine.stats
@@ -1183,7 +1181,7 @@ def test_detached_rows_beside_speculating_rows_decode_as_plain_decoding(kind):
     import test_generate_batch as batch_t
     from hf_reference import hf_greedy
 
-    from specdec_ext import Engine, RequestSettings
+    from specdec_ext import Engine
 
     m, inner, prompts = batch_t.case(kind)
     ad = AdaptiveDrafter(inner, explore_every=2)
@@ -1198,9 +1196,7 @@ def test_detached_rows_beside_speculating_rows_decode_as_plain_decoding(kind):
 
     ad.propose = recording
     budgets = [12 - 3 * (b % 3) for b in range(len(prompts))]
-    arrivals = {}
-    for b, p in enumerate(prompts):  # two at the start, then one a step
-        arrivals.setdefault(0 if b < 2 else b - 1, []).append((b, p, RequestSettings(max_new_tokens=budgets[b])))
+    arrivals = engine_t.staggered(prompts, budgets, 2)  # (2 at the start, then one a step)
     with Engine(m, ad, max_batch=4, max_len=128, eos_token_id=[]) as engine:
         tokens, reasons, _ = engine_t.run(engine, arrivals)
     for b, p in enumerate(prompts):
@@ -1214,7 +1210,7 @@ def test_a_detached_sampled_row_draws_what_a_plain_step_draws():
     plain step does."""
     import test_generate_batch as batch_t
 
-    from specdec_ext import Engine, RequestSettings
+    from specdec_ext import Engine
 
     def sampled(mode):
         m, inner, prompts = batch_t.case("draft")

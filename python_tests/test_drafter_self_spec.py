@@ -34,7 +34,7 @@ from hf_reference import hf_greedy  # noqa: E402
 from test_hf_tree_attention import make_model  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
-from specdec_ext import AdaptiveDrafter, Engine, RequestSettings  # noqa: E402
+from specdec_ext import AdaptiveDrafter, Engine  # noqa: E402
 from specdec_ext.drafters import SelfSpecDrafter  # noqa: E402
 from specdec_ext.drafters.self_spec_file import FORMAT, SelfSpecFile, read_self_spec, write_self_spec  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
@@ -182,9 +182,7 @@ def check_engine_rows(m, drafter) -> None:
     one's tokens are Hugging Face's greedy tokens of its prompt alone (shared with test_drafter_early_exit)."""
     prompts = [greedy_t.prompt_of(n, 70 + n) for n in (7, 1, 12, 4, 9, 15)]
     budgets = [16 - 3 * (b % 4) for b in range(len(prompts))]
-    arrivals = {}
-    for b, p in enumerate(prompts):  # three at the start, then one a step
-        arrivals.setdefault(0 if b < 3 else b - 2, []).append((b, p, RequestSettings(max_new_tokens=budgets[b])))
+    arrivals = engine_t.staggered(prompts, budgets, 3)  # (3 at the start, then one a step)
     with Engine(m, drafter, max_batch=3, max_len=96, eos_token_id=[]) as engine:
         tokens, reasons, _ = engine_t.run(engine, arrivals)
         stats = engine.stats

@@ -33,6 +33,15 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 NEW = 16
 
 
+def staggered(prompts: list[list[int]], budgets: list[int], first: int) -> dict[int, list[tuple]]:
+    """:func:`run`'s arrivals: the first ``first`` requests before step 0, then one before each step, each request
+    ``(its index, its prompt, greedy RequestSettings of its budget)``."""
+    arrivals: dict[int, list[tuple]] = {}
+    for b, p in enumerate(prompts):
+        arrivals.setdefault(max(0, b - first + 1), []).append((b, p, RequestSettings(max_new_tokens=budgets[b])))
+    return arrivals
+
+
 def run(engine: Engine, arrivals: dict[int, list[tuple]]) -> tuple[dict, dict, dict]:
     """Steps ``engine``; before step s, adds the requests ``arrivals[s]`` (``(key, prompt, settings)``). Returns
     each key's tokens, finish reason and the events' order check (one event per request and step, the last one

@@ -33,10 +33,10 @@ transformers = pytest.importorskip("transformers")
 from helpers import random_parents, root_path  # noqa: E402
 from hf_reference import hf_greedy  # noqa: E402
 import test_drafter_eagle as eagle_t  # noqa: E402
-from test_engine import run as run_engine  # noqa: E402
+from test_engine import run as run_engine, staggered  # noqa: E402
 from test_generate_greedy import prompt_of  # noqa: E402  (repetitive prompts: the n-gram drafter finds matches)
 
-from specdec_ext import Engine, RequestSettings, ops  # noqa: E402
+from specdec_ext import Engine, ops  # noqa: E402
 from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, NgramDrafter  # noqa: E402
 from specdec_ext.generate import generate  # noqa: E402
 from specdec_ext.models import (HybridCache, TreeKVCache, extend, make_cache, masked_forward,  # noqa: E402
@@ -342,9 +342,7 @@ def engine_rows_equal_hf(model, drafter, prompts: list[list[int]], refs: list[li
     """Requests of different budgets join an engine of two rows (three at the start, one queued, then one a step)
     and leave it: each one's tokens equal HF's greedy continuation of its prompt alone. Returns the engine's stats."""
     budgets = [NEW - 3 * (b % 3) for b in range(len(prompts))]
-    arrivals = {}
-    for b, p in enumerate(prompts):
-        arrivals.setdefault(0 if b < 3 else b - 2, []).append((b, p, RequestSettings(max_new_tokens=budgets[b])))
+    arrivals = staggered(prompts, budgets, 3)  # (3 at the start, then one a step)
     with Engine(model, drafter, max_batch=2, max_len=64, eos_token_id=[]) as engine:
         tokens, _, _ = run_engine(engine, arrivals)
     assert isinstance(engine.cache, HybridCache)
