@@ -97,8 +97,8 @@ _PLAIN_SPACING = 16  # explore_every's between explorations' runs of plain steps
 _KEEP = 8.0  # outcomes of a depth's past its acceptance keeps however long the gap before it is tried again
 _HOLD = 4  # steps a clear argmax answers for while the batch size, the depth bound and the lag's presence hold
 _HOLD_LEAD = 1.05  # clear: its score at least this much over the runner-up's (one sample a step moves scores ~1%)
-# rows left detached (see "Detached rows" in the module doc): those that join where plain steps score over every
-# depth, and whose budget ends within this many tokens (what a detached row loses if the load drops at once)
+# rows left detached (see "Detached rows" in the module doc): those that join where the argmax is a plain step, and
+# whose budget ends within this many tokens (what a detached row loses if the load drops at once)
 _DETACH_HORIZON = 64
 _LEADS_FOR = 16  # steps an answer of _plain_leads stands for its batch size
 
@@ -392,9 +392,7 @@ class AdaptiveDrafter:
         self._held: tuple | None = None  # ((B, limit, lagging?), argmax, steps it still answers for)
         self._base_rows = 0  # the batch rows when the exploration rate last restarted
         self.explorations = 0
-        self._slots: list[int] = []  # per batch row: its row in the inner drafter, -1 where detached
-        self._n_attached = 0  # the inner drafter's rows
-        self._direct = True  # every row attached, row i the inner drafter's row i: calls pass through as they are
+        self._set_slots([])
         self._forwards_before = 0  # the inner drafter's forwards this generation, before its last begin
         self._subset: tuple[list[int], DraftTree] | None = None  # a step's attached rows and their tree, when some
         self._leads: dict[int, tuple[int, bool]] = {}  # batch rows -> (steps_total, _plain_leads' answer then)
@@ -404,7 +402,8 @@ class AdaptiveDrafter:
         """A new batch: its rows join as in :meth:`add_rows` (the inner drafter begins with those it holds)."""
         self._lag = 0
         self.history = []  # (before _defer: a new batch is not speculating yet)
-        self._slots, self._n_attached, self._forwards_before, self._direct = [], 0, 0, True
+        self._set_slots([])
+        self._forwards_before = 0
         self._join(target, state, prefill_hidden_states)
         self._gen_step = 0
         self._pending = None
@@ -420,9 +419,9 @@ class AdaptiveDrafter:
     def _join(self, target: torch.nn.Module, rows: DecodeState, hidden) -> None:
         attach = self._attaching(rows)
         keep = [i for i, a in enumerate(attach) if a]
-        slot = iter(range(self._n_attached, self._n_attached + len(keep)))  # (they join as its last rows)
-        self._slots += [next(slot) if a else -1 for a in attach]
-        self._direct = self._direct and all(attach)
+        held = self._n_attached
+        slot = iter(range(held, held + len(keep)))  # (they join as its last rows)
+        self._set_slots(self._slots + [next(slot) if a else -1 for a in attach])
         if not keep:
             return
         if len(keep) < len(attach):
@@ -430,20 +429,26 @@ class AdaptiveDrafter:
             rows = rows.rows_of(keep)
             hidden = None if hidden is None else tuple(h.index_select(0, index) for h in hidden)
         kw = self._defer(rows)
-        if not self._n_attached:  # (the inner drafter holds no row: its rows start a batch of its own)
+        if not held:  # (the inner drafter holds no row: its rows start a batch of its own)
             self.inner.begin(target, rows, hidden, **kw)
         else:
             t0 = self.clock()
             self.inner.add_rows(target, rows, hidden, **kw)
             if not kw:
                 self._join_s += self.clock() - t0
-        self._n_attached += len(keep)
+
+    def _set_slots(self, slots: list[int]) -> None:
+        """Per batch row, its row in the inner drafter (-1: detached), and what follows from them: how many rows
+        the inner drafter holds, and whether calls pass through as they are (every row attached, row i its row i)."""
+        self._slots = slots
+        self._n_attached = sum(x >= 0 for x in slots)
+        self._direct = slots == list(range(len(slots)))
 
     def _attaching(self, rows: DecodeState) -> list[bool]:
         """Which of the joining ``rows`` the inner drafter takes. All of them, but where rows may be left detached
         (an inner drafter that serves row subsets, not a pinned depth): none in ``"off"`` mode; in ``"adapt"`` those
-        whose budget ends within ``_DETACH_HORIZON`` tokens where plain steps score above every depth at the batch's
-        size with them (:meth:`_plain_leads`)."""
+        whose budget ends within ``_DETACH_HORIZON`` tokens where the argmax at the batch's size with them is a plain
+        step (:meth:`_plain_leads`)."""
         n = rows.batch_size
         if not self._detaches:
             return [True] * n
@@ -500,13 +505,11 @@ class AdaptiveDrafter:
                 inner_rows[j] = x
             slots = [moved.get(x, x) for x in slots]
             inner_keep = torch.tensor(inner_rows, dtype=torch.int64)
-        self._slots = slots
-        self._direct = slots == list(range(len(slots)))
         if n and inner_rows != list(range(n)):
             if not inner_rows:  # (its next rows begin a batch of its own, counting its forwards afresh)
                 self._forwards_before += int(self.inner.forwards)
             self.inner.retire(inner_keep)
-        self._n_attached = len(inner_rows)
+        self._set_slots(slots)
         if not inner_rows:
             self._lag = 0  # (no row the inner drafter would catch up on)
 
