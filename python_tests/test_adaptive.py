@@ -23,6 +23,7 @@ pytest.importorskip("transformers")
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext import AdaptiveDrafter  # noqa: E402
+from specdec_ext.adaptive import _DETACH_HORIZON as HORIZON  # noqa: E402
 from specdec_ext.adaptive import CostCurve  # noqa: E402
 from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter  # noqa: E402
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult  # noqa: E402
@@ -1112,7 +1113,7 @@ def test_rows_joining_where_plain_steps_lead_clearly_and_ending_soon_are_left_de
     clock = FakeClock()
     inner = Recording(clock)
     ad = AdaptiveDrafter(inner, explore_every=0, clock=clock)
-    state = budgeted_state([40] * 8)
+    state = budgeted_state([1000] * 8)
     ad.begin(None, state)  # (no cost known yet: every row attached)
     fake_run(ad, clock, 20, B=8, target_time=lambda x: 1e-3 * x, accept=geometric(0.5), state=state)
     assert ad.history[-10:] == [0] * 10 and ad._plain_leads(10)
@@ -1136,7 +1137,7 @@ def test_rows_joining_where_plain_steps_lead_clearly_and_ending_soon_are_left_de
     # the inner drafter's rows leave as the engine's do (a freed slot taken from its end), whatever the batch's
     # order, and every call hands it its rows in its own order
     state.keep_rows(torch.tensor([0, 1, 2, 3, 4, 5, 6, 9, 8]))
-    state.budgets = [40 + b for b in range(9)]  # (row ids, read back from what the inner drafter is handed)
+    state.budgets = [100 + b for b in range(9)]  # (row ids, read back from what the inner drafter is handed)
     ad.retire(torch.tensor([0, 8, 2, 3, 4, 5, 6, 7]))  # row 1 finished; the detached row takes its slot
     state.keep_rows(torch.tensor([0, 8, 2, 3, 4, 5, 6, 7]))
     assert inner.retired[-1] == [0, 7, 2, 3, 4, 5, 6]  # (its row 7 to its slot 1: one move)
@@ -1144,7 +1145,30 @@ def test_rows_joining_where_plain_steps_lead_clearly_and_ending_soon_are_left_de
     state.keep_rows(torch.tensor([0, 2, 3, 4, 5, 6, 7]))
     assert inner.retired[-1] == [0, 7, 2, 3, 4, 5, 6] and ad.attached == [True] * 7
     tree = ad.propose(state, 10, ad.max_nodes)
-    assert inner.rows_seen == [40, 47, 42, 43, 44, 45, 46] and tree.row_nodes == [4] * 7
+    assert inner.rows_seen == [100, 107, 102, 103, 104, 105, 106] and tree.row_nodes == [4] * 7
+
+
+def test_attached_rows_ending_soon_are_let_go_once_plain_steps_lead():
+    """Rows that joined a small batch where speculation led (attached), once the batch has grown to a size where
+    plain steps lead: those whose budget ends within the horizon leave the inner drafter (its own rows' keep, one
+    move), the one with a long budget stays and is drafted alone; while speculation leads nothing is let go."""
+    clock = FakeClock()
+    inner = Recording(clock)
+    ad = AdaptiveDrafter(inner, explore_every=0, clock=clock)
+    state = budgeted_state([50, 1000, 30, 64])
+    ad.begin(None, state)  # (no cost known yet: every row attached)
+    leads = {4: False}
+    ad._plain_leads = lambda B: leads[B]
+    ad.choose = lambda B, max_depth, budgets=None: (2, False)
+    ad.propose(state, 10, ad.max_nodes)
+    assert inner.retired == [] and ad.attached == [True] * 4 and inner.calls[-1] == ("propose", 4)
+    leads[4] = True
+    tree = ad.propose(state, 10, ad.max_nodes)
+    assert inner.retired == [[1]] and ad.attached == [False, True, False, False]
+    assert inner.calls[-1] == ("propose", 1) and inner.rows_seen == [1000]
+    assert tree.row_depth == [0, 2, 0, 0] and tree.row_nodes == [1, 3, 1, 1]
+    ad.retire(torch.tensor([1, 3]))  # (the batch's rows leave: the inner drafter keeps its one row)
+    assert inner.retired == [[1]] and ad.attached == [True, False]
 
 
 def test_off_mode_never_hands_rows_to_the_inner_drafter():
@@ -1195,7 +1219,8 @@ def test_detached_rows_beside_speculating_rows_decode_as_plain_decoding(kind):
         return tree
 
     ad.propose = recording
-    budgets = [12 - 3 * (b % 3) for b in range(len(prompts))]
+    # (the first two ending past the horizon: attached rows that end soon are let go where plain steps lead)
+    budgets = [HORIZON + 6] * 2 + [12 - 3 * (b % 3) for b in range(2, len(prompts))]
     arrivals = engine_t.staggered(prompts, budgets, 2)  # (2 at the start, then one a step)
     with Engine(m, ad, max_batch=4, max_len=128, eos_token_id=[]) as engine:
         tokens, reasons, _ = engine_t.run(engine, arrivals)
@@ -1216,8 +1241,9 @@ def test_a_detached_sampled_row_draws_what_a_plain_step_draws():
         m, inner, prompts = batch_t.case("draft")
         ad = AdaptiveDrafter(inner, mode=mode, explore_every=2)
         ad._plain_leads = detaching_after(1)
-        with Engine(m, ad, max_batch=3, max_len=128, eos_token_id=[]) as engine:
-            greedy = engine.add_request(prompts[0], max_new_tokens=30)
+        with Engine(m, ad, max_batch=3, max_len=256, eos_token_id=[]) as engine:
+            # (attached to the end of the sampled row's 20 tokens: a row is let go once its budget is within reach)
+            greedy = engine.add_request(prompts[0], max_new_tokens=HORIZON + 100)
             out = {greedy: []}
             for r, new, _ in engine.step():  # (the greedy row first, attached: it drafts)
                 out[r].extend(new)

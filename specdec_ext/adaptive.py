@@ -64,8 +64,10 @@ is left detached: the inner drafter never holds it (no draft prefill, no feature
 leave). A speculative step drafts for the attached rows only (a state of those rows, in the inner drafter's order); the
 detached ones take their root with padding under it, marked 0 deep, so that verification gives them a plain step's
 token, greedy or seeded; the cost model counts them one token a step, and while fewer than half the rows are attached no
-exploration runs (it would pay the whole batch's tree for a few rows' outcomes). The price: a row detached at high load
-stays plain if the load drops before it ends (at most ``_DETACH_HORIZON`` tokens). Rows with longer or unknown budgets
+exploration runs (it would pay the whole batch's tree for a few rows' outcomes). The same rule lets attached rows go
+(:meth:`_shed`): once the argmax at the batch's size is a plain step, those whose budget ends within the horizon leave
+the inner drafter, so that rows which joined a small batch do not keep a filled one mixed to their end. The price: a row
+detached at high load stays plain if the load drops before it ends (at most ``_DETACH_HORIZON`` tokens). Rows with longer or unknown budgets
 join as before (deferred, caught up on), so a long request admitted at high load is still drafted once the batch drains.
 ``"off"`` attaches no row (plain decoding, the inner drafter idle); ``"fixed"`` every row.
 
@@ -489,29 +491,49 @@ class AdaptiveDrafter:
         leave it. The next steps see the new batch size through the state, and the cost model through the tokens in
         flight."""
         rows = keep.tolist()
-        slots = [self._slots[i] for i in rows]
-        n = self._n_attached
         if self._direct:  # (every row attached, in the batch's order: the engine's keep as it is)
-            inner_rows, inner_keep, slots = rows, keep, list(range(len(rows)))
-        else:  # the inner drafter's own rows leave as the engine's do: each slot freed below the survivors' count
-            # is taken by a survivor from its end, so that its caches move as few rows as possible
-            alive = sorted(x for x in slots if x >= 0)
-            m = len(alive)
-            taken = set(alive)
-            holes = iter(j for j in range(m) if j not in taken)
-            moved = {x: next(holes) for x in alive if x >= m}
-            inner_rows = list(range(m))
-            for x, j in moved.items():
-                inner_rows[j] = x
-            slots = [moved.get(x, x) for x in slots]
-            inner_keep = torch.tensor(inner_rows, dtype=torch.int64)
-        if n and inner_rows != list(range(n)):
+            self._inner_keep(rows, keep, list(range(len(rows))))
+        else:
+            self._compact([self._slots[i] for i in rows])
+
+    def _compact(self, slots: list[int]) -> None:
+        """The batch's rows' slots once some of the inner drafter's rows were let go (absent from ``slots``, or
+        turned -1): they leave it as the engine's rows do, each slot freed below the survivors' count taken by a
+        survivor from its end, so that its caches move as few rows as possible."""
+        alive = sorted(x for x in slots if x >= 0)
+        m = len(alive)
+        taken = set(alive)
+        holes = iter(j for j in range(m) if j not in taken)
+        moved = {x: next(holes) for x in alive if x >= m}
+        inner_rows = list(range(m))
+        for x, j in moved.items():
+            inner_rows[j] = x
+        self._inner_keep(inner_rows, None, [moved.get(x, x) for x in slots])
+
+    def _inner_keep(self, inner_rows: list[int], keep: torch.Tensor | None, slots: list[int]) -> None:
+        """The inner drafter keeps its rows ``inner_rows`` (``keep``: the same as a tensor, or None), and the batch's
+        rows take ``slots``."""
+        if self._n_attached and inner_rows != list(range(self._n_attached)):
             if not inner_rows:  # (its next rows begin a batch of its own, counting its forwards afresh)
                 self._forwards_before += int(self.inner.forwards)
-            self.inner.retire(inner_keep)
+            self.inner.retire(keep if keep is not None else torch.tensor(inner_rows, dtype=torch.int64))
         self._set_slots(slots)
         if not inner_rows:
             self._lag = 0  # (no row the inner drafter would catch up on)
+
+    def _shed(self, budgets: list[int] | None) -> None:
+        """Lets go of the attached rows that would be left detached if they joined now (:meth:`_attaching`): those
+        whose budget ends within ``_DETACH_HORIZON`` tokens where the argmax at the batch's size is a plain step.
+        A row that joined a small batch which then filled would otherwise keep every plain step mixed (the inner
+        drafter's calls on a subset of the rows) to its end."""
+        if not budgets:
+            return
+        going = [i for i, x in enumerate(self._slots) if x >= 0 and budgets[i] <= _DETACH_HORIZON]
+        if going and self._plain_leads(len(self._slots)):
+            slots = list(self._slots)
+            for i in going:
+                slots[i] = -1
+            self._compact(slots)
 
     @property
     def attached(self) -> list[bool]:
@@ -523,6 +545,8 @@ class AdaptiveDrafter:
         if self._lag:  # (no row lags by more than its context: rows that ran up a long lag may have left)
             self._lag = min(self._lag, max(len(t) for t in state.host_tokens) - 1)
         self._subset = None
+        if self._detaches and self._n_attached:
+            self._shed(state.budgets)
         if not self._direct and not self._n_attached:  # (no row to draft for: a plain step, nothing to choose)
             d, chain = 0, False
             t0 = t1 = self.clock()
