@@ -105,11 +105,13 @@ def test_the_best_fixed_drafter_is_the_fastest_at_one_client_on_the_suites_reque
     monkeypatch.setattr(load_clients, "run_direct", fake_direct)
     models = SimpleNamespace(drafter_names=list(rates), make_drafter=lambda n: SimpleNamespace(name=n, max_nodes=9))
     jobs = [Job([1] * 10, 6), Job([1] * 20, 12), Job([1] * 5, 3)]
-    assert serve_load._fixed_drafter(models, "best", jobs) == "eagle1"  # (medusa's one fast round: median 610)
+    pick, medians = serve_load._fixed_drafter(models, "best", jobs)
+    assert pick == "eagle1" and medians == {"ngram": 500.0, "eagle1": 700.0, "medusa": 610.0}  # (medusa's one fast
+    # round does not decide)
     warm = [(n, [6, 8], 1) for n in ("ngram", "eagle1", "medusa")]
     rounds = [("ngram", "eagle1", "medusa"), ("eagle1", "medusa", "ngram"), ("medusa", "ngram", "eagle1")]
     assert timed == warm + [(n, [6, 12, 3], 1) for order in rounds for n in order]
     timed.clear()
-    assert serve_load._fixed_drafter(models, "suffix", jobs) == "suffix" and not timed  # (named: measured as asked)
+    assert serve_load._fixed_drafter(models, "suffix", jobs) == ("suffix", None) and not timed  # (named: as asked)
     with pytest.raises(ValueError, match="drafter 'eagle9' is not one of"):
         serve_load._fixed_drafter(models, "eagle9", jobs)

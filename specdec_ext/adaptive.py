@@ -67,8 +67,9 @@ token, greedy or seeded; the cost model counts them one token a step, and while 
 exploration runs (it would pay the whole batch's tree for a few rows' outcomes). The same rule lets attached rows go
 (:meth:`_shed`): once the argmax at the batch's size is a plain step, those whose budget ends within the horizon leave
 the inner drafter, so that rows which joined a small batch do not keep a filled one mixed to their end. The price: a row
-detached at high load stays plain if the load drops before it ends (at most ``_DETACH_HORIZON`` tokens). Rows with longer or unknown budgets
-join as before (deferred, caught up on), so a long request admitted at high load is still drafted once the batch drains.
+detached at high load stays plain if the load drops before it ends (at most ``_DETACH_HORIZON`` tokens). Rows with
+longer or unknown budgets join as before (deferred, caught up on), so a long request admitted at high load is still
+drafted once the batch drains.
 ``"off"`` attaches no row (plain decoding, the inner drafter idle); ``"fixed"`` every row.
 
 Tree or chain. An inner drafter whose trees are wider than a chain (``max_nodes > max_depth + 1``: EAGLE-2, Medusa,

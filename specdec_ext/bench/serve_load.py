@@ -69,21 +69,22 @@ class ServeLoadConfig:
     seed: int = 0
 
 
-def _fixed_drafter(models, name: str, jobs) -> str:
+def _fixed_drafter(models, name: str, jobs) -> tuple[str, dict[str, float] | None]:
     """The fixed drafter: ``name``, or for "best" the fastest at one client straight into an engine on the suite's
     own first ``jobs`` (:func:`~specdec_ext.bench.load_clients.fastest_drafter`), among the drafters the replayed
     workload does not favour (:data:`REPLAY_EXCLUDED`): the point where the suite's latency goal is judged. (The
     family card's ranking, on other prompts and lengths, once picked n-gram here, which accepted 1.7 tokens a step
-    on these requests, and missed the goal for the suite.)"""
+    on these requests, and missed the goal for the suite.) With it, each timed drafter's median tokens/s (None where
+    nothing was timed), which the results keep: the pick turns on a few seconds of the machine's time."""
     names = list(models.drafter_names)
     if name != "best":
         if name not in names:
             raise ValueError(f"serve: drafter {name!r} is not one of {', '.join(names)}")
-        return name
+        return name, None
     names = [n for n in names if n not in REPLAY_EXCLUDED]
     if not names:
         raise ValueError("serve: the models have no drafter to run the fixed and adaptive methods with")
-    return names[0] if len(names) == 1 else fastest_drafter(models, names, jobs)[0]
+    return (names[0], None) if len(names) == 1 else fastest_drafter(models, names, jobs)
 
 
 def _requests_at(cfg: ServeLoadConfig, concurrency: int) -> int:
@@ -132,7 +133,7 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
     n_most = max(_requests_at(cfg, c) for c in cfg.concurrency)
     prompts, prompt_note = models.prompts(min(n_most, 16), cfg.prompt_len, cfg.seed)
     workload = make_workload(prompts, n_most, cfg.max_new_tokens, cfg.seed)
-    fixed = _fixed_drafter(models, cfg.drafter, workload[:cfg.requests])
+    fixed, fixed_rates = _fixed_drafter(models, cfg.drafter, workload[:cfg.requests])
     rows_max = max(cfg.concurrency)
     overhead_c = min(cfg.concurrency, key=lambda c: (abs(c - cfg.overhead_at), -c))
     t_start = time.perf_counter()
@@ -185,7 +186,8 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
         if log:
             log(f"  {method:<9} straight into the engine at C = {overhead_c}: {direct[method]['tokens_per_s']:.1f} "
                 f"tok/s")
-    result = {"config": {**asdict(cfg), "fixed_drafter": fixed, "rows": rows_max}, "prompts": prompt_note,
+    result = {"config": {**asdict(cfg), "fixed_drafter": fixed, "rows": rows_max,
+                         "fixed_drafter_tokens_per_s": fixed_rates}, "prompts": prompt_note,
               "itl": "a chunk of k tokens g s after the last one counts as k intervals of g / k",
               "overhead": "wall time of the point outside the engine's steps / time inside them",
               "rows": rows, "direct": {"concurrency": overhead_c, "runs": direct},
@@ -242,7 +244,10 @@ def format_row(r: dict) -> str:
 def format_table(result: dict) -> str:
     """Markdown: per concurrency and method, throughput and latency; then the goals as measured."""
     s = result["summary"]
-    lines = [f"serve under load (fixed drafter: {result['config']['fixed_drafter']}; adaptive around it)",
+    rates = result["config"].get("fixed_drafter_tokens_per_s")
+    picked = "" if not rates else " (one client, median tok/s: " + ", ".join(
+        f"{n} {v:.0f}" for n, v in sorted(rates.items(), key=lambda kv: -kv[1])) + ")"
+    lines = [f"serve under load (fixed drafter: {result['config']['fixed_drafter']}{picked}; adaptive around it)",
              "| C | method | req/s | tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | accepted | errors |",
              "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
