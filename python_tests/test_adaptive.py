@@ -23,7 +23,6 @@ pytest.importorskip("transformers")
 from test_hf_tree_attention import V, make_model  # noqa: E402
 
 from specdec_ext import AdaptiveDrafter  # noqa: E402
-from specdec_ext.adaptive import _DETACH_HORIZON as HORIZON  # noqa: E402
 from specdec_ext.adaptive import CostCurve  # noqa: E402
 from specdec_ext.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter, NgramDrafter  # noqa: E402
 from specdec_ext.drafters.base import DecodeState, DraftTree, StepResult  # noqa: E402
@@ -1148,25 +1147,32 @@ def test_rows_joining_where_plain_steps_lead_clearly_and_ending_soon_are_left_de
     assert inner.rows_seen == [100, 107, 102, 103, 104, 105, 106] and tree.row_nodes == [4] * 7
 
 
-def test_attached_rows_ending_soon_are_let_go_once_plain_steps_lead():
-    """Rows that joined a small batch where speculation led (attached), once the batch has grown to a size where
-    plain steps lead: those whose budget ends within the horizon leave the inner drafter (its own rows' keep, one
-    move), the one with a long budget stays and is drafted alone; while speculation leads nothing is let go."""
+def test_attached_rows_ending_soon_are_let_go_once_plain_steps_lead_and_they_are_few():
+    """Rows that joined a small batch where speculation led (attached), once the batch has filled with detached rows
+    to a size where plain steps lead: where fewer than half the rows are attached, those whose budget ends within the
+    horizon leave the inner drafter (its own rows' keep), the one with a long budget stays and is drafted alone.
+    While most rows are attached (a speculating batch that grew), or speculation leads, nothing is let go."""
     clock = FakeClock()
     inner = Recording(clock)
     ad = AdaptiveDrafter(inner, explore_every=0, clock=clock)
-    state = budgeted_state([50, 1000, 30, 64])
-    ad.begin(None, state)  # (no cost known yet: every row attached)
-    leads = {4: False}
-    ad._plain_leads = lambda B: leads[B]
+    ad._plain_leads = detaching_after(4)
     ad.choose = lambda B, max_depth, budgets=None: (2, False)
-    ad.propose(state, 10, ad.max_nodes)
-    assert inner.retired == [] and ad.attached == [True] * 4 and inner.calls[-1] == ("propose", 4)
-    leads[4] = True
-    tree = ad.propose(state, 10, ad.max_nodes)
-    assert inner.retired == [[1]] and ad.attached == [False, True, False, False]
+    state = budgeted_state([50, 1000, 30])
+    ad.begin(None, state)
+
+    def join_two():  # (detached: plain leads at 5 and 7 rows)
+        joining = budgeted_state([40, 40])
+        ad.add_rows(None, joining)
+        state.append(joining)
+
+    join_two()
+    ad.propose(state, 10, ad.max_nodes)  # 3 of 5 attached: a speculating batch that grew
+    assert inner.retired == [] and ad.attached == [True] * 3 + [False] * 2 and inner.calls[-1] == ("propose", 3)
+    join_two()
+    tree = ad.propose(state, 10, ad.max_nodes)  # 3 of 7
+    assert inner.retired == [[1]] and ad.attached == [False, True] + [False] * 5
     assert inner.calls[-1] == ("propose", 1) and inner.rows_seen == [1000]
-    assert tree.row_depth == [0, 2, 0, 0] and tree.row_nodes == [1, 3, 1, 1]
+    assert tree.row_depth == [0, 2] + [0] * 5 and tree.row_nodes == [1, 3] + [1] * 5
     ad.retire(torch.tensor([1, 3]))  # (the batch's rows leave: the inner drafter keeps its one row)
     assert inner.retired == [[1]] and ad.attached == [True, False]
 
@@ -1219,8 +1225,7 @@ def test_detached_rows_beside_speculating_rows_decode_as_plain_decoding(kind):
         return tree
 
     ad.propose = recording
-    # (the first two ending past the horizon: attached rows that end soon are let go where plain steps lead)
-    budgets = [HORIZON + 6] * 2 + [12 - 3 * (b % 3) for b in range(2, len(prompts))]
+    budgets = [12 - 3 * (b % 3) for b in range(len(prompts))]
     arrivals = engine_t.staggered(prompts, budgets, 2)  # (2 at the start, then one a step)
     with Engine(m, ad, max_batch=4, max_len=128, eos_token_id=[]) as engine:
         tokens, reasons, _ = engine_t.run(engine, arrivals)
@@ -1241,9 +1246,8 @@ def test_a_detached_sampled_row_draws_what_a_plain_step_draws():
         m, inner, prompts = batch_t.case("draft")
         ad = AdaptiveDrafter(inner, mode=mode, explore_every=2)
         ad._plain_leads = detaching_after(1)
-        with Engine(m, ad, max_batch=3, max_len=256, eos_token_id=[]) as engine:
-            # (attached to the end of the sampled row's 20 tokens: a row is let go once its budget is within reach)
-            greedy = engine.add_request(prompts[0], max_new_tokens=HORIZON + 100)
+        with Engine(m, ad, max_batch=3, max_len=128, eos_token_id=[]) as engine:
+            greedy = engine.add_request(prompts[0], max_new_tokens=30)
             out = {greedy: []}
             for r, new, _ in engine.step():  # (the greedy row first, attached: it drafts)
                 out[r].extend(new)

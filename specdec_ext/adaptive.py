@@ -65,11 +65,12 @@ leave). A speculative step drafts for the attached rows only (a state of those r
 detached ones take their root with padding under it, marked 0 deep, so that verification gives them a plain step's
 token, greedy or seeded; the cost model counts them one token a step, and while fewer than half the rows are attached no
 exploration runs (it would pay the whole batch's tree for a few rows' outcomes). The same rule lets attached rows go
-(:meth:`_shed`): once the argmax at the batch's size is a plain step, those whose budget ends within the horizon leave
-the inner drafter, so that rows which joined a small batch do not keep a filled one mixed to their end. The price: a row
-detached at high load stays plain if the load drops before it ends (at most ``_DETACH_HORIZON`` tokens). Rows with
-longer or unknown budgets join as before (deferred, caught up on), so a long request admitted at high load is still
-drafted once the batch drains.
+(:meth:`_shed`): where fewer than half the rows are attached and the argmax at the batch's size is a plain step, those
+whose budget ends within the horizon leave the inner drafter, so that the few rows which joined a small batch do not
+keep a filled one mixed to their end (a batch mostly attached is a speculating one that grew: its rows stay, for when
+the load falls again). The price: a row detached at high load stays plain if the load drops before it ends (at most
+``_DETACH_HORIZON`` tokens). Rows with longer or unknown budgets join as before (deferred, caught up on), so a long
+request admitted at high load is still drafted once the batch drains.
 ``"off"`` attaches no row (plain decoding, the inner drafter idle); ``"fixed"`` every row.
 
 Tree or chain. An inner drafter whose trees are wider than a chain (``max_nodes > max_depth + 1``: EAGLE-2, Medusa,
@@ -522,15 +523,21 @@ class AdaptiveDrafter:
         if not inner_rows:
             self._lag = 0  # (no row the inner drafter would catch up on)
 
+    def _sparse(self, B: int) -> bool:
+        """Whether fewer than half of the batch's ``B`` rows are attached."""
+        return not self._direct and 2 * self._n_attached < B
+
     def _shed(self, budgets: list[int] | None) -> None:
-        """Lets go of the attached rows that would be left detached if they joined now (:meth:`_attaching`): those
-        whose budget ends within ``_DETACH_HORIZON`` tokens where the argmax at the batch's size is a plain step.
-        A row that joined a small batch which then filled would otherwise keep every plain step mixed (the inner
-        drafter's calls on a subset of the rows) to its end."""
-        if not budgets:
+        """Where fewer than half the rows are attached, lets go of those that would be left detached if they joined
+        now (:meth:`_attaching`): whose budget ends within ``_DETACH_HORIZON`` tokens where the argmax at the batch's
+        size is a plain step. A few rows that joined a small batch which then filled would otherwise keep its plain
+        steps mixed (the inner drafter's calls on a subset of the rows) to their end; where most rows are attached
+        the batch is a speculating one that grew, and they stay (a load that rises and falls drafts them again)."""
+        B = len(self._slots)
+        if not budgets or not self._sparse(B):
             return
         going = [i for i, x in enumerate(self._slots) if x >= 0 and budgets[i] <= _DETACH_HORIZON]
-        if going and self._plain_leads(len(self._slots)):
+        if going and self._plain_leads(B):
             slots = list(self._slots)
             for i in going:
                 slots[i] = -1
@@ -826,8 +833,7 @@ class AdaptiveDrafter:
             self._last_best = (d, chain)
         self._since_explore += 1
         # (an exploration pays the whole batch's tree for the outcomes of the attached rows: not while they are few)
-        sparse = not self._direct and 2 * self._n_attached < B
-        if self.explore_every and self._since_explore >= self._explore_gap and not sparse:
+        if self.explore_every and self._since_explore >= self._explore_gap and not self._sparse(B):
             gap = self._explore_gap
             self._since_explore = 0
             self._explore_gap = min(2 * self._explore_gap, self.explore_every * self.explore_backoff)
