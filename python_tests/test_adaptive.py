@@ -1147,30 +1147,37 @@ def test_rows_joining_where_plain_steps_lead_clearly_and_ending_soon_are_left_de
     assert inner.rows_seen == [100, 107, 102, 103, 104, 105, 106] and tree.row_nodes == [4] * 7
 
 
-def test_attached_rows_ending_soon_are_let_go_once_plain_steps_lead_and_they_are_few():
-    """Rows that joined a small batch where speculation led (attached), once the batch has filled with detached rows
-    to a size where plain steps lead: where fewer than half the rows are attached, those whose budget ends within the
-    horizon leave the inner drafter (its own rows' keep), the one with a long budget stays and is drafted alone.
-    While most rows are attached (a speculating batch that grew), or speculation leads, nothing is let go."""
+def test_attached_rows_ending_soon_are_let_go_once_plain_steps_have_lasted():
+    """Rows that joined a small batch where speculation led (attached), in a batch filled with detached rows to a size
+    where plain steps lead: while the argmax answers speculative steps nothing is let go; once it has answered plain
+    steps for ``_SHED_AFTER`` steps, the attached rows whose budget ends within the horizon leave the inner drafter
+    (its own rows' keep), and the one with a long budget stays and is drafted alone."""
+    from specdec_ext import adaptive as A
+
     clock = FakeClock()
     inner = Recording(clock)
     ad = AdaptiveDrafter(inner, explore_every=0, clock=clock)
     ad._plain_leads = detaching_after(4)
-    ad.choose = lambda B, max_depth, budgets=None: (2, False)
+    answer = [(2, False)]
+    ad._argmax = lambda B, limit, budgets: answer[0]
     state = budgeted_state([50, 1000, 30])
     ad.begin(None, state)
+    joining = budgeted_state([40] * 4)  # (detached: plain leads at 7 rows)
+    ad.add_rows(None, joining)
+    state.append(joining)
 
-    def join_two():  # (detached: plain leads at 5 and 7 rows)
-        joining = budgeted_state([40, 40])
-        ad.add_rows(None, joining)
-        state.append(joining)
+    def run(steps):
+        fake_run(ad, clock, steps, B=7, target_time=lambda x: 1e-3, accept=lambda s, b, d: 0, state=state)
 
-    join_two()
-    ad.propose(state, 10, ad.max_nodes)  # 3 of 5 attached: a speculating batch that grew
-    assert inner.retired == [] and ad.attached == [True] * 3 + [False] * 2 and inner.calls[-1] == ("propose", 3)
-    join_two()
-    tree = ad.propose(state, 10, ad.max_nodes)  # 3 of 7
+    run(20)
+    assert inner.retired == [] and ad.attached == [True] * 3 + [False] * 4 and ad.history[-1] == 2
+    answer[0] = (0, False)
+    run(A._SHED_AFTER - 1)
+    assert inner.retired == [] and ad.history[-1] == 0
+    run(1)
     assert inner.retired == [[1]] and ad.attached == [False, True] + [False] * 5
+    answer[0] = (2, False)
+    tree = ad.propose(state, 10, ad.max_nodes)
     assert inner.calls[-1] == ("propose", 1) and inner.rows_seen == [1000]
     assert tree.row_depth == [0, 2] + [0] * 5 and tree.row_nodes == [1, 3] + [1] * 5
     ad.retire(torch.tensor([1, 3]))  # (the batch's rows leave: the inner drafter keeps its one row)

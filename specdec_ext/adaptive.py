@@ -65,12 +65,12 @@ leave). A speculative step drafts for the attached rows only (a state of those r
 detached ones take their root with padding under it, marked 0 deep, so that verification gives them a plain step's
 token, greedy or seeded; the cost model counts them one token a step, and while fewer than half the rows are attached no
 exploration runs (it would pay the whole batch's tree for a few rows' outcomes). The same rule lets attached rows go
-(:meth:`_shed`): where fewer than half the rows are attached and the argmax at the batch's size is a plain step, those
-whose budget ends within the horizon leave the inner drafter, so that the few rows which joined a small batch do not
-keep a filled one mixed to their end (a batch mostly attached is a speculating one that grew: its rows stay, for when
-the load falls again). The price: a row detached at high load stays plain if the load drops before it ends (at most
-``_DETACH_HORIZON`` tokens). Rows with longer or unknown budgets join as before (deferred, caught up on), so a long
-request admitted at high load is still drafted once the batch drains.
+(:meth:`_shed`): once the argmax has answered plain steps for ``_SHED_AFTER`` steps, attached rows whose budget ends
+within the horizon leave the inner drafter where the argmax at the batch's size is a plain step, so that rows which
+joined a small batch do not keep a filled one mixed to their end (a load that rises and falls within those steps keeps
+them, to draft them when it falls). The price: a row detached at high load stays plain if the load drops before it
+ends (at most ``_DETACH_HORIZON`` tokens). Rows with longer or unknown budgets join as before (deferred, caught up on),
+so a long request admitted at high load is still drafted once the batch drains.
 ``"off"`` attaches no row (plain decoding, the inner drafter idle); ``"fixed"`` every row.
 
 Tree or chain. An inner drafter whose trees are wider than a chain (``max_nodes > max_depth + 1``: EAGLE-2, Medusa,
@@ -105,6 +105,7 @@ _HOLD_LEAD = 1.05  # clear: its score at least this much over the runner-up's (o
 # whose budget ends within this many tokens (what a detached row loses if the load drops at once)
 _DETACH_HORIZON = 64
 _LEADS_FOR = 16  # steps an answer of _plain_leads stands for its batch size
+_SHED_AFTER = 16  # steps of plain answers after which attached rows are let go (see _shed)
 
 
 class DepthAcceptance:
@@ -375,6 +376,7 @@ class AdaptiveDrafter:
         self.target_cost = CostCurve(self.cost_alpha)  # x = tokens in flight -> seconds
         self.plain_cost = CostCurve(self.cost_alpha)  # x = batch rows -> seconds, of plain steps in a run of them
         self._plain_run = 0  # plain steps in a row so far
+        self._spec_chosen_at = 0  # steps_total when the argmax last answered a speculative step (see _shed)
         self._plain_left = 0  # plain steps an exploration still asks for
         self._plain_at = None  # steps_total when a plain step's cost was last booked in plain_cost
         self.draft_cost: dict[tuple[int, bool], CostCurve] = {}  # (batch rows, chain?) -> (depth -> seconds)
@@ -523,18 +525,14 @@ class AdaptiveDrafter:
         if not inner_rows:
             self._lag = 0  # (no row the inner drafter would catch up on)
 
-    def _sparse(self, B: int) -> bool:
-        """Whether fewer than half of the batch's ``B`` rows are attached."""
-        return not self._direct and 2 * self._n_attached < B
-
     def _shed(self, budgets: list[int] | None) -> None:
-        """Where fewer than half the rows are attached, lets go of those that would be left detached if they joined
-        now (:meth:`_attaching`): whose budget ends within ``_DETACH_HORIZON`` tokens where the argmax at the batch's
-        size is a plain step. A few rows that joined a small batch which then filled would otherwise keep its plain
-        steps mixed (the inner drafter's calls on a subset of the rows) to their end; where most rows are attached
-        the batch is a speculating one that grew, and they stay (a load that rises and falls drafts them again)."""
+        """Once the argmax has answered plain steps for ``_SHED_AFTER`` steps, lets go of the attached rows that would
+        be left detached if they joined now (:meth:`_attaching`): whose budget ends within ``_DETACH_HORIZON`` tokens
+        where the argmax at the batch's size is a plain step. Rows that joined a small batch which then filled would
+        otherwise keep its plain steps mixed (the inner drafter's calls on a subset of the rows) to their end; a load
+        that rises and falls within those steps keeps them, to draft when it falls."""
         B = len(self._slots)
-        if not budgets or not self._sparse(B):
+        if not budgets or self.steps_total - self._spec_chosen_at < _SHED_AFTER:
             return
         going = [i for i, x in enumerate(self._slots) if x >= 0 and budgets[i] <= _DETACH_HORIZON]
         if going and self._plain_leads(B):
@@ -825,6 +823,8 @@ class AdaptiveDrafter:
             self._plain_left -= 1
             return 0, False
         d, chain = self._argmax(B, limit, budgets)
+        if d > 0:
+            self._spec_chosen_at = self.steps_total
         if limit == self.max_depth:  # (steps capped by the token budget say nothing about the choice)
             # the choice moved, or the batch size did by 2x (not the drift of a row or two that joins and leaves
             # make every few steps): explore at the base rate
@@ -833,7 +833,8 @@ class AdaptiveDrafter:
             self._last_best = (d, chain)
         self._since_explore += 1
         # (an exploration pays the whole batch's tree for the outcomes of the attached rows: not while they are few)
-        if self.explore_every and self._since_explore >= self._explore_gap and not self._sparse(B):
+        sparse = not self._direct and 2 * self._n_attached < B
+        if self.explore_every and self._since_explore >= self._explore_gap and not sparse:
             gap = self._explore_gap
             self._since_explore = 0
             self._explore_gap = min(2 * self._explore_gap, self.explore_every * self.explore_backoff)
