@@ -249,6 +249,12 @@ def _within_budgets(expected: list[float], caps: list[int] | None) -> list[float
     return out
 
 
+def _ends_soon(budget: int | None) -> bool:
+    """Whether a row with ``budget`` tokens left (None: not known) may be left detached: it ends within
+    ``_DETACH_HORIZON`` tokens."""
+    return budget is not None and budget <= _DETACH_HORIZON
+
+
 def _in_batch(tree: DraftTree, rows: list[int], roots: torch.Tensor) -> DraftTree:
     """``tree`` (the trees of the batch's rows ``rows``, in order) as the whole batch's: every other row its root
     with a chain of padding under it (``row_depth`` 0, which verification ignores: a plain step for that row, its
@@ -461,9 +467,9 @@ class AdaptiveDrafter:
         if self.mode == "off":
             return [False] * n
         budgets = rows.budgets or [None] * n
-        if all(b is None or b > _DETACH_HORIZON for b in budgets) or not self._plain_leads(len(self._slots) + n):
+        if not any(map(_ends_soon, budgets)) or not self._plain_leads(len(self._slots) + n):
             return [True] * n
-        return [b is None or b > _DETACH_HORIZON for b in budgets]
+        return [not _ends_soon(b) for b in budgets]
 
     def _plain_leads(self, B: int) -> bool:
         """Whether the argmax at B rows is a plain step (:meth:`best_step`, its costs as now: the lag's catch-up
@@ -534,7 +540,7 @@ class AdaptiveDrafter:
         B = len(self._slots)
         if not budgets or self.steps_total - self._spec_chosen_at < _SHED_AFTER:
             return
-        going = [i for i, x in enumerate(self._slots) if x >= 0 and budgets[i] <= _DETACH_HORIZON]
+        going = [i for i, x in enumerate(self._slots) if x >= 0 and _ends_soon(budgets[i])]
         if going and self._plain_leads(B):
             slots = list(self._slots)
             for i in going:
