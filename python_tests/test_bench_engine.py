@@ -25,7 +25,7 @@ from specdec_ext import Engine, RequestSettings  # noqa: E402
 from specdec_ext.bench import cli as bench_cli  # noqa: E402
 from specdec_ext.bench import engine_load  # noqa: E402
 from specdec_ext.bench.engine_load import summarise_loads  # noqa: E402
-from specdec_ext.bench.rounds import paired_ratio, round_order  # noqa: E402
+from specdec_ext.bench.rounds import median_round, paired_ratio, round_order  # noqa: E402
 from specdec_ext.bench.load_clients import (ClosedClients, Job, PoissonArrivals, Trace, drive,  # noqa: E402
                                             make_workload, summarise)
 
@@ -203,7 +203,8 @@ def test_the_goal_is_judged_on_rounds_paired_in_time():
     def row(method, rate, median_round):  # (the row reported for a method is its median round: here chosen)
         rounds = [rate * v for v in (1.0, 0.8, 0.6)]  # the VM's speed in rounds 0, 1, 2
         return {"load": "closed", "value": 2, "method": method, "tokens_per_s": rounds[median_round],
-                "tokens_per_s_rounds": rounds, "finished": 4, "requests": 4, "outputs_match_plain": True}
+                "tokens_per_s_rounds": rounds, "finished": 4, "requests": 4, "finished_rounds": [4, 4, 4],
+                "requests_rounds": [4, 4, 4], "outputs_match_plain": True}
     rows = [row("plain", 100, 1), row("eagle1", 150, 0), row("adaptive", 160, 2)]
     s = summarise_loads(rows, ["plain", "eagle1", "adaptive"], ["eagle1"])
     e = s["per_load"][0]
@@ -216,3 +217,15 @@ def test_the_goal_is_judged_on_rounds_paired_in_time():
     assert paired_ratio(rows[2]) is None  # nothing to compare with
     assert paired_ratio({"tokens_per_s_rounds": [1, 4]}, {"tokens_per_s_rounds": [1, 1]},
                         {"tokens_per_s_rounds": [2, 2]}) == pytest.approx((0.5 + 2.0) / 2)  # an even count
+    assert s["all_finished"]
+    rows[1]["finished_rounds"] = [4, 3, 4]  # a request left unfinished in a round that is not the median one
+    assert rows[1]["finished"] == 4 and not summarise_loads(rows, ["plain", "eagle1", "adaptive"],
+                                                            ["eagle1"])["all_finished"]
+
+
+def test_median_round_keeps_the_counts_of_every_round():
+    runs = [({"tokens_per_s": 3.0, "errors": 0}, []), ({"tokens_per_s": 1.0, "errors": 2}, []),
+            ({"tokens_per_s": 2.0, "errors": 0}, [])]
+    row = median_round(runs, counts=("errors",))
+    assert row["tokens_per_s"] == 2.0 and row["errors"] == 0  # the median round's own row
+    assert row["tokens_per_s_rounds"] == [3.0, 1.0, 2.0] and row["errors_rounds"] == [0, 2, 0]

@@ -36,6 +36,7 @@ def test_serve_suite_quick(tmp_path):
     assert set(rows) == {(m, c) for m in ("plain", "fixed", "adaptive", "control") for c in (1, 2)}
     for (method, c), r in rows.items():
         assert r["errors"] == 0 and r["finished"] == r["sent"] == max(4, 3 * c), r  # (--serve-per-client 3)
+        assert r["errors_rounds"] == [0, 0] and r["warmup_errors"] == 0 and r["finished_rounds"] == r["sent_rounds"]
         assert r["tokens"] == r["budget_tokens"] > 0  # every request ran its whole budget
         assert r["tokens_per_s"] > 0 and r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] is not None
         assert r["engine_step_s"] > 0 and r["overhead"] is not None

@@ -144,7 +144,7 @@ def run_engine_load(models, cfg: EngineLoadConfig = EngineLoadConfig(), log=prin
                                                                   int(value) if kind == "closed" else cfg.max_batch))
         reference = runs["plain"][0][1]
         for m in methods:
-            row = median_round(runs[m])
+            row = median_round(runs[m], counts=("finished", "requests"))
             row.update(load=kind, value=value, method=m, outputs_match_plain=None if cfg.temperature > 0 else
                        all(outputs == reference for _, outputs in runs[m] + warm_runs[m]),
                        warmup_tokens_per_s=[w["tokens_per_s"] for w, _ in warm_runs[m]])
@@ -191,7 +191,8 @@ def summarise_loads(rows: list[dict], methods: list[str], names: list[str]) -> d
             "goal_met": bool(ratios) and min(ratios) >= 0.95 and bool(above),
             "speculation_stops_paying_at": [f"{e['load']}:{e['value']:g}" for e in per_load
                                             if e.get("speculation_pays") is False],
-            "all_finished": all(r["finished"] == r["requests"] for r in rows),
+            "all_finished": all(f == n for r in rows  # (every measured round: rounds.median_round)
+                                for f, n in zip(r["finished_rounds"], r["requests_rounds"])),
             "all_outputs_match_plain": all(r["outputs_match_plain"] is not False for r in rows)}
 
 

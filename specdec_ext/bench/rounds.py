@@ -19,12 +19,15 @@ def round_order(methods: list[str], r: int) -> list[str]:
     return methods[k:] + methods[:k]
 
 
-def median_round(runs: list[tuple[dict, list]]) -> dict:
+def median_round(runs: list[tuple[dict, list]], counts: tuple[str, ...] = ()) -> dict:
     """Of ``(row, outputs)`` per round: the row of the round with the median throughput (the lower middle one of an
-    even count), with every round's throughput beside it (``tokens_per_s_rounds``, in round order)."""
+    even count), with every round's throughput beside it (``tokens_per_s_rounds``, in round order), and each of the
+    ``counts`` keys likewise (``<key>_rounds``: errors and unfinished requests are judged on every round, not on the
+    median one alone)."""
     ordered = sorted((row for row, _ in runs), key=lambda row: row["tokens_per_s"])
     row = dict(ordered[(len(ordered) - 1) // 2])
-    row["tokens_per_s_rounds"] = [r["tokens_per_s"] for r, _ in runs]
+    for key in ("tokens_per_s", *counts):
+        row[f"{key}_rounds"] = [r[key] for r, _ in runs]
     return row
 
 

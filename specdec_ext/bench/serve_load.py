@@ -51,6 +51,7 @@ CLIENTS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve
 METHODS = ("plain", "fixed", "adaptive")
 CONTROL = "control"  # a second plain server: the noise floor of the paired ratios
 MODEL = "bench"
+ROUND_COUNTS = ("errors", "sent", "finished")  # kept per round beside the median one (rounds.median_round)
 
 
 @dataclass(frozen=True)
@@ -157,21 +158,23 @@ def run_serve_load(models, cfg: ServeLoadConfig = ServeLoadConfig(), log=print) 
         for c in cfg.concurrency:
             jobs = workload[:_requests_at(cfg, c)]
             runs: dict[str, list[tuple[dict, list]]] = {m: [] for m in methods}
-            warm: dict[str, list[float]] = {m: [] for m in methods}
+            warm: dict[str, list[dict]] = {m: [] for m in methods}
             for r in range(-cfg.warmup_rounds, cfg.repeats):  # (warm-up rounds first, unmeasured: the engine suite's)
                 for method in round_order(methods, r):
                     url, metrics, _ = servers[method]
                     point = _point(url, metrics, c, jobs, cfg)
                     if r < 0:
-                        warm[method].append(point[0]["tokens_per_s"])
+                        warm[method].append(point[0])
                     else:
                         runs[method].append(point)
             ref = runs["plain"][0][1]
             for method in methods:
-                row = median_round(runs[method])
+                row = median_round(runs[method], counts=ROUND_COUNTS)
                 n = min(len(ref), *(len(outs) for _, outs in runs[method]))  # (the time limit may cut a run short)
                 row.update(method=method, outputs_match_plain=None if method == "plain" else
-                           all(outs[:n] == ref[:n] for _, outs in runs[method]), warmup_tokens_per_s=warm[method])
+                           all(outs[:n] == ref[:n] for _, outs in runs[method]),
+                           warmup_tokens_per_s=[w["tokens_per_s"] for w in warm[method]],
+                           warmup_errors=sum(w["errors"] for w in warm[method]))
                 rows.append(row)
                 if log:
                     log(format_row(row))
@@ -224,8 +227,9 @@ def summarise_serve(result: dict) -> dict:
             itl_gain >= 2.0, "min_adaptive_vs_better": min(ratios) if ratios else None,
             "adaptive_goal_met": bool(ratios) and min(ratios) >= 0.95, "overhead_at": oc, "overhead": overhead,
             "overhead_goal_met": all(v is not None and v < 0.10 for v in overhead.values()),
-            "server_vs_direct_throughput": vs_direct, "errors": sum(r["errors"] for r in rows),
-            "all_finished": all(r["finished"] == r["sent"] for r in rows),
+            "server_vs_direct_throughput": vs_direct,
+            "errors": sum(sum(r["errors_rounds"]) + r["warmup_errors"] for r in rows),  # (every round, warm-up too)
+            "all_finished": all(f == n for r in rows for f, n in zip(r["finished_rounds"], r["sent_rounds"])),
             "all_outputs_match_plain": all(r["outputs_match_plain"] is not False for r in rows),
             "control_vs_plain_range": [min(controls), max(controls)] if controls else None}
 
