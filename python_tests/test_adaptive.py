@@ -475,6 +475,30 @@ def test_a_plain_step_measured_slow_after_the_prefill_is_measured_again(slope, p
         assert tail.count(0) <= 6 and tail.count(1) >= 90, ad.history  # (at most one exploration's plain run)
 
 
+def test_a_plain_step_at_a_batch_size_not_measured_is_priced_from_the_target_curve_scaled_to_plain_steps():
+    """Plain steps were priced at one and two rows; the target's curve over tokens in flight comes mostly from
+    speculative steps, whose tokens cost more than as many rows' single tokens (their trees' verification: on the
+    family, EAGLE-2's steps at one and two rows priced a plain step at 8 rows 28% over its measured cost). At 8 rows
+    the plain step is the curve at 8 tokens scaled by plain / curve at 2 rows, the nearest batch size measured; with
+    the curve as it is, speculation would have been chosen where plain decoding is ahead."""
+    clock = FakeClock()
+    ad = AdaptiveDrafter(FakeChain(clock, D=4), explore_every=0, prior_accept=0.5, clock=clock)
+    for _ in range(2):  # (a point's first measurement stands in until its second)
+        ad.plain_cost.add(1, 3.8e-3)
+        ad.plain_cost.add(2, 4.1e-3)
+        for x in (1, 2, 4, 8, 16, 24, 32, 40):
+            ad.target_cost.add(x, 4.6e-3 if x == 1 else 5e-3 + 0.25e-3 * x)
+    scaled = 7.0e-3 * 4.1 / 5.5
+    assert ad.predicted_step_time(8, 0) == pytest.approx(scaled)
+    assert ad.predicted_step_time(2, 0) == pytest.approx(4.1e-3)  # (measured: as it is)
+    assert ad.best_step(8, 4) == (0, False)
+    spec = max(ad.score(8, d) for d in range(1, 5))
+    assert 1 / 7.0e-3 < spec < 1 / scaled  # (unscaled, depth 1 would have been chosen)
+    assert ad.predicted_step_time(1, 0) == pytest.approx(3.8e-3)
+    ad.plain_cost = type(ad.plain_cost)(ad.cost_alpha)  # before any plain step was priced: the curve as it is
+    assert ad.predicted_step_time(8, 0) == pytest.approx(7.0e-3)
+
+
 def test_a_retried_depth_weighs_old_outcomes_by_their_age():
     """Counts decay per row-step since the depth was last tried, down to the weight of ``_KEEP`` outcomes: a depth
     that failed long ago and succeeds when explored again is believed within a few steps (the recovery is not

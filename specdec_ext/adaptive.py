@@ -24,7 +24,9 @@ plain decoding step) maximising::
 * ``t_target(x)``: the target's step as a function of tokens in flight ``x = B * N(d)`` (:class:`CostCurve`). A
   plain step is priced from a curve of its own over B (``plain_cost``), booked only from plain steps after
   ``_SETTLED`` in a row: a step costs what the steps before it left behind, and a plain step between speculative
-  ones runs slower than one in a run of them.
+  ones runs slower than one in a run of them. Beyond the batch sizes it measured, ``t_target(B)`` scaled by the
+  two curves' ratio at the nearest one measured (a tree's tokens in flight cost more than as many rows' single
+  tokens).
 * ``t_draft(B, d)``: the inner drafter's propose + observe time, a curve over depths per batch size; where B has
   measured too few depths, the curve of the nearest batch size that did, scaled to B's measurements.
 * ``t_join``: the inner drafter's prefill of rows that join while the batch speculates (a plain batch defers it),
@@ -188,6 +190,10 @@ class CostCurve:
 
     def measured(self, x: float) -> bool:
         return x in self.points
+
+    def nearest_end(self, x: float) -> float:
+        """The end of the measured range nearest ``x`` (the lowest measured x below it, else the highest)."""
+        return self._lo if x < self._lo else self._hi
 
     def covers(self, x: float) -> bool:
         """Whether x was measured or lies between measured points (a prediction there is an interpolation)."""
@@ -741,13 +747,25 @@ class AdaptiveDrafter:
 
     def _step_time(self, B: int, d: int, chain: bool, draft) -> float | None:
         """:meth:`predicted_step_time` with the shape's draft curve at B (:meth:`_draft_curve`) given."""
-        if d == 0 and self.plain_cost.covers(B):
-            t = self.plain_cost.predict(B)
-        else:
-            t = self.target_cost.predict(B * self.nodes_at(d, chain))
+        t = self._plain_time(B) if d == 0 else self.target_cost.predict(B * self.nodes_at(d, chain))
         if t is None:
             return None
         return t + draft(d) + (self.join_cost if d > 0 else 0.0)
+
+    def _plain_time(self, B: int) -> float | None:
+        """The target's seconds of a plain step at B rows: ``plain_cost`` where it covers B; beyond the batch sizes it
+        measured, the target curve at B tokens in flight scaled by what the two say at the nearest one measured (a
+        speculative step's tokens cost more than as many rows' single tokens: its tree's verification), as the draft
+        curves borrow a measured shape; the target curve as it is before any plain step was priced."""
+        plain, target = self.plain_cost, self.target_cost
+        if plain.covers(B):
+            return plain.predict(B)
+        t = target.predict(B)
+        if t is None or not len(plain):
+            return t
+        ref = plain.nearest_end(B)
+        t_ref = target.predict(ref)
+        return t * plain.predict(ref) / t_ref if t_ref else t
 
     def score(self, B: int, d: int, optimism: float = 0.0, chain: bool = False) -> float | None:
         """Expected tokens per second per row at depth d and shape (None before any timing)."""
