@@ -192,7 +192,8 @@ class CostCurve:
         return x in self.points
 
     def nearest_end(self, x: float) -> float:
-        """The end of the measured range nearest ``x`` (the lowest measured x below it, else the highest)."""
+        """The end of the measured range nearest ``x`` (the lowest measured x where ``x`` lies below the range, else
+        the highest)."""
         return self._lo if x < self._lo else self._hi
 
     def covers(self, x: float) -> bool:
